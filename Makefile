@@ -1,0 +1,29 @@
+# The checks CI runs (.ci/run calls `make test`). Each target also runs alone.
+PY ?= python3
+
+.PHONY: install test lint typecheck imports unit integration e2e
+
+install:
+	$(PY) -m pip install -q -e '.[embedding,dev]'
+
+lint:
+	$(PY) -m ruff check sluice tests bench
+	$(PY) -m ruff format --check sluice tests bench
+
+typecheck:
+	$(PY) -m mypy sluice/core sluice/spec sluice/policy
+
+imports:
+	lint-imports
+
+unit:
+	$(PY) -m pytest tests/unit -q
+
+integration:
+	$(PY) -m pytest tests/integration -q
+
+e2e:
+	$(PY) -m pytest tests/e2e -q
+
+test: lint typecheck imports
+	$(PY) -m pytest tests -q

@@ -1,0 +1,271 @@
+"""The `sluice` command (Typer + Rich). Every reporting command takes --json and then prints
+exactly one JSON document on stdout; errors exit with the error's exit code."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import uvloop
+from rich.console import Console
+from rich.table import Table
+
+from sluice.cli.client import ControlClient
+from sluice.config import Settings
+from sluice.core import SluiceError, SpecError
+from sluice.spec import load_spec_file
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Sluice: shared inference fleets behind one endpoint.",
+)
+get_app = typer.Typer(no_args_is_help=True, help="List groups or instances.")
+app.add_typer(get_app, name="get")
+
+out = Console()
+err = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document")]
+HomeOpt = Annotated[str | None, typer.Option("--home", help="state directory ($SLUICE_HOME)")]
+ControlOpt = Annotated[str | None, typer.Option("--control", help="control API URL")]
+FileOpt = Annotated[Path, typer.Option("-f", "--file", help="spec YAML")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="why; recorded in the audit log")]
+
+
+def _run(as_json: bool, fn: Callable[[], Any], render: Callable[[Any], None]) -> None:
+    """Run a command; print its result as JSON or via `render`; map errors to exit codes."""
+    try:
+        result = fn()
+    except SluiceError as exc:
+        if as_json:
+            print(json.dumps(exc.to_json()))
+        else:
+            _print_error(exc)
+        raise typer.Exit(exc.exit_code) from None
+    if as_json:
+        print(json.dumps(result, default=str))
+    else:
+        render(result)
+
+
+def _print_error(exc: SluiceError) -> None:
+    """One line per problem, never wrapped: `file:line: field: message` must stay greppable."""
+    if isinstance(exc, SpecError):
+        err.print(f"[red]error:[/red] the spec has {len(exc.issues)} problem(s):")
+        for issue in exc.issues:
+            err.print(f"  {issue}", markup=False, highlight=False, soft_wrap=True)
+    else:
+        err.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
+
+
+def _client(home: str | None, control: str | None) -> tuple[Settings, ControlClient]:
+    settings = Settings.from_env(home, control)
+    return settings, ControlClient(settings)
+
+
+def _ts(t: float | None) -> str:
+    return "-" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@app.command()
+def up(
+    file: Annotated[Path | None, typer.Option("-f", "--file", help="spec YAML")] = None,
+    port: Annotated[int | None, typer.Option(help="gateway port (overrides spec)")] = None,
+    home: HomeOpt = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
+) -> None:
+    """Run controller, gateway and control API in one process until Ctrl-C."""
+    from sluice.cli.up import serve
+
+    logging.basicConfig(
+        level=log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for chatty in ("httpx", "alembic"):  # per-probe and per-migration lines drown the events
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    try:
+        loaded = load_spec_file(file) if file is not None else None
+        uvloop.run(serve(Settings.from_env(home), loaded, port))
+    except SluiceError as exc:
+        _print_error(exc)
+        raise typer.Exit(exc.exit_code) from None
+
+
+@app.command()
+def validate(file: FileOpt, as_json: JsonOpt = False) -> None:
+    """Check a spec without applying it: every problem with file:line and field."""
+
+    def check() -> dict[str, Any]:
+        spec = load_spec_file(file).spec
+        return {
+            "valid": True,
+            "file": str(file),
+            "groups": [g.name for g in spec.groups],
+            "templates": {g.name: g.template() for g in spec.groups},
+        }
+
+    _run(as_json, check, lambda r: out.print(f"{r['file']}: valid ({len(r['groups'])} groups)"))
+
+
+@app.command()
+def apply(
+    file: FileOpt,
+    reason: ReasonOpt,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """Record a new spec revision (with its diff) and reconcile toward it."""
+
+    def do() -> Any:
+        settings, client = _client(home, control)
+        loaded = load_spec_file(file)
+        return client.post(
+            "/v1/revisions",
+            {"yaml": loaded.text, "source": str(file), "reason": reason, "author": settings.actor},
+        )
+
+    def render(r: dict[str, Any]) -> None:
+        if not r["changed"]:
+            out.print(f"unchanged: revision {r['revision']} is already this spec")
+            return
+        out.print(f"applied revision {r['revision']}")
+        out.print(r["diff"], markup=False, highlight=False)
+
+    _run(as_json, do, render)
+
+
+@app.command()
+def scale(
+    group: str,
+    replicas: int,
+    reason: ReasonOpt,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """Set a group's replica count by hand; audited with who, when and why."""
+
+    def do() -> Any:
+        settings, client = _client(home, control)
+        return client.post(
+            f"/v1/groups/{group}/scale",
+            {"replicas": replicas, "reason": reason, "actor": settings.actor},
+        )
+
+    _run(as_json, do, lambda r: out.print(f"{r['group']}: {r['from']} -> {r['to']} replicas"))
+
+
+@get_app.command("groups")
+def get_groups(as_json: JsonOpt = False, home: HomeOpt = None, control: ControlOpt = None) -> None:
+    """Groups with owner, business, models and ready/desired instances."""
+
+    def render(groups: list[dict[str, Any]]) -> None:
+        t = Table("GROUP", "BUSINESS", "OWNER", "MODELS", "READY", "DESIRED", "POOL")
+        for g in groups:
+            models = ", ".join(f"{k}@{v['version']}" for k, v in g["models"].items())
+            t.add_row(
+                g["name"],
+                g["business"],
+                g["owner"],
+                models,
+                str(g["ready"]),
+                str(g["desired"]),
+                g["resources"]["pool"],
+            )
+        out.print(t)
+
+    _run(as_json, lambda: _client(home, control)[1].get("/v1/groups"), render)
+
+
+@get_app.command("instances")
+def get_instances(
+    group: Annotated[str | None, typer.Option(help="only this group")] = None,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """Instances with state, address and the reason for their last change."""
+
+    def render(items: list[dict[str, Any]]) -> None:
+        t = Table("INSTANCE", "GROUP", "STATE", "URL", "PID", "SINCE", "REASON")
+        for i in items:
+            t.add_row(
+                i["id"],
+                i["group"],
+                i["state"],
+                i["url"] or "-",
+                str(i["pid"] or "-"),
+                _ts(i["created_at"]),
+                i["reason"],
+            )
+        out.print(t)
+
+    _run(as_json, lambda: _client(home, control)[1].get("/v1/instances", group=group), render)
+
+
+@app.command()
+def audit(
+    target: Annotated[str | None, typer.Option(help="e.g. group/chat")] = None,
+    limit: int = 50,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """Who changed what, when and why (newest first)."""
+
+    def render(items: list[dict[str, Any]]) -> None:
+        t = Table("WHEN", "ACTOR", "ACTION", "TARGET", "REASON", "DETAIL")
+        for a in items:
+            t.add_row(
+                _ts(a["at"]),
+                a["actor"],
+                a["action"],
+                a["target"],
+                a["reason"],
+                json.dumps(a["detail"]),
+            )
+        out.print(t)
+
+    _run(
+        as_json,
+        lambda: _client(home, control)[1].get("/v1/audit", target=target, limit=limit),
+        render,
+    )
+
+
+@app.command()
+def events(
+    group: Annotated[str | None, typer.Argument(help="only this group")] = None,
+    limit: int = 50,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """What the controller did and why (newest first)."""
+
+    def render(items: list[dict[str, Any]]) -> None:
+        t = Table("WHEN", "GROUP", "INSTANCE", "KIND", "MESSAGE")
+        for e in items:
+            t.add_row(_ts(e["at"]), e["group"], e["instance"] or "-", e["kind"], e["message"])
+        out.print(t)
+
+    _run(
+        as_json,
+        lambda: _client(home, control)[1].get("/v1/events", group=group, limit=limit),
+        render,
+    )
+
+
+def main() -> None:
+    app()

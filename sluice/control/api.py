@@ -1,0 +1,122 @@
+"""The control API (operators, CLI, console): groups, instances, scale, apply, audit, events.
+
+Not on the request path, so FastAPI is fine here. Errors are the platform's error tree
+rendered as `{"error": {...}}` with the error's HTTP status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from sluice.control.controller import Controller
+from sluice.control.supervisor import InstanceSupervisor
+from sluice.core import InstanceState, SluiceError
+from sluice.spec import load_spec_text
+from sluice.store import Store
+
+__all__ = ["build_control_api"]
+
+
+class ScaleRequest(BaseModel):
+    replicas: int = Field(ge=0, le=1000)
+    reason: str = Field(min_length=1, description="why; recorded in the audit log")
+    actor: str = Field(min_length=1)
+
+
+class ApplyRequest(BaseModel):
+    yaml: str
+    source: str = "<api>"
+    reason: str = Field(min_length=1)
+    author: str = Field(min_length=1)
+
+
+def build_control_api(
+    controller: Controller, supervisor: InstanceSupervisor, store: Store
+) -> FastAPI:
+    app = FastAPI(title="Sluice control API", version="1")
+
+    @app.exception_handler(SluiceError)
+    async def _sluice_error(_: Request, exc: SluiceError) -> JSONResponse:
+        return JSONResponse(exc.to_json(), status_code=exc.http_status)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "revision": controller.revision}
+
+    @app.get("/v1/groups")
+    async def groups() -> list[dict[str, Any]]:
+        statuses = supervisor.statuses()
+        out = []
+        for g in controller.spec.groups:
+            mine = [s for s in statuses if s.group == g.name]
+            out.append(
+                {
+                    "name": g.name,
+                    "owner": g.owner,
+                    "business": g.business,
+                    "alert_channel": g.alert_channel,
+                    "models": {
+                        k: {"runtime": m.runtime, "version": m.version} for k, m in g.models.items()
+                    },
+                    "resources": g.resources.model_dump(),
+                    "max_concurrency": g.max_concurrency,
+                    "desired": controller.desired_replicas(g.name),
+                    "ready": sum(1 for s in mine if s.state is InstanceState.READY),
+                    "instances": len(mine),
+                    "template": g.template(),
+                }
+            )
+        return out
+
+    @app.get("/v1/instances")
+    async def instances(group: str | None = None) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": s.id,
+                "group": s.group,
+                "state": s.state.value,
+                "template": s.template,
+                "url": s.url,
+                "pid": s.pid,
+                "created_at": s.created_at,
+                "ready_at": s.ready_at,
+                "reason": s.reason,
+            }
+            for s in sorted(supervisor.statuses(), key=lambda s: (s.group, s.created_at))
+            if group is None or s.group == group
+        ]
+
+    @app.post("/v1/groups/{group}/scale")
+    async def scale(group: str, body: ScaleRequest) -> dict[str, Any]:
+        before = await controller.scale(group, body.replicas, body.actor, body.reason)
+        return {"group": group, "from": before, "to": body.replicas}
+
+    @app.post("/v1/revisions")
+    async def apply(body: ApplyRequest) -> dict[str, Any]:
+        loaded = load_spec_text(body.yaml, body.source)
+        rev = await controller.apply(loaded, body.author, body.reason)
+        if rev is None:
+            return {"revision": controller.revision, "changed": False}
+        return {"revision": rev.number, "changed": True, "diff": rev.diff}
+
+    @app.get("/v1/revisions")
+    async def revisions(limit: int = 20) -> list[dict[str, Any]]:
+        revs = await asyncio.to_thread(store.list_revisions, limit)
+        return [r.to_json() for r in revs]
+
+    @app.get("/v1/audit")
+    async def audit(target: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        entries = await asyncio.to_thread(store.list_audit, target=target, limit=limit)
+        return [e.to_json() for e in entries]
+
+    @app.get("/v1/events")
+    async def events(group: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        found = await asyncio.to_thread(store.list_events, group=group, limit=limit)
+        return [e.to_json() for e in found]
+
+    return app

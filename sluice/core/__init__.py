@@ -1,0 +1,33 @@
+"""Shared vocabulary with no I/O: errors, clocks, instance states."""
+
+from sluice.core.clock import Clock, ManualClock, SystemClock
+from sluice.core.errors import (
+    Conflict,
+    Forbidden,
+    NotFound,
+    SluiceError,
+    SpecError,
+    SpecIssue,
+    Unauthorized,
+    Unavailable,
+    UpstreamError,
+)
+from sluice.core.instances import ALIVE_STATES, InstanceState, InstanceStatus
+
+__all__ = [
+    "ALIVE_STATES",
+    "Clock",
+    "Conflict",
+    "Forbidden",
+    "InstanceState",
+    "InstanceStatus",
+    "ManualClock",
+    "NotFound",
+    "SluiceError",
+    "SpecError",
+    "SpecIssue",
+    "SystemClock",
+    "Unauthorized",
+    "Unavailable",
+    "UpstreamError",
+]

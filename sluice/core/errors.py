@@ -1,0 +1,111 @@
+"""One error tree for the platform; edges (HTTP, CLI) translate it, nothing else does.
+
+SluiceError                    500 / exit 1
+├── SpecError                  422 / exit 2   bad spec: file, line, field, fix
+├── NotFound                   404 / exit 4   unknown group, model, instance
+├── Unauthorized               401 / exit 5   no or unknown API key
+├── Forbidden                  403 / exit 5   tenant outside its allowance
+├── Conflict                   409 / exit 3   request clashes with state (capacity, ...)
+├── Unavailable                503 / exit 6   nothing ready to serve right now
+└── UpstreamError              502 / exit 6   an instance failed mid-request
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "Conflict",
+    "Forbidden",
+    "NotFound",
+    "SluiceError",
+    "SpecError",
+    "SpecIssue",
+    "Unauthorized",
+    "Unavailable",
+    "UpstreamError",
+]
+
+
+class SluiceError(Exception):
+    """Base of every error the platform reports to a person or a caller."""
+
+    http_status: ClassVar[int] = 500
+    exit_code: ClassVar[int] = 1
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON body an HTTP edge returns: `{"error": {"code", "message", ...}}`."""
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        body.update(self.detail)
+        return {"error": body}
+
+
+class SpecIssue:
+    """One problem in a spec, located: `file:line: field: message`."""
+
+    __slots__ = ("field", "file", "line", "message")
+
+    def __init__(self, field: str, message: str, file: str = "<spec>", line: int | None = None):
+        self.field = field
+        self.message = message
+        self.file = file
+        self.line = line
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        return f"{where}: {self.field or '(top level)'}: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "field": self.field, "message": self.message}
+
+
+class SpecError(SluiceError):
+    http_status = 422
+    exit_code = 2
+    code = "invalid_spec"
+
+    def __init__(self, issues: list[SpecIssue]) -> None:
+        super().__init__("\n".join(str(i) for i in issues), issues=[i.to_json() for i in issues])
+        self.issues = issues
+
+
+class NotFound(SluiceError):
+    http_status = 404
+    exit_code = 4
+    code = "not_found"
+
+
+class Unauthorized(SluiceError):
+    http_status = 401
+    exit_code = 5
+    code = "unauthorized"
+
+
+class Forbidden(SluiceError):
+    http_status = 403
+    exit_code = 5
+    code = "forbidden"
+
+
+class Conflict(SluiceError):
+    http_status = 409
+    exit_code = 3
+    code = "conflict"
+
+
+class Unavailable(SluiceError):
+    http_status = 503
+    exit_code = 6
+    code = "unavailable"
+
+
+class UpstreamError(SluiceError):
+    http_status = 502
+    exit_code = 6
+    code = "upstream_error"

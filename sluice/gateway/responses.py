@@ -1,0 +1,90 @@
+"""Byte-level HTTP/1.1 building blocks: status lines, header filters, JSON responses.
+
+Everything here is precomputed or joined once, because it runs on every request.
+"""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import Any
+
+__all__ = [
+    "CHUNK_END",
+    "CONTINUE_100",
+    "HOP_BY_HOP",
+    "close_header",
+    "json_body",
+    "json_response",
+    "sluice_headers",
+    "status_line",
+]
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+    }
+)
+"""Lower-cased header names that describe one hop and are never forwarded (RFC 9110 7.6.1)."""
+
+CHUNK_END = b"0\r\n\r\n"
+CONTINUE_100 = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
+_JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
+_RETRY_AFTER = b"retry-after: 1\r\n"
+_CLOSE = b"connection: close\r\n"
+
+
+def status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    return line if line is not None else b"HTTP/1.1 %d Unknown\r\n" % status
+
+
+def sluice_headers(route: str | None, group: str | None, instance: str | None) -> bytes:
+    """`x-sluice-*` lines for what is known about where a request went."""
+    lines = [
+        b"%s: %s\r\n" % (name, value.encode("latin-1", "replace"))
+        for name, value in (
+            (b"x-sluice-group", group),
+            (b"x-sluice-instance", instance),
+            (b"x-sluice-route", route),
+        )
+        if value is not None
+    ]
+    return b"".join(lines)
+
+
+def json_body(payload: Any) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def json_response(status: int, body: bytes, extra: bytes, keep_alive: bool) -> bytes:
+    """A complete response: status, JSON content headers, `extra` header lines, `body`.
+
+    503 and 429 carry `Retry-After`, so callers know when to come back.
+    """
+    return b"".join(
+        (
+            status_line(status),
+            _JSON_HEAD,
+            b"%d\r\n" % len(body),
+            extra,
+            _RETRY_AFTER if status in (429, 503) else b"",
+            b"" if keep_alive else _CLOSE,
+            b"\r\n",
+            body,
+        )
+    )
+
+
+def close_header(keep_alive: bool) -> bytes:
+    return b"" if keep_alive else _CLOSE

@@ -1,0 +1,109 @@
+"""The data plane's front door: listen, swap routing snapshots, drain on stop.
+
+The per-connection work lives in `ClientProtocol`; this owns what all connections share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import TextIO
+
+from sluice.gateway.accesslog import AccessLog
+from sluice.gateway.client import ClientProtocol
+from sluice.gateway.state import GatewayState
+from sluice.gateway.upstream import UpstreamPool
+from sluice.policy.routing import RoutingSnapshot
+
+__all__ = ["MAX_BODY_BYTES", "Gateway"]
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class Gateway:
+    """The data plane: one HTTP endpoint in front of every group's ready instances."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        rng: random.Random,
+        access_log: TextIO | None = None,
+        upstream_timeout_s: float = 300.0,
+        keepalive_timeout_s: float = 75.0,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self._keepalive_timeout_s = keepalive_timeout_s
+        self._pool = UpstreamPool(read_timeout_s=upstream_timeout_s)
+        self._state = GatewayState(
+            rng=rng,
+            pool=self._pool,
+            access_log=AccessLog(access_log) if access_log is not None else None,
+            max_body=max_body_bytes,
+        )
+        self._conns: set[ClientProtocol] = set()
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._drained: asyncio.Event | None = None
+
+    @property
+    def snapshot_version(self) -> int:
+        return self._state.snapshot.version
+
+    def update(self, snapshot: RoutingSnapshot) -> None:
+        """Serve `snapshot` from the next request on; close idle connections to gone instances."""
+        self._state.set_snapshot(snapshot)
+        self._pool.retire({(ep.host, ep.port) for eps in snapshot.endpoints.values() for ep in eps})
+
+    def outstanding(self) -> dict[str, int]:
+        return dict(self._state.outstanding)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: ClientProtocol(self._state, self._conns, self._connection_lost),
+            self.host,
+            self.port,
+            backlog=1024,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = loop.create_task(self._close_idle_clients())
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop accepting, let requests in flight finish for up to `timeout`, then cut the rest."""
+        if self._server is None:
+            return
+        self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self._drained = asyncio.Event()
+        for conn in list(self._conns):
+            conn.shutdown()
+        if self._conns:
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout)
+            except TimeoutError:
+                for conn in list(self._conns):
+                    conn.terminate()
+                await asyncio.sleep(0)  # let connection_lost run, so every request is logged
+        self._pool.close()
+        await self._server.wait_closed()
+        self._server = None
+        if self._state.access_log is not None:
+            self._state.access_log.flush()
+
+    def _connection_lost(self) -> None:
+        if self._drained is not None and not self._conns:
+            self._drained.set()
+
+    async def _close_idle_clients(self) -> None:
+        limit = self._keepalive_timeout_s
+        while True:
+            await asyncio.sleep(min(limit / 2, 5.0))
+            now = time.monotonic()
+            for conn in [c for c in self._conns if c.idle_for(now) > limit]:
+                conn.shutdown()

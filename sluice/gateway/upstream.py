@@ -1,0 +1,363 @@
+"""Pooled keep-alive HTTP/1.1 connections to instances, driven by callbacks, not tasks.
+
+Opening a TCP connection per request would cost more than the proxying itself, and a task
+per request more than the parsing, so each connection is an `asyncio.Protocol` whose
+`httptools` parser hands the response straight to a `ResponseSink` (the request being
+served), and finished connections wait in a per-address LIFO pool for the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol, cast
+
+import httptools
+
+from sluice.gateway.responses import HOP_BY_HOP
+
+__all__ = ["ConnectCallback", "ResponseSink", "UpstreamConnection", "UpstreamHost", "UpstreamPool"]
+
+
+class ResponseSink(Protocol):
+    """Receives one response. Exactly one of `upstream_done` / `upstream_failed` ends it."""
+
+    def upstream_head(self, status: int, headers: list[bytes], has_length: bool) -> None:
+        """Status and forwardable header bytes (name, ": ", value, CRLF; hop-by-hop removed)."""
+
+    def upstream_body(self, data: bytes) -> None: ...
+
+    def upstream_flush(self) -> None:
+        """End of one read from the socket: push what arrived to the client now."""
+
+    def upstream_done(self) -> None: ...
+
+    def upstream_failed(self, exc: BaseException, received: bool) -> None:
+        """The connection broke or timed out; `received` says whether any response byte came."""
+
+
+_RESPONSE_HEADERS = HOP_BY_HOP | {b"content-length", b"x-request-id"}
+"""Response headers that are not simply forwarded, by lower-cased name."""
+
+ConnectCallback = Callable[["UpstreamConnection | None", "BaseException | None"], None]
+
+
+class UpstreamHost:
+    """One instance address: its idle connections and its pre-rendered `Host` header."""
+
+    __slots__ = ("host", "host_header", "idle", "port", "retired")
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.host_header = b"host: %s:%d\r\n" % (host.encode(), port)
+        self.idle: dict[UpstreamConnection, None] = {}  # insertion-ordered: popitem() is LIFO
+        self.retired = False
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive connection; serves one request at a time for one sink."""
+
+    __slots__ = (
+        "_chunked",
+        "_complete",
+        "_has_length",
+        "_head_seen",
+        "_headers",
+        "_keep_alive",
+        "_last_rx",
+        "_loop",
+        "_parser",
+        "_paused",
+        "_pool",
+        "_received",
+        "_sink",
+        "_transport",
+        "host",
+    )
+
+    def __init__(self, pool: UpstreamPool, host: UpstreamHost) -> None:
+        self._pool = pool
+        self._loop = asyncio.get_running_loop()
+        self.host = host
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._sink: ResponseSink | None = None
+        self._headers: list[bytes] = []
+        self._has_length = False
+        self._chunked = False
+        self._head_seen = False
+        self._complete = False
+        self._keep_alive = False
+        self._received = False
+        self._paused = False
+        self._last_rx = 0.0  # loop time of the last byte; the pool's sweep enforces the timeout
+
+    # -- driven by the request being served ------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._transport is not None and not self._transport.is_closing()
+
+    def request(self, wire: bytes, sink: ResponseSink) -> bool:
+        """Send one request; the response goes to `sink`. False if the connection is gone."""
+        if not self.is_open:
+            return False
+        assert self._transport is not None and self._sink is None
+        self._sink = sink
+        self._complete = False
+        self._head_seen = False
+        self._received = False
+        self._last_rx = self._loop.time()
+        self._pool.busy(self)
+        self._transport.write(wire)
+        return True
+
+    def abandon(self) -> None:
+        """The requester went away mid-response: the connection is unusable, drop it."""
+        self._sink = None
+        self._close()
+
+    def pause_reading(self) -> None:
+        """The client reads slower than the instance writes: stop reading (and timing) it."""
+        if self._transport is not None and not self._paused:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._transport is not None and self._paused:
+            self._paused = False
+            self._last_rx = self._loop.time()
+            self._transport.resume_reading()
+
+    def idle_since(self) -> float | None:
+        """Loop time of the last response byte, or None when not waiting on the instance."""
+        return None if self._paused or self._sink is None else self._last_rx
+
+    def time_out(self) -> None:
+        self._fail(TimeoutError("the instance sent nothing for too long"))
+
+    def close(self) -> None:
+        self._close()
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        sink = self._sink
+        if sink is None:  # bytes nobody asked for: the connection is out of sync
+            self._close()
+            return
+        self._received = True
+        self._last_rx = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if not self._complete:
+                self._fail(exc)
+                return
+            self._close()  # trailing garbage after a complete response
+        if not self._complete:
+            sink.upstream_flush()
+            return
+        self._sink = None
+        self._pool.idle(self)
+        if self._keep_alive and self.is_open:
+            self._pool.release(self)
+        else:
+            self._close()
+        sink.upstream_done()  # last: it may start the next request on this very connection
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._pool.idle(self)
+        self.host.idle.pop(self, None)
+        sink = self._sink
+        if sink is None:
+            return
+        self._sink = None
+        if exc is None and self._head_seen and not (self._has_length or self._chunked):
+            sink.upstream_done()  # a body delimited by EOF (HTTP/1.0 style) ends cleanly here
+        else:
+            sink.upstream_failed(exc or ConnectionResetError("upstream closed"), self._received)
+
+    # -- httptools callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            raise ConnectionError("unsolicited response")  # aborts feed_data
+        self._headers = []
+        self._has_length = False
+        self._chunked = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lname = name.lower()
+        if lname in _RESPONSE_HEADERS:
+            if lname == b"content-length":
+                self._has_length = True
+                self._headers += (name, b": ", value, b"\r\n")
+            elif lname == b"transfer-encoding":
+                self._chunked = b"chunked" in value.lower()
+            # other hop-by-hop headers, and x-request-id (the gateway's own), are dropped
+        elif not lname.startswith(b"x-sluice-"):  # only the gateway sets these
+            self._headers += (name, b": ", value, b"\r\n")
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status >= 200 and self._sink is not None:
+            self._head_seen = True
+            self._sink.upstream_head(status, self._headers, self._has_length and not self._chunked)
+
+    def on_body(self, body: bytes) -> None:
+        if self._sink is not None:
+            self._sink.upstream_body(body)
+
+    def on_message_complete(self) -> None:
+        parser = self._parser
+        if parser.get_status_code() >= 200:  # 1xx is an interim response: keep going
+            self._complete = True
+            self._keep_alive = parser.should_keep_alive()  # only valid inside this callback
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _fail(self, exc: BaseException) -> None:
+        sink = self._sink
+        self._sink = None
+        self._close()
+        if sink is not None:
+            sink.upstream_failed(exc, self._received)
+
+    def _close(self) -> None:
+        self._pool.idle(self)
+        self.host.idle.pop(self, None)
+        if self._transport is not None:
+            self._transport.close()
+
+
+class UpstreamPool:
+    """Idle keep-alive connections per instance address, opened on demand."""
+
+    __slots__ = (
+        "_busy",
+        "_closed",
+        "_connect_timeout",
+        "_connecting",
+        "_hosts",
+        "_max_idle",
+        "_read_timeout",
+        "_sweep",
+    )
+
+    def __init__(
+        self,
+        *,
+        read_timeout_s: float,
+        max_idle_per_host: int = 512,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        self._hosts: dict[tuple[str, int], UpstreamHost] = {}
+        self._busy: set[UpstreamConnection] = set()
+        self._sweep: asyncio.TimerHandle | None = None
+        self._read_timeout = read_timeout_s
+        self._connecting: set[asyncio.Task[UpstreamConnection]] = set()
+        self._max_idle = max_idle_per_host
+        self._connect_timeout = connect_timeout_s
+        self._closed = False
+
+    def host(self, host: str, port: int) -> UpstreamHost:
+        key = (host, port)
+        entry = self._hosts.get(key)
+        if entry is None:
+            entry = self._hosts[key] = UpstreamHost(host, port)
+        return entry
+
+    def take_idle(self, host: UpstreamHost) -> UpstreamConnection | None:
+        idle = host.idle
+        while idle:
+            conn, _ = idle.popitem()  # most recently used: least likely to have timed out
+            if conn.is_open:
+                return conn
+        return None
+
+    def connect(self, host: UpstreamHost, done: ConnectCallback) -> None:
+        """Open a fresh connection; `done(conn, None)` or `done(None, exc)` follows."""
+        if self._closed:
+            done(None, ConnectionAbortedError("gateway is stopping"))
+            return
+        task = asyncio.get_running_loop().create_task(self._open(host))
+        self._connecting.add(task)
+        task.add_done_callback(lambda t: self._opened(t, done))
+
+    def release(self, conn: UpstreamConnection) -> None:
+        """A connection that finished a response cleanly: keep it unless nobody will want it."""
+        host = conn.host
+        if self._closed or host.retired or len(host.idle) >= self._max_idle:
+            conn.close()
+        else:
+            conn.resume_reading()
+            host.idle[conn] = None
+
+    def busy(self, conn: UpstreamConnection) -> None:
+        """`conn` waits on its instance: time it (one sweep timer for all, not one per request)."""
+        self._busy.add(conn)
+        if self._sweep is None:
+            loop = asyncio.get_running_loop()
+            self._sweep = loop.call_later(self._sweep_interval(), self._time_out_stalled)
+
+    def idle(self, conn: UpstreamConnection) -> None:
+        self._busy.discard(conn)
+
+    def _sweep_interval(self) -> float:
+        return min(1.0, max(0.01, self._read_timeout / 10))
+
+    def _time_out_stalled(self) -> None:
+        self._sweep = None
+        if not self._busy:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() - self._read_timeout
+        for conn in list(self._busy):
+            since = conn.idle_since()
+            if since is not None and since <= deadline:
+                conn.time_out()
+        if self._busy:
+            self._sweep = loop.call_later(self._sweep_interval(), self._time_out_stalled)
+
+    def retire(self, live: set[tuple[str, int]]) -> None:
+        """Close idle connections to addresses not in `live`; busy ones close when done."""
+        for key in [k for k in self._hosts if k not in live]:
+            host = self._hosts.pop(key)
+            host.retired = True
+            for conn in list(host.idle):
+                conn.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self.retire(set())
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        for task in list(self._connecting):
+            task.cancel()
+
+    async def _open(self, host: UpstreamHost) -> UpstreamConnection:
+        _, conn = await asyncio.wait_for(
+            asyncio.get_running_loop().create_connection(
+                lambda: UpstreamConnection(self, host), host.host, host.port
+            ),
+            self._connect_timeout,
+        )
+        return conn
+
+    def _opened(self, task: asyncio.Task[UpstreamConnection], done: ConnectCallback) -> None:
+        self._connecting.discard(task)
+        if task.cancelled():
+            done(None, ConnectionAbortedError("gateway is stopping"))
+            return
+        exc = task.exception()
+        if exc is not None:
+            done(None, exc)
+        else:
+            done(task.result(), None)

@@ -1,0 +1,57 @@
+"""The narrow protocol the controller needs from wherever instances run.
+
+A runtime starts one worker process (or actor) per instance and stops it; everything about
+readiness, warm-up, health and drain is the controller's job and works the same everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["InstanceHandle", "LaunchRequest", "Runtime"]
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRequest:
+    """`worker_config` is the worker's JSON config without host/port (the runtime picks)."""
+
+    instance_id: str
+    group: str
+    worker_config: dict[str, Any]
+    env: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceHandle:
+    instance_id: str
+    host: str
+    port: int
+    pid: int | None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class Runtime(Protocol):
+    async def launch(self, req: LaunchRequest) -> InstanceHandle:
+        """Start the instance; returns once the process exists (not once it is ready)."""
+        ...
+
+    async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:
+        """Ask the instance to exit (SIGTERM), force it after `grace_s`; its exit code."""
+        ...
+
+    def exit_code(self, handle: InstanceHandle) -> int | None:
+        """None while the instance runs; its exit code (negative: signal) once it is gone."""
+        ...
+
+    def adopt(self, handle: InstanceHandle) -> bool:
+        """After a restart of Sluice: True if this instance of a previous run still runs
+        (and is ours), so it can be taken over instead of started again."""
+        ...
+
+    def log_path(self, instance_id: str) -> str | None:
+        """Where the instance's output goes, to point a person at it when it fails."""
+        ...

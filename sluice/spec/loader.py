@@ -1,0 +1,165 @@
+"""Load a spec from YAML so that every error names the file, the line and the field.
+
+PyYAML gives each node a position; we walk the node tree beside the parsed data and keep a
+map from field path to line. pydantic's error locations and our own semantic checks are
+paths too, so each problem is reported as `file:line: field: what is wrong (and the fix)`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from sluice.core.errors import SpecError, SpecIssue
+from sluice.spec.checks import check_platform
+from sluice.spec.models import PlatformSpec
+
+__all__ = ["LoadedSpec", "load_spec_file", "load_spec_text"]
+
+Path_ = tuple[str | int, ...]
+
+
+class LoadedSpec:
+    """A validated spec with the YAML text it came from (stored as a revision)."""
+
+    __slots__ = ("source", "spec", "text")
+
+    def __init__(self, spec: PlatformSpec, text: str, source: str) -> None:
+        self.spec = spec
+        self.text = text
+        self.source = source
+
+
+def load_spec_file(path: str | Path) -> LoadedSpec:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError([SpecIssue("", f"cannot read spec: {exc.strerror}", str(p))]) from None
+    return load_spec_text(text, str(p))
+
+
+def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:
+    """Parse, validate fields, then check cross-references; raise SpecError with all issues."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError([SpecIssue("", f"not valid YAML: {problem}", source, line)]) from None
+    if not isinstance(data, dict):
+        raise SpecError([SpecIssue("", "the spec must be a YAML mapping (key: value)", source, 1)])
+    lines = _line_map(node)
+    try:
+        spec = PlatformSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_issues_from_pydantic(exc, lines, source)) from None
+    problems = [
+        SpecIssue(_dotted(path), msg, source, _line_for(path, lines))
+        for path, msg in check_platform(spec)
+    ]
+    if problems:
+        raise SpecError(problems)
+    return LoadedSpec(spec, text, source)
+
+
+def _line_map(node: yaml.Node | None) -> dict[Path_, int]:
+    """Field path -> 1-based line where that field (its key, or the list item) starts."""
+    out: dict[Path_, int] = {}
+
+    def walk(n: yaml.Node, path: Path_) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for key_node, value_node in n.value:
+                child = (*path, str(key_node.value))
+                out[child] = key_node.start_mark.line + 1
+                walk(value_node, child)
+        elif isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                child = (*path, i)
+                out[child] = item.start_mark.line + 1
+                walk(item, child)
+
+    if node is not None:
+        out[()] = node.start_mark.line + 1
+        walk(node, ())
+    return out
+
+
+def _line_for(path: Path_, lines: dict[Path_, int]) -> int | None:
+    """The line of the deepest prefix of `path` present in the YAML (missing keys point at
+    their parent; pydantic's union tags are skipped)."""
+    best: int | None = lines.get(())
+    cur: Path_ = ()
+    for part in path:
+        if (*cur, part) in lines:
+            cur = (*cur, part)
+            best = lines[cur]
+    return best
+
+
+def _dotted(path: Iterable[str | int]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _issues_from_pydantic(
+    exc: ValidationError, lines: dict[Path_, int], source: str
+) -> list[SpecIssue]:
+    issues = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            msg = f"unknown field {loc[-1]!r}" + _allowed_fields_hint(loc, str(loc[-1]))
+        elif kind == "missing":
+            msg = "required field is missing"
+        else:
+            got = err.get("input")
+            shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+            msg = f"{err['msg']}{shown}"
+        field = _dotted(p for p in loc if not _is_union_tag(p))
+        issues.append(SpecIssue(field, msg, source, _line_for(loc, lines)))
+    return issues
+
+
+def _is_union_tag(part: str | int) -> bool:
+    return isinstance(part, str) and part in {"fixed", "lognormal", "linear"}
+
+
+def _allowed_fields_hint(loc: tuple[Any, ...], bad: str) -> str:
+    """'; did you mean X? allowed: a, b, c' for the model that owns the unknown field."""
+    model: Any = PlatformSpec
+    for part in loc[:-1]:
+        if isinstance(part, int) or not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return ""
+        model = _inner_model(field.annotation)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return ""
+    allowed = sorted(model.model_fields)
+    close = difflib.get_close_matches(bad, allowed, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{hint} allowed: {', '.join(allowed)}"
+
+
+def _inner_model(annotation: Any) -> Any:
+    """list[GroupSpec] -> GroupSpec, dict[str, ModelSpec] -> ModelSpec, X | None -> X."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) is not None:
+        for arg in reversed(get_args(annotation)):
+            inner = _inner_model(arg)
+            if inner is not None:
+                return inner
+    return None

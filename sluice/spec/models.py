@@ -1,0 +1,210 @@
+"""The operator's language: pools, groups, tenants and routes, as pydantic models.
+
+Field-level rules (types, ranges) live on the fields; cross-references (a group's pool,
+memory fit, route targets) are checked in `spec.checks` so each problem gets its own path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "ControlSpec",
+    "EmbeddingParams",
+    "GatewaySpec",
+    "GroupSpec",
+    "HealthSpec",
+    "ModelSpec",
+    "PlatformSpec",
+    "PoolSpec",
+    "ResourcesSpec",
+    "RouteMatch",
+    "RouteSpec",
+    "ServiceTime",
+    "SimParams",
+    "TenantSpec",
+    "WarmupSpec",
+]
+
+Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
+"""Lowercase letters, digits, '.', '_' and '-'; starts and ends alphanumeric; <= 63 chars."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolSpec(_Strict):
+    """An inventory of accelerators of one type. Without real GPUs they are virtual units."""
+
+    name: Name
+    accelerator: str = Field(default="virtual", description="accelerator type, e.g. h100-80g")
+    count: int = Field(ge=0, description="accelerators in the pool")
+    memory_gb: float = Field(gt=0, description="memory of ONE accelerator, in GiB")
+    price_per_hour: float = Field(default=0.0, ge=0, description="per accelerator")
+    kind: Literal["inference", "training"] = "inference"
+
+
+class FixedServiceTime(_Strict):
+    kind: Literal["fixed"] = "fixed"
+    seconds: float = Field(ge=0)
+
+
+class LognormalServiceTime(_Strict):
+    kind: Literal["lognormal"]
+    median_s: float = Field(gt=0)
+    sigma: float = Field(ge=0, le=5)
+
+
+class LinearServiceTime(_Strict):
+    """seconds = a + b * input_tokens + c * output_tokens (prefill and decode cost)."""
+
+    kind: Literal["linear"]
+    a: float = Field(ge=0)
+    b: float = Field(default=0.0, ge=0)
+    c: float = Field(default=0.0, ge=0)
+
+
+ServiceTime = Annotated[
+    FixedServiceTime | LognormalServiceTime | LinearServiceTime, Field(discriminator="kind")
+]
+
+
+class SimParams(_Strict):
+    """A stand-in for a heavy model that really takes its time (asyncio sleeps)."""
+
+    startup_s: float = Field(default=1.0, ge=0, description="model load time before /ready")
+    service_time: ServiceTime = FixedServiceTime(seconds=0.05)
+    memory_gb: float = Field(default=1.0, ge=0, description="declared model memory, GiB")
+    output_tokens: int = Field(default=16, ge=1, le=100_000, description="when max_tokens unset")
+    seed: int = 0
+
+
+class EmbeddingParams(_Strict):
+    """A real sentence-transformers model on CPU (all-MiniLM-L6-v2, shipped offline)."""
+
+    memory_gb: float = Field(default=0.5, ge=0)
+    max_batch: int = Field(default=64, ge=1, le=4096)
+
+
+class ModelSpec(_Strict):
+    runtime: Literal["sim", "embedding"]
+    version: str = Field(default="v1", min_length=1, max_length=64)
+    sim: SimParams | None = None
+    embedding: EmbeddingParams | None = None
+
+    @model_validator(mode="after")
+    def _params_match_runtime(self) -> ModelSpec:
+        other = "embedding" if self.runtime == "sim" else "sim"
+        if getattr(self, other) is not None:
+            raise ValueError(f"runtime is {self.runtime!r}; remove the '{other}:' block")
+        return self
+
+    @property
+    def memory_gb(self) -> float:
+        params = self.sim or self.embedding
+        if params is not None:
+            return params.memory_gb
+        return SimParams().memory_gb if self.runtime == "sim" else EmbeddingParams().memory_gb
+
+
+class ResourcesSpec(_Strict):
+    pool: Name
+    accelerators: int = Field(default=1, ge=1, le=64, description="per instance")
+    memory_gb: float = Field(gt=0, description="accelerator memory one instance needs, GiB")
+
+
+class WarmupSpec(_Strict):
+    requests: int = Field(default=1, ge=0, le=1000, description="warm-up passes per model")
+    timeout_s: float = Field(default=60.0, gt=0)
+
+
+class HealthSpec(_Strict):
+    interval_s: float = Field(default=1.0, gt=0, le=300)
+    timeout_s: float = Field(default=2.0, gt=0, le=300)
+    failure_threshold: int = Field(default=3, ge=1, le=100)
+    startup_timeout_s: float = Field(default=300.0, gt=0, description="launch to /ready")
+
+
+class GroupSpec(_Strict):
+    """A set of inference instances with a dedicated share of compute (G1, G2, G4)."""
+
+    name: Name
+    owner: str = Field(min_length=1)
+    business: str = Field(min_length=1)
+    alert_channel: str = Field(min_length=1)
+    description: str = ""
+    models: dict[str, ModelSpec] = Field(min_length=1)
+    resources: ResourcesSpec
+    max_concurrency: int = Field(default=8, ge=1, le=100_000, description="per instance")
+    replicas: int = Field(default=1, ge=0, le=1000)
+    max_surge: int = Field(default=1, ge=1, le=1000, description="extra instances while rolling")
+    warmup: WarmupSpec = WarmupSpec()
+    health: HealthSpec = HealthSpec()
+    drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
+    backup: Name | None = None
+
+    def template(self) -> str:
+        """Fingerprint of what an instance runs; a change rolls the group's instances."""
+        body = {
+            "models": {k: v.model_dump(mode="json") for k, v in sorted(self.models.items())},
+            "resources": self.resources.model_dump(mode="json"),
+            "max_concurrency": self.max_concurrency,
+        }
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        return digest[:12]
+
+
+class TenantSpec(_Strict):
+    """A business caller: its API keys, default priority, and what it may reach (R7)."""
+
+    name: Name
+    business: str = ""
+    api_keys: list[str] = Field(default_factory=list, description="plain keys; stored hashed")
+    priority: Literal["high", "normal", "low"] = "normal"
+    models: list[str] = Field(default_factory=lambda: ["*"], description="'*' allows all")
+    groups: list[str] = Field(default_factory=lambda: ["*"], description="'*' allows all")
+
+
+class RouteMatch(_Strict):
+    tenants: list[str] = Field(default_factory=list, description="empty: any tenant")
+    models: list[str] = Field(default_factory=list, description="empty: any model")
+
+
+class RouteSpec(_Strict):
+    """Ordered rule: the first whose `match` holds sends the request `to` a group (R1, R4)."""
+
+    tag: Name
+    match: RouteMatch = RouteMatch()
+    to: Name
+
+
+class GatewaySpec(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class ControlSpec(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535, description="0: any free port")
+
+
+class PlatformSpec(_Strict):
+    """The whole desired state an operator writes (one YAML file)."""
+
+    gateway: GatewaySpec = GatewaySpec()
+    control: ControlSpec = ControlSpec()
+    pools: list[PoolSpec] = Field(min_length=1)
+    groups: list[GroupSpec] = Field(default_factory=list)
+    tenants: list[TenantSpec] = Field(default_factory=list)
+    routes: list[RouteSpec] = Field(default_factory=list)
+
+    def group(self, name: str) -> GroupSpec | None:
+        return next((g for g in self.groups if g.name == name), None)
+
+    def pool(self, name: str) -> PoolSpec | None:
+        return next((p for p in self.pools if p.name == name), None)

@@ -1,0 +1,84 @@
+"""Table definitions: the one source the migrations must match (a test checks parity).
+
+Only portable types (Integer, String, Float, Text) so the same schema runs on SQLite and
+PostgreSQL; JSON is stored as text. Changing anything here needs a new Alembic revision.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
+
+__all__ = ["audit_log", "events", "instances", "metadata", "replica_overrides", "revisions"]
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# The primary key on `number` is what makes revision numbers unique under concurrent writers.
+revisions = Table(
+    "spec_revisions",
+    metadata,
+    Column("number", Integer, primary_key=True, autoincrement=False),
+    Column("created_at", Float, nullable=False),
+    Column("author", String(255), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("yaml_text", Text, nullable=False),
+    Column("diff", Text, nullable=False),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("at", Float, nullable=False),
+    Column("actor", String(255), nullable=False),
+    Column("action", String(255), nullable=False),
+    Column("target", String(255), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("detail", Text, nullable=False),
+    Index(None, "target", "id"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("at", Float, nullable=False),
+    Column("group_name", String(255), nullable=False),
+    Column("instance", String(255), nullable=True),
+    Column("kind", String(255), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("detail", Text, nullable=False),
+    Index(None, "group_name", "id"),
+)
+
+instances = Table(
+    "instances",
+    metadata,
+    Column("id", String(255), primary_key=True),
+    Column("group_name", String(255), nullable=False),
+    Column("template", String(255), nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("pid", Integer, nullable=True),
+    Column("host", String(255), nullable=True),
+    Column("port", Integer, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("reason", Text, nullable=False),
+)
+
+replica_overrides = Table(
+    "replica_overrides",
+    metadata,
+    Column("group_name", String(255), primary_key=True),
+    Column("replicas", Integer, nullable=False),
+    Column("actor", String(255), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("set_at", Float, nullable=False),
+)

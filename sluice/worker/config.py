@@ -1,0 +1,22 @@
+"""What one worker process serves, as handed over by the controller on its command line."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sluice.spec.models import ModelSpec
+
+__all__ = ["WorkerConfig"]
+
+
+class WorkerConfig(BaseModel):
+    """The JSON behind `--config-json` / `--config`; `models` maps model id -> ModelSpec."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instance_id: str = Field(min_length=1, max_length=200)
+    group: str = Field(min_length=1, max_length=200)
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    max_concurrency: int = Field(default=8, ge=1, le=100_000)
+    models: dict[str, ModelSpec] = Field(min_length=1)

@@ -1,0 +1,137 @@
+"""The state of one instance: its runtimes, the concurrency gate and exact request counters.
+
+The controller decides a draining instance is empty from /stats, so the counters are plain
+integers changed only on the event loop (no sampling, no estimates), and the Prometheus
+gauges read the same integers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sluice.core.errors import NotFound
+from sluice.worker.config import WorkerConfig
+from sluice.worker.metrics import WorkerMetrics
+from sluice.worker.runtimes import Runtime, make_runtime
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("sluice.worker")
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.runtimes: dict[str, Runtime] = {
+            name: make_runtime(name, spec, config.instance_id)
+            for name, spec in config.models.items()
+        }
+        self.started_at = time.time()
+        self.inflight = 0
+        self.queued = 0
+        self.served = 0
+        self.errors = 0
+        self.failure: str | None = None
+        self.on_failure: Callable[[], None] | None = None
+        """Called once if a model fails to load: the process should stop, not idle unready."""
+        self.metrics = WorkerMetrics()
+        self.metrics.inflight.set_function(lambda: self.inflight)
+        self.metrics.queued.set_function(lambda: self.queued)
+        self._loaded: set[str] = set()
+        self._gate = asyncio.Semaphore(config.max_concurrency)
+        self._loading: list[asyncio.Task[None]] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.failure is None and len(self._loaded) == len(self.runtimes)
+
+    def is_loaded(self, model: str) -> bool:
+        return model in self._loaded
+
+    def loading(self) -> list[str]:
+        return [name for name in self.runtimes if name not in self._loaded]
+
+    def runtime(self, model: str) -> Runtime:
+        try:
+            return self.runtimes[model]
+        except KeyError:
+            served = ", ".join(sorted(self.runtimes))
+            raise NotFound(
+                f"model {model!r} is not served by instance {self.config.instance_id!r} "
+                f"(it serves: {served})"
+            ) from None
+
+    def start(self) -> None:
+        """Load every model in the background; the server answers /health meanwhile."""
+        self._loading = [
+            asyncio.create_task(self._load(name, runtime), name=f"load-{name}")
+            for name, runtime in self.runtimes.items()
+        ]
+
+    async def stop(self) -> None:
+        for task in self._loading:
+            task.cancel()
+        await asyncio.gather(*self._loading, return_exceptions=True)
+
+    async def _load(self, name: str, runtime: Runtime) -> None:
+        started = time.monotonic()
+        try:
+            await runtime.load()
+        except Exception as exc:
+            self.failure = f"model {name!r} failed to load: {exc}"
+            log.exception("instance %s: %s", self.config.instance_id, self.failure)
+            if self.on_failure is not None:
+                self.on_failure()
+            return
+        self._loaded.add(name)
+        log.info(
+            "instance %s: model %r (%s, %s) loaded in %.2fs",
+            self.config.instance_id,
+            name,
+            runtime.spec.runtime,
+            runtime.spec.version,
+            time.monotonic() - started,
+        )
+        if self.ready:
+            self.metrics.ready.set(1)
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of `max_concurrency` slots; waiters are served in arrival order."""
+        self.queued += 1
+        try:
+            await self._gate.acquire()
+        finally:
+            self.queued -= 1
+        try:
+            yield
+        finally:
+            self._gate.release()
+
+    def request_started(self) -> None:
+        self.inflight += 1
+
+    def request_finished(self, model: str | None, status: str, seconds: float) -> None:
+        self.inflight -= 1
+        if status.isdigit() and int(status) < 400:
+            self.served += 1
+        else:
+            self.errors += 1
+        label = model or "-"
+        self.metrics.requests.labels(model=label, status=status).inc()
+        self.metrics.latency.labels(model=label).observe(seconds)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.config.instance_id,
+            "ready": self.ready,
+            "inflight": self.inflight,
+            "queued": self.queued,
+            "served": self.served,
+            "errors": self.errors,
+        }

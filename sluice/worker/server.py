@@ -1,0 +1,268 @@
+"""The worker's HTTP face: OpenAI-compatible inference plus the probes the controller polls.
+
+Starlette rather than FastAPI keeps start-up light, since instances are launched often.
+Every POST under /v1/ passes through `_Accounting`, which counts it from arrival to the last
+byte sent (streams included), labels its metrics and stamps `x-sluice-model-version`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sluice.core.errors import SluiceError, Unavailable
+from sluice.worker import protocol
+from sluice.worker.engine import Worker
+from sluice.worker.protocol import BadRequest, ChunkWriter
+from sluice.worker.runtimes import Endpoint, Runtime, TextRequest
+
+__all__ = ["build_app"]
+
+_CALL = "sluice.call"
+_PATHS = {
+    Endpoint.CHAT: "/v1/chat/completions",
+    Endpoint.COMPLETIONS: "/v1/completions",
+    Endpoint.EMBEDDINGS: "/v1/embeddings",
+}
+_ROUTED = frozenset(_PATHS.values())
+
+
+@dataclass(slots=True)
+class _Call:
+    """What the handler learned about one inference request, for the accounting middleware."""
+
+    model: str | None = None
+    version: str | None = None
+    status: int | None = None
+    broken: bool = False
+
+
+class _Accounting:
+    """ASGI middleware around the inference routes: exact in-flight count, metrics, header."""
+
+    def __init__(self, app: ASGIApp, worker: Worker) -> None:
+        self.app = app
+        self.worker = worker
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in _ROUTED:
+            await self.app(scope, receive, send)
+            return
+        call = _Call()
+        scope[_CALL] = call
+
+        async def send_stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                call.status = message["status"]
+                if call.version is not None:
+                    version = (b"x-sluice-model-version", call.version.encode())
+                    message = {**message, "headers": [*message.get("headers", []), version]}
+            await send(message)
+
+        self.worker.request_started()
+        started = time.perf_counter()
+        try:
+            await self.app(scope, receive, send_stamped)
+        except BaseException:
+            call.broken = True
+            raise
+        finally:
+            status = "error" if call.broken or call.status is None else str(call.status)
+            self.worker.request_finished(call.model, status, time.perf_counter() - started)
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """Closes its generator on every exit path, so a stream's concurrency slot is released
+    at once even when the client goes away mid-stream."""
+
+    body_iterator: AsyncGenerator[bytes, None]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+def build_app(worker: Worker) -> Starlette:
+    """The ASGI app of one instance; loading starts with the app's lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        worker.start()
+        try:
+            yield
+        finally:
+            await worker.stop()
+
+    async def health(_request: Request) -> Response:
+        return JSONResponse(
+            {"status": "ok", "instance_id": worker.config.instance_id, "group": worker.config.group}
+        )
+
+    async def ready(_request: Request) -> Response:
+        if worker.ready:
+            return JSONResponse({"ready": True})
+        body: dict[str, Any] = {"ready": False, "loading": worker.loading()}
+        if worker.failure is not None:
+            body["error"] = worker.failure
+        return JSONResponse(body, status_code=503)
+
+    async def stats(_request: Request) -> Response:
+        return JSONResponse(worker.stats())
+
+    async def metrics(_request: Request) -> Response:
+        return Response(worker.metrics.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+    async def models(_request: Request) -> Response:
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(worker.started_at),
+                "owned_by": worker.config.group,
+                "runtime": runtime.spec.runtime,
+                "version": runtime.spec.version,
+                "ready": worker.is_loaded(name),
+            }
+            for name, runtime in worker.runtimes.items()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def admit(request: Request, endpoint: Endpoint) -> tuple[dict[str, Any], Runtime]:
+        """Body, then model, then capability, then readiness: the first failure answers."""
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadRequest("request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("model: a model id (string) is required")
+        runtime = worker.runtime(model)
+        call: _Call = request.scope[_CALL]
+        call.model, call.version = model, runtime.spec.version
+        if endpoint not in runtime.endpoints:
+            serves = ", ".join(sorted(_PATHS[e] for e in runtime.endpoints))
+            raise BadRequest(
+                f"model {model!r} (runtime {runtime.spec.runtime!r}) does not serve "
+                f"{_PATHS[endpoint]}; it serves {serves}"
+            )
+        if not worker.is_loaded(model):
+            raise Unavailable(f"model {model!r} is still loading; retry when /ready is 200")
+        return body, runtime
+
+    def fingerprint(runtime: Runtime) -> str:
+        return f"{runtime.model}:{runtime.spec.version}"
+
+    async def generate(request: Request, chat: bool) -> Response:
+        body, runtime = await admit(request, Endpoint.CHAT if chat else Endpoint.COMPLETIONS)
+        kind = protocol.ChatRequest if chat else protocol.CompletionRequest
+        parsed = protocol.parse(kind, body)
+        text = TextRequest(parsed.prompt_text(), parsed.token_limit())
+        if parsed.stream:
+            writer = ChunkWriter(chat, runtime.model, fingerprint(runtime), parsed.include_usage)
+            return _ClosingStreamingResponse(
+                stream(request.scope[_CALL], runtime, text, writer),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache"},
+            )
+        async with worker.slot():
+            result = await runtime.complete(text)
+        render = protocol.chat_response if chat else protocol.completion_response
+        return JSONResponse(render(runtime.model, fingerprint(runtime), result))
+
+    async def stream(
+        call: _Call, runtime: Runtime, text: TextRequest, writer: ChunkWriter
+    ) -> AsyncGenerator[bytes, None]:
+        """SSE body. Headers go out at once; the slot is taken before the first token."""
+        finished = False
+        try:
+            async with worker.slot():
+                tokens = await runtime.stream(text)
+                opening = writer.opening()
+                if opening is not None:
+                    yield opening
+                produced = 0
+                async with aclosing(tokens.pieces) as pieces:
+                    async for piece in pieces:
+                        produced += 1
+                        yield writer.piece(piece)
+                yield writer.finish(tokens.finish_reason)
+                if writer.include_usage:
+                    yield writer.usage(tokens.prompt_tokens, produced)
+            yield protocol.SSE_DONE
+            finished = True
+        finally:
+            if not finished:
+                call.broken = True
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    async def embeddings(request: Request) -> Response:
+        body, runtime = await admit(request, Endpoint.EMBEDDINGS)
+        parsed = protocol.parse(protocol.EmbeddingRequest, body)
+        inputs = parsed.inputs()
+        async with worker.slot():
+            result = await runtime.embed(inputs)
+        width = len(result.vectors[0])
+        if parsed.dimensions is not None and parsed.dimensions != width:
+            raise BadRequest(f"dimensions: this model's vectors have {width} dimensions")
+        return JSONResponse(
+            protocol.embedding_response(runtime.model, result, parsed.encoding_format)
+        )
+
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/ready", ready),
+            Route("/stats", stats),
+            Route("/metrics", metrics),
+            Route("/v1/models", models),
+            Route(_PATHS[Endpoint.CHAT], chat_completions, methods=["POST"]),
+            Route(_PATHS[Endpoint.COMPLETIONS], completions, methods=["POST"]),
+            Route(_PATHS[Endpoint.EMBEDDINGS], embeddings, methods=["POST"]),
+        ],
+        middleware=[Middleware(_Accounting, worker=worker)],
+        exception_handlers={
+            SluiceError: _sluice_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+        lifespan=lifespan,
+    )
+
+
+async def _sluice_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SluiceError)
+    return JSONResponse(exc.to_json(), status_code=exc.http_status)
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = exc.detail.lower().replace(" ", "_")
+    body = {"error": {"code": code, "message": exc.detail}}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _internal_error(_request: Request, _exc: Exception) -> Response:
+    body = {"error": {"code": "internal_error", "message": "internal error in the worker"}}
+    return JSONResponse(body, status_code=500)

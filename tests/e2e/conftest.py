@@ -1,0 +1,223 @@
+"""Drive the real system: `sluice up` as a subprocess, workers as its subprocesses."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from sluice.runtime.local import pid_runs_instance
+
+
+@dataclass
+class Sluice:
+    """One `sluice up` process on a state directory, plus CLI helpers against it."""
+
+    home: Path
+    spec: Path
+    proc: subprocess.Popen[str] | None = None
+    endpoint: str = ""
+    output: list[str] = field(default_factory=list)
+    _pump: threading.Thread | None = None
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLUICE_HOME": str(self.home), "SLUICE_USER": "e2e-tester"}
+
+    def start(self, with_spec: bool = True) -> None:
+        cmd = [sys.executable, "-m", "sluice", "up", "--port", "0", "--log-level", "warning"]
+        if with_spec:
+            cmd += ["-f", str(self.spec)]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env()
+        )
+        self.output = []
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.output.append(line)
+                if line.startswith("endpoint: "):
+                    self.endpoint = line.split(" ", 1)[1].strip()
+                    ready.set()
+
+        self._pump = threading.Thread(target=pump, daemon=True)
+        self._pump.start()
+        if not ready.wait(60):
+            self.kill()
+            raise AssertionError("sluice up did not print its endpoint:\n" + "".join(self.output))
+
+    def stop(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout)
+        self._close()
+        return code
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._close()
+
+    def _close(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            if self._pump is not None:
+                self._pump.join(10)
+            self.proc.stdout.close()
+
+    def cli(self, *args: str, check: bool = True) -> Any:
+        r = subprocess.run(
+            [sys.executable, "-m", "sluice", *args, "--json"],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            timeout=60,
+        )
+        if check and r.returncode != 0:
+            raise AssertionError(f"sluice {' '.join(args)} -> {r.returncode}: {r.stdout}{r.stderr}")
+        return json.loads(r.stdout)
+
+    def instances(self, group: str | None = None) -> list[dict[str, Any]]:
+        return self.cli("get", "instances", *(["--group", group] if group else []))
+
+    def wait_for(self, what: str, pred: Callable[[], bool], timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return
+            time.sleep(0.25)
+        raise AssertionError(f"timed out waiting for {what}; instances: {self.instances()}")
+
+    def ready(self, group: str) -> list[dict[str, Any]]:
+        return [i for i in self.instances(group) if i["state"] == "ready"]
+
+    def client(self, key: str = "sk-e2e") -> openai.OpenAI:
+        # max_retries=0: a lost request must show up as an error, not be retried away
+        return openai.OpenAI(base_url=self.endpoint + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+class Stream:
+    """A steady, bounded request stream from a few threads; records every outcome."""
+
+    def __init__(self, sluice: Sluice, model: str, threads: int = 3, pause_s: float = 0.02):
+        self._client = sluice.client()
+        self._model = model
+        self._pause = pause_s
+        self._stop = threading.Event()
+        self.ok = 0
+        self.errors: list[str] = []
+        self.fingerprints: list[str] = []
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+
+    def __enter__(self) -> Stream:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+
+    def _loop(self) -> None:
+        deadline = time.monotonic() + 300  # bounded even if the test forgets to stop it
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            try:
+                r = self._client.chat.completions.create(
+                    model=self._model, max_tokens=4, messages=[{"role": "user", "content": "hello"}]
+                )
+                with self._lock:
+                    self.ok += 1
+                    self.fingerprints.append(r.system_fingerprint or "")
+            except Exception as exc:
+                with self._lock:
+                    self.errors.append(repr(exc))
+            time.sleep(self._pause)
+
+
+SPEC = """
+gateway: {{host: 127.0.0.1, port: 0}}
+pools:
+  - {{name: local, count: 8, memory_gb: 16}}
+groups:
+  - name: chat
+    owner: alice@example.com
+    business: search
+    alert_channel: "#search"
+    models:
+      e2e-sim:
+        runtime: sim
+        version: {version}
+        sim: {{startup_s: 0.5, service_time: {{kind: fixed, seconds: 0.05}}, memory_gb: 1}}
+    resources: {{pool: local, accelerators: 1, memory_gb: 2}}
+    max_concurrency: 8
+    replicas: 1
+    warmup: {{requests: 1}}
+    health: {{interval_s: 0.5, failure_threshold: 2, timeout_s: 1}}
+    drain_timeout_s: 20
+{embed}
+tenants:
+  - name: e2e
+    api_keys: [sk-e2e]
+  - name: outsider
+    api_keys: [sk-outsider]
+    models: [e2e-sim]
+routes:
+  - tag: chat-main
+    match: {{models: [e2e-sim]}}
+    to: chat
+"""
+
+EMBED = """
+  - name: embed
+    owner: bob@example.com
+    business: risk
+    alert_channel: "#risk"
+    models:
+      e2e-embed: {runtime: embedding, version: minilm}
+    resources: {pool: local, accelerators: 1, memory_gb: 2}
+    max_concurrency: 4
+    replicas: 1
+    health: {startup_timeout_s: 240}
+"""
+
+
+def write_spec(path: Path, version: str, embed: bool) -> None:
+    path.write_text(SPEC.format(version=version, embed=EMBED if embed else ""))
+
+
+@pytest.fixture(scope="module")
+def sluice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
+    home = tmp_path_factory.mktemp("home")
+    spec = home / "platform.yaml"
+    write_spec(spec, "v1", embed=True)
+    s = Sluice(home, spec)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.kill()
+        kill_workers_of(home)
+
+
+def kill_workers_of(home: Path) -> None:
+    """Whatever the tests did, leave no worker of this state directory running."""
+    ids = [p.stem for p in (home / "instances").glob("*.log")]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and any(pid_runs_instance(int(proc.name), i) for i in ids):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(proc.name), signal.SIGKILL)

@@ -1,0 +1,331 @@
+"""The store against real SQLite files: behaviour, persistence, concurrency, migration parity."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import create_engine, inspect, text
+
+from sluice.core import InstanceState, NotFound
+from sluice.store import AuditEntry, Event, InstanceRecord, Revision, Store
+from sluice.store.schema import metadata
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def store(home: Path) -> Iterator[Store]:
+    with Store.for_home(home) as s:
+        yield s
+
+
+def _rev(store: Store, n: int) -> Revision:
+    return store.add_revision(
+        yaml_text=f"groups: {n}\n", author="ana", reason=f"r{n}", diff=f"+{n}", now=100.0 + n
+    )
+
+
+def _inst(id: str, state: InstanceState = InstanceState.READY, **kw: object) -> InstanceRecord:
+    fields: dict[str, object] = {
+        "id": id,
+        "group": "chat",
+        "template": "t1",
+        "state": state,
+        "pid": 1234,
+        "host": "127.0.0.1",
+        "port": 9000,
+        "created_at": 10.0,
+        "updated_at": 11.0,
+        "reason": "",
+    }
+    fields.update(kw)
+    return InstanceRecord(**fields)  # type: ignore[arg-type]
+
+
+# -- opening and migrations ----------------------------------------------------------------
+
+
+def test_for_home_creates_home_and_migrates(home: Path) -> None:
+    with Store.for_home(home):
+        pass
+    db = home / "state.db"
+    assert db.is_file()
+    with sqlite3.connect(db) as raw:
+        (version,) = raw.execute("SELECT version_num FROM alembic_version").fetchone()
+        (mode,) = raw.execute("PRAGMA journal_mode").fetchone()
+    raw.close()
+    assert version == "0001"
+    assert mode == "wal"
+
+
+def test_every_connection_gets_the_sqlite_pragmas(store: Store) -> None:
+    with store._engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_reopening_is_a_noop_upgrade(home: Path) -> None:
+    Store.for_home(home).close()
+    Store.for_home(home).close()
+    engine = create_engine(f"sqlite:///{home / 'state.db'}")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0001",)]
+    engine.dispose()
+
+
+def test_migrations_match_schema_exactly(home: Path) -> None:
+    Store.for_home(home).close()
+    engine = create_engine(f"sqlite:///{home / 'state.db'}")
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+        tables = set(inspect(conn).get_table_names())
+    engine.dispose()
+    assert tables == set(metadata.tables) | {"alembic_version"}
+
+
+def test_in_memory_sqlite_is_refused() -> None:
+    with pytest.raises(ValueError, match="in-memory"):
+        Store.open("sqlite://")
+
+
+# -- spec revisions ----------------------------------------------------------------------
+
+
+def test_revisions_are_numbered_from_one_and_listed_newest_first(store: Store) -> None:
+    assert store.latest_revision() is None
+    assert store.list_revisions() == []
+    revs = [_rev(store, n) for n in range(1, 5)]
+    assert [r.number for r in revs] == [1, 2, 3, 4]
+    assert store.latest_revision() == revs[-1]
+    assert store.list_revisions() == revs[::-1]
+    assert store.list_revisions(limit=2) == [revs[3], revs[2]]
+    assert store.get_revision(2) == revs[1]
+    assert revs[1].to_json() == {
+        "number": 2,
+        "created_at": 102.0,
+        "author": "ana",
+        "reason": "r2",
+        "yaml_text": "groups: 2\n",
+        "diff": "+2",
+    }
+
+
+def test_unknown_revision_is_not_found(store: Store) -> None:
+    _rev(store, 1)
+    with pytest.raises(NotFound) as err:
+        store.get_revision(7)
+    assert err.value.detail == {"revision": 7}
+
+
+def test_limits_must_be_positive(store: Store) -> None:
+    for call in (store.list_revisions, lambda limit: store.list_audit(limit=limit)):
+        with pytest.raises(ValueError, match="limit"):
+            call(0)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.text(max_size=20), st.text(max_size=200)), max_size=12))
+def test_any_sequence_of_revisions_is_numbered_consecutively_from_one(
+    tmp_path_factory: pytest.TempPathFactory, calls: list[tuple[str, str]]
+) -> None:
+    with Store.for_home(tmp_path_factory.mktemp("prop")) as store:
+        revs = [
+            store.add_revision(yaml_text=y, author=a, reason="", diff="", now=float(i))
+            for i, (a, y) in enumerate(calls)
+        ]
+        assert [r.number for r in revs] == list(range(1, len(calls) + 1))
+        assert store.list_revisions(limit=100) == revs[::-1]
+        assert store.latest_revision() == (revs[-1] if revs else None)
+
+
+# -- audit log ---------------------------------------------------------------------------
+
+
+def test_audit_is_append_only_and_filtered_by_target(store: Store) -> None:
+    a = store.append_audit(
+        actor="ana", action="apply", target="spec", reason="v2", detail={"rev": 2}, now=1.0
+    )
+    b = store.append_audit(
+        actor="bo", action="scale", target="group/chat", reason="load", detail={}, now=2.0
+    )
+    c = store.append_audit(
+        actor="ana",
+        action="scale",
+        target="group/chat",
+        reason="",
+        detail={"to": 3, "why": ["spike", "ünïcode"]},
+        now=3.0,
+    )
+    assert a.id < b.id < c.id
+    assert store.list_audit() == [c, b, a]
+    assert store.list_audit(target="group/chat") == [c, b]
+    assert store.list_audit(target="group/chat", limit=1) == [c]
+    assert store.list_audit(target="nothing") == []
+    assert c.to_json()["detail"] == {"to": 3, "why": ["spike", "ünïcode"]}
+    public = {name for name in dir(Store) if not name.startswith("_")}
+    assert {n for n in public if "audit" in n} == {"append_audit", "list_audit"}
+
+
+def test_detail_round_trips_as_json_and_rejects_the_rest(store: Store) -> None:
+    entry = store.append_audit(
+        actor="a", action="x", target="t", reason="", detail={"pair": (1, 2)}, now=0.0
+    )
+    assert entry.detail == {"pair": [1, 2]}
+    assert store.list_audit() == [entry]
+    assert isinstance(entry, AuditEntry)
+    with pytest.raises(TypeError):
+        store.append_audit(actor="a", action="x", target="t", reason="", detail={"s": {1}}, now=0)
+    with pytest.raises(ValueError):
+        store.append_audit(
+            actor="a", action="x", target="t", reason="", detail={"n": float("nan")}, now=0
+        )
+    assert len(store.list_audit()) == 1
+
+
+# -- events ------------------------------------------------------------------------------
+
+
+def test_events_filter_by_group_and_since_id(store: Store) -> None:
+    def ev(group: str, instance: str | None, n: int) -> Event:
+        return store.append_event(
+            group=group, instance=instance, kind="launch", message=f"m{n}", detail={"n": n}, now=n
+        )
+
+    e1, e2, e3, e4 = (
+        ev("chat", "i-1", 1),
+        ev("embed", None, 2),
+        ev("chat", None, 3),
+        ev("chat", "i-2", 4),
+    )
+    assert store.list_events() == [e4, e3, e2, e1]
+    assert store.list_events(group="chat") == [e4, e3, e1]
+    assert store.list_events(since_id=e2.id) == [e4, e3]
+    assert store.list_events(group="chat", since_id=e1.id, limit=1) == [e4]
+    assert store.list_events(group="none") == []
+    assert e2.instance is None
+    assert e4.to_json() == {
+        "id": e4.id,
+        "at": 4.0,
+        "group": "chat",
+        "instance": "i-2",
+        "kind": "launch",
+        "message": "m4",
+        "detail": {"n": 4},
+    }
+
+
+# -- instances ---------------------------------------------------------------------------
+
+
+def test_instance_upsert_list_delete(store: Store) -> None:
+    assert store.list_instances() == []
+    b = _inst("b", InstanceState.STARTING, group="embed")
+    a = _inst("a", InstanceState.PENDING, pid=None, host=None, port=None)
+    store.upsert_instance(b)
+    store.upsert_instance(a)
+    assert store.list_instances() == [a, b]
+
+    a_ready = _inst("a", InstanceState.READY, updated_at=20.0, reason="warm")
+    store.upsert_instance(a_ready)
+    assert store.list_instances() == [a_ready, b]
+
+    b_stopped = _inst("b", InstanceState.STOPPED, group="embed", reason="scaled in")
+    store.upsert_instance(b_stopped)
+    failed = _inst("c", InstanceState.FAILED)
+    store.upsert_instance(failed)
+    assert store.list_instances() == [a_ready, failed]
+    assert store.list_instances(include_stopped=True) == [a_ready, failed, b_stopped]
+
+    store.delete_instance("a")
+    store.delete_instance("never-existed")
+    assert store.list_instances(include_stopped=True) == [failed, b_stopped]
+
+
+def test_instance_state_is_a_plain_valid_state_string() -> None:
+    rec = _inst("a", InstanceState.WARMING)
+    assert type(rec.state) is str
+    assert rec.to_json()["state"] == "warming"
+    with pytest.raises(ValueError):
+        _inst("a", "sleeping")  # type: ignore[arg-type]
+
+
+# -- replica overrides -------------------------------------------------------------------
+
+
+def test_replica_overrides_set_replace_clear(store: Store) -> None:
+    assert store.replicas_overrides() == {}
+    store.set_replicas_override(group="chat", replicas=3, actor="ana", reason="x", now=1.0)
+    store.set_replicas_override(group="embed", replicas=0, actor="ana", reason="x", now=1.0)
+    store.set_replicas_override(group="chat", replicas=5, actor="bo", reason="y", now=2.0)
+    assert store.replicas_overrides() == {"chat": 5, "embed": 0}
+    store.clear_replicas_override("chat")
+    store.clear_replicas_override("never-set")
+    assert store.replicas_overrides() == {"embed": 0}
+    with pytest.raises(ValueError, match="replicas"):
+        store.set_replicas_override(group="chat", replicas=-1, actor="a", reason="", now=3.0)
+
+
+# -- persistence and sharing ---------------------------------------------------------------
+
+
+def test_reopen_persists_everything(home: Path) -> None:
+    with Store.for_home(home) as s:
+        rev = _rev(s, 1)
+        audit = s.append_audit(actor="a", action="b", target="c", reason="d", detail={}, now=1)
+        event = s.append_event(group="g", instance=None, kind="k", message="m", detail={}, now=2)
+        inst = _inst("i-1")
+        s.upsert_instance(inst)
+        s.set_replicas_override(group="g", replicas=2, actor="a", reason="", now=3)
+    with Store.for_home(home) as s:
+        assert s.list_revisions() == [rev]
+        assert s.list_audit() == [audit]
+        assert s.list_events() == [event]
+        assert s.list_instances() == [inst]
+        assert s.replicas_overrides() == {"g": 2}
+        assert _rev(s, 2).number == 2
+
+
+def test_two_stores_on_one_file_see_each_others_writes(home: Path) -> None:
+    with Store.for_home(home) as one, Store.for_home(home) as two:
+        r1 = _rev(one, 1)
+        assert two.latest_revision() == r1
+        r2 = _rev(two, 2)
+        assert r2.number == 2
+        assert one.list_revisions() == [r2, r1]
+        two.set_replicas_override(group="chat", replicas=1, actor="a", reason="", now=0)
+        assert one.replicas_overrides() == {"chat": 1}
+        one.upsert_instance(_inst("i-1"))
+        assert two.list_instances() == [_inst("i-1")]
+
+
+def test_concurrent_writers_get_unique_consecutive_numbers(home: Path) -> None:
+    per_thread = 15
+    with Store.for_home(home) as one, Store.for_home(home) as two:
+        numbers: list[int] = []
+        lock = threading.Lock()
+
+        def write(store: Store) -> None:
+            for n in range(per_thread):
+                number = _rev(store, n).number
+                with lock:
+                    numbers.append(number)
+
+        threads = [threading.Thread(target=write, args=(s,)) for s in (one, two, one, two)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(numbers) == list(range(1, 4 * per_thread + 1))
+        assert [r.number for r in two.list_revisions(limit=100)] == sorted(numbers, reverse=True)
