@@ -200,9 +200,8 @@ class ClientProtocol(asyncio.Protocol):
         if kind is None:
             if not lname.startswith(b"proxy-"):
                 self._headers += (name, b": ", value, b"\r\n")
-        elif kind == _AUTH:
+        elif kind == _AUTH:  # read here, never forwarded: tenants' keys stay out of instances
             self._auth = value
-            self._headers += (name, b": ", value, b"\r\n")
         elif kind == _REQUEST_ID:
             self._rid = value
             self._headers += (name, b": ", value, b"\r\n")

@@ -14,8 +14,9 @@ QUICKSTART = Path(__file__).parents[2] / "examples" / "quickstart.yaml"
 def sluice(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SLUICE_HOME": str(home)}
     env.pop("SLUICE_CONTROL_URL", None)
-    return subprocess.run([sys.executable, "-m", "sluice", *args], capture_output=True,
-                          text=True, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "sluice", *args], capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 def test_validate_accepts_the_quickstart(tmp_path: Path) -> None:
@@ -38,8 +39,12 @@ def test_validate_names_file_line_and_field(tmp_path: Path) -> None:
     r = sluice("validate", "-f", str(broken), "--json", home=tmp_path)
     assert r.returncode == 2
     [issue] = json.loads(r.stdout)["error"]["issues"]
-    assert issue == {"file": str(broken), "line": line, "field": "groups[0].max_concurrency",
-                     "message": issue["message"]}
+    assert issue == {
+        "file": str(broken),
+        "line": line,
+        "field": "groups[0].max_concurrency",
+        "message": issue["message"],
+    }
 
 
 def test_commands_that_need_a_running_sluice_say_how_to_start_it(tmp_path: Path) -> None:
