@@ -26,10 +26,13 @@ __all__ = ["app", "main"]
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,  # a crash report must never print API keys
     help="Sluice: shared inference fleets behind one endpoint.",
 )
-get_app = typer.Typer(no_args_is_help=True, help="List groups or instances.")
+get_app = typer.Typer(no_args_is_help=True, help="List groups, instances or routes.")
 app.add_typer(get_app, name="get")
+route_app = typer.Typer(no_args_is_help=True, help="The escape hatch: failover and restore.")
+app.add_typer(route_app, name="route")
 
 out = Console()
 err = Console(stderr=True)
@@ -70,6 +73,14 @@ def _print_error(exc: SluiceError) -> None:
 def _client(home: str | None, control: str | None) -> tuple[Settings, ControlClient]:
     settings = Settings.from_env(home, control)
     return settings, ControlClient(settings)
+
+
+def _post_as_actor(
+    home: str | None, control: str | None, path: str, body: dict[str, Any], field: str = "actor"
+) -> Any:
+    """POST a change to the control API, signed with who makes it (for the audit log)."""
+    settings, client = _client(home, control)
+    return client.post(path, {**body, field: settings.actor})
 
 
 def _ts(t: float | None) -> str:
@@ -128,12 +139,9 @@ def apply(
     """Record a new spec revision (with its diff) and reconcile toward it."""
 
     def do() -> Any:
-        settings, client = _client(home, control)
         loaded = load_spec_file(file)
-        return client.post(
-            "/v1/revisions",
-            {"yaml": loaded.text, "source": str(file), "reason": reason, "author": settings.actor},
-        )
+        body = {"yaml": loaded.text, "source": str(file), "reason": reason}
+        return _post_as_actor(home, control, "/v1/revisions", body, field="author")
 
     def render(r: dict[str, Any]) -> None:
         if not r["changed"]:
@@ -157,13 +165,114 @@ def scale(
     """Set a group's replica count by hand; audited with who, when and why."""
 
     def do() -> Any:
-        settings, client = _client(home, control)
-        return client.post(
-            f"/v1/groups/{group}/scale",
-            {"replicas": replicas, "reason": reason, "actor": settings.actor},
-        )
+        body = {"replicas": replicas, "reason": reason}
+        return _post_as_actor(home, control, f"/v1/groups/{group}/scale", body)
 
     _run(as_json, do, lambda r: out.print(f"{r['group']}: {r['from']} -> {r['to']} replicas"))
+
+
+@route_app.command("failover")
+def route_failover(
+    group: str,
+    reason: ReasonOpt,
+    to: Annotated[str | None, typer.Option("--to", help="backup group (default: spec)")] = None,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """Send ALL of GROUP's traffic to its backup group at once (until `route restore`)."""
+
+    def do() -> Any:
+        body = {"to": to, "reason": reason}
+        return _post_as_actor(home, control, f"/v1/groups/{group}/failover", body)
+
+    _run(as_json, do, lambda r: out.print(f"{r['group']}: all traffic -> {r['to']}"))
+
+
+@route_app.command("restore")
+def route_restore(
+    group: str,
+    reason: ReasonOpt,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """Undo a failover: GROUP serves its own traffic again."""
+
+    def do() -> Any:
+        body = {"reason": reason}
+        return _post_as_actor(home, control, f"/v1/groups/{group}/restore", body)
+
+    def render(r: dict[str, Any]) -> None:
+        if r["changed"]:
+            out.print(f"{r['group']}: traffic back from {r['from']}")
+        else:
+            out.print(f"{r['group']}: no failover was in force")
+
+    _run(as_json, do, render)
+
+
+@get_app.command("routes")
+def get_routes(as_json: JsonOpt = False, home: HomeOpt = None, control: ControlOpt = None) -> None:
+    """Route rules in match order, and the failovers in force."""
+
+    def render(r: dict[str, Any]) -> None:
+        t = Table("#", "TAG", "MATCH", "TO", "FALLBACK", "MIRROR")
+        for i, rule in enumerate(r["rules"]):
+            match = [
+                f"{k}={','.join(rule[k])}" for k in ("tenants", "models", "priorities") if rule[k]
+            ]
+            match += [f"{k}:{v}" for k, v in rule["headers"].items()]
+            match += [f"{k}:{v}*" for k, v in rule["header_prefixes"].items()]
+            to = ", ".join(
+                f"{x['group']}({x['weight']})" if len(rule["to"]) > 1 else x["group"]
+                for x in rule["to"]
+            )
+            mirror = rule["mirror"]
+            t.add_row(
+                str(i),
+                rule["tag"],
+                " ".join(match) or "*",
+                to,
+                ", ".join(rule["fallback"]) or "-",
+                f"{mirror['group']} {mirror['percent']:g}%" if mirror else "-",
+            )
+        out.print(t)
+        for group, backup in r["failovers"].items():
+            out.print(f"[yellow]failover in force:[/yellow] {group} -> {backup}")
+
+    _run(as_json, lambda: _client(home, control)[1].get("/v1/routes"), render)
+
+
+@get_app.command("dataplane")
+def get_dataplane(
+    as_json: JsonOpt = False, home: HomeOpt = None, control: ControlOpt = None
+) -> None:
+    """The gateway now: slots, in use and queued per group, and ejected instances (why)."""
+
+    def render(r: dict[str, Any]) -> None:
+        t = Table("GROUP", "SLOTS", "IN USE", "QUEUED h/n/l", "INSTANCES", "EJECTED")
+        for name, g in sorted(r.get("groups", {}).items()):
+            q = g["queued"]
+            ejected = (
+                "; ".join(
+                    f"{e['instance']} ({e['reason']}, {e['until_s']:.0f}s left)"
+                    for e in g["ejected"]
+                )
+                or "-"
+            )
+            t.add_row(
+                name,
+                str(g["slots"]),
+                str(g["in_use"]),
+                f"{q['high']}/{q['normal']}/{q['low']}",
+                str(g["instances"]),
+                ejected,
+            )
+        out.print(t)
+        out.print(f"routing snapshot version {r.get('version')}")
+
+    _run(as_json, lambda: _client(home, control)[1].get("/v1/dataplane"), render)
 
 
 @get_app.command("groups")

@@ -19,7 +19,7 @@ import uvicorn
 
 from sluice.config import Settings
 from sluice.control import Controller, EventLog, InstanceSupervisor, build_control_api
-from sluice.core import NotFound, SystemClock
+from sluice.core import Conflict, NotFound, SystemClock
 from sluice.gateway import Gateway
 from sluice.runtime import LocalRuntime
 from sluice.spec import LoadedSpec, PlatformSpec, load_spec_text
@@ -93,10 +93,16 @@ async def _run(
         await controller.apply(loaded, settings.actor, f"sluice up -f {loaded.source}")
     spec = controller.spec
     await supervisor.recover({g.name: g for g in spec.groups})
-    await gateway.start()
+    try:
+        await gateway.start()
+    except OSError as exc:
+        raise Conflict(
+            f"the gateway cannot listen on {gateway.host}:{gateway.port}: {exc.strerror}; "
+            "free the port or pick another with --port"
+        ) from None
     control_sock = socket.create_server((spec.control.host, spec.control.port))
     control_port = control_sock.getsockname()[1]
-    api = build_control_api(controller, supervisor, store)
+    api = build_control_api(controller, supervisor, store, data_plane=gateway.status)
     server = _ControlServer(
         uvicorn.Config(api, log_level="warning", lifespan="off", access_log=False)
     )

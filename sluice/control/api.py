@@ -7,6 +7,7 @@ rendered as `{"error": {...}}` with the error's HTTP status.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,6 +17,7 @@ from pydantic import BaseModel, Field
 from sluice.control.controller import Controller
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.core import InstanceState, SluiceError
+from sluice.policy import route_rules
 from sluice.spec import load_spec_text
 from sluice.store import Store
 
@@ -28,6 +30,17 @@ class ScaleRequest(BaseModel):
     actor: str = Field(min_length=1)
 
 
+class FailoverRequest(BaseModel):
+    to: str | None = Field(default=None, description="backup group; default: spec `backup`")
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+
+
+class RestoreRequest(BaseModel):
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+
+
 class ApplyRequest(BaseModel):
     yaml: str
     source: str = "<api>"
@@ -36,8 +49,12 @@ class ApplyRequest(BaseModel):
 
 
 def build_control_api(
-    controller: Controller, supervisor: InstanceSupervisor, store: Store
+    controller: Controller,
+    supervisor: InstanceSupervisor,
+    store: Store,
+    data_plane: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
+    """`data_plane`, if given, reports the gateway's live state (queues, ejections)."""
     app = FastAPI(title="Sluice control API", version="1")
 
     @app.exception_handler(SluiceError)
@@ -95,6 +112,38 @@ def build_control_api(
     async def scale(group: str, body: ScaleRequest) -> dict[str, Any]:
         before = await controller.scale(group, body.replicas, body.actor, body.reason)
         return {"group": group, "from": before, "to": body.replicas}
+
+    @app.post("/v1/groups/{group}/failover")
+    async def failover(group: str, body: FailoverRequest) -> dict[str, Any]:
+        to = await controller.failover(group, body.to, body.actor, body.reason)
+        return {"group": group, "to": to}
+
+    @app.post("/v1/groups/{group}/restore")
+    async def restore(group: str, body: RestoreRequest) -> dict[str, Any]:
+        backup = await controller.restore(group, body.actor, body.reason)
+        return {"group": group, "from": backup, "changed": backup is not None}
+
+    @app.get("/v1/routes")
+    async def routes() -> dict[str, Any]:
+        rules = [
+            {
+                "tag": r.tag,
+                "to": [{"group": g, "weight": w} for g, w in r.targets],
+                "tenants": sorted(r.tenants),
+                "models": sorted(r.models),
+                "priorities": sorted(r.priorities),
+                "headers": dict(r.headers),
+                "header_prefixes": dict(r.header_prefixes),
+                "fallback": list(r.fallback),
+                "mirror": {"group": r.mirror[0], "percent": r.mirror[1]} if r.mirror else None,
+            }
+            for r in route_rules(controller.spec)
+        ]
+        return {"rules": rules, "failovers": controller.failovers}
+
+    @app.get("/v1/dataplane")
+    async def dataplane() -> dict[str, Any]:
+        return data_plane() if data_plane is not None else {}
 
     @app.post("/v1/revisions")
     async def apply(body: ApplyRequest) -> dict[str, Any]:

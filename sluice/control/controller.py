@@ -52,6 +52,7 @@ class Controller:
         self._spec: PlatformSpec | None = None
         self._revision = 0
         self._overrides: dict[str, int] = {}
+        self._failovers: dict[str, str] = {}
         self._routing_version = 0
         self._published_key: object = None
         self._wake = supervisor.changed
@@ -84,6 +85,7 @@ class Controller:
             self._spec = load_spec_text(latest.yaml_text, f"revision {latest.number}").spec
             self._revision = latest.number
         self._overrides = await asyncio.to_thread(self._store.replicas_overrides)
+        self._failovers = await asyncio.to_thread(self._store.failovers)
 
     # --- operator actions ----------------------------------------------------------------
 
@@ -175,6 +177,88 @@ class Controller:
         self._wake.set()
         return before
 
+    @property
+    def failovers(self) -> dict[str, str]:
+        return dict(self._failovers)
+
+    async def failover(self, group: str, backup: str | None, actor: str, reason: str) -> str:
+        """R3: send all of `group`'s traffic to `backup` (default: the group's `backup`) at
+        once, until `restore`. Audited; the gateway gets a new table right away.
+
+        Refused when the backup could not serve every caller of the group: it must serve
+        all the group's models and every tenant allowed the group must be allowed it too.
+        """
+        spec = self.spec
+        source = spec.group(group)
+        if source is None:
+            raise NotFound(f"no group named {group!r}")
+        target_name = backup or source.backup
+        if target_name is None:
+            raise Conflict(f"group {group!r} has no `backup` in the spec; pass --to BACKUP")
+        target = spec.group(target_name)
+        if target is None or target_name == group:
+            raise Conflict(f"backup {target_name!r} must be another existing group")
+        missing = sorted(set(source.models) - set(target.models))
+        if missing:
+            raise Conflict(
+                f"{target_name!r} does not serve {', '.join(missing)}, which {group!r} serves"
+            )
+        shut_out = [
+            t.name
+            for t in spec.tenants
+            if ("*" in t.groups or group in t.groups)
+            and not ("*" in t.groups or target_name in t.groups)
+        ]
+        if shut_out:
+            raise Conflict(
+                f"tenant(s) {', '.join(shut_out)} may use {group!r} but not {target_name!r}"
+            )
+        now = self._clock.now()
+        await asyncio.to_thread(
+            self._store.set_failover,
+            group=group,
+            backup=target_name,
+            actor=actor,
+            reason=reason,
+            now=now,
+        )
+        await asyncio.to_thread(
+            self._store.append_audit,
+            actor=actor,
+            action="failover",
+            target=f"group/{group}",
+            reason=reason,
+            detail={"to": target_name},
+            now=now,
+        )
+        self._failovers[group] = target_name
+        self._publish_routing(spec)
+        await self._events.emit(group, None, "failover", f"all traffic -> {target_name}: {reason}")
+        return target_name
+
+    async def restore(self, group: str, actor: str, reason: str) -> str | None:
+        """Undo `failover`; returns the backup it pointed to (None if none was in force)."""
+        if self.spec.group(group) is None:
+            raise NotFound(f"no group named {group!r}")
+        backup = self._failovers.get(group)
+        if backup is None:
+            return None
+        now = self._clock.now()
+        await asyncio.to_thread(self._store.clear_failover, group)
+        await asyncio.to_thread(
+            self._store.append_audit,
+            actor=actor,
+            action="restore",
+            target=f"group/{group}",
+            reason=reason,
+            detail={"from": backup},
+            now=now,
+        )
+        del self._failovers[group]
+        self._publish_routing(self.spec)
+        await self._events.emit(group, None, "restore", f"traffic back from {backup}: {reason}")
+        return backup
+
     # --- the loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -238,9 +322,13 @@ class Controller:
 
     def _publish_routing(self, spec: PlatformSpec) -> None:
         ready = self._supervisor.ready_endpoints()
-        key = (self._revision, tuple(sorted((g, tuple(e)) for g, e in ready.items())))
+        key = (
+            self._revision,
+            tuple(sorted(self._failovers.items())),
+            tuple(sorted((g, tuple(e)) for g, e in ready.items())),
+        )
         if key == self._published_key:
             return
         self._routing_version += 1
-        self._publish(build_routing_snapshot(spec, ready, self._routing_version))
+        self._publish(build_routing_snapshot(spec, ready, self._routing_version, self._failovers))
         self._published_key = key

@@ -93,7 +93,13 @@ class InstanceSupervisor:
         for inst in self._instances.values():
             if inst.state is InstanceState.READY and inst.handle is not None:
                 out.setdefault(inst.spec.name, []).append(
-                    Endpoint(inst.id, inst.handle.host, inst.handle.port, inst.spec.max_concurrency)
+                    Endpoint(
+                        inst.id,
+                        inst.handle.host,
+                        inst.handle.port,
+                        inst.spec.max_concurrency,
+                        inst.ready_at or 0.0,
+                    )
                 )
         return out
 

@@ -3,6 +3,8 @@
 This runs once per request, so lines are rendered from a template (about twice as fast as
 `json.dumps` for this fixed shape) and flushed at most every `FLUSH_INTERVAL_S`, not per line:
 a flush is a system call, and losing the last fraction of a second of log on a crash is fine.
+Floats cost most to render, so `ts` (when the request started, Unix seconds) has millisecond
+precision and is rendered once per millisecond, and `queue_ms` is rendered only when not 0.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ __all__ = ["FLUSH_INTERVAL_S", "AccessLog"]
 
 FLUSH_INTERVAL_S = 0.1
 
-_LINE = (
-    '{"ts":%.6f,"request_id":%s,"method":%s,"path":%s,"status":%d,"latency_ms":%.3f,'
-    '"tenant":%s,"model":%s,"route":%s,"group":%s,"instance":%s,"retried":%s,"error":%s,'
-    '"bytes_out":%d}\n'
+_WHERE = (
+    '"tenant":%s,"model":%s,"priority":%s,"route":%s,"group":%s,"instance":%s,"via":%s,'
+    '"mirror":%s,"retried":%s,"error":%s'
 )
+_MEMO_MAX = 4096  # per memo; cleared when full (values may be caller-chosen garbage)
+
+_Where = tuple[
+    str | None, str | None, str | None, str | None, str | None,
+    str | None, str | None, str | None, bool, str | None,
+]  # fmt: skip
 
 
 def _opt(value: str | None) -> str:
@@ -31,39 +38,81 @@ def _opt(value: str | None) -> str:
 
 
 class AccessLog:
-    """Writes finished exchanges as JSON lines to a text stream."""
+    """Writes finished exchanges as JSON lines to a text stream.
 
-    __slots__ = ("_flush_pending", "_stream")
+    The fields that repeat from request to request (who, what, where, how it ended) are
+    rendered once per combination and kept in a small memo, so a line costs one tuple, two
+    dict hits and one `%` format instead of a dozen quoting calls.
+    """
+
+    __slots__ = ("_flush_pending", "_request", "_stream", "_ts", "_ts_ms", "_where")
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self._flush_pending = False
+        self._ts_ms = -1  # the millisecond `_ts` renders: many requests start in the same one
+        self._ts = ""
+        self._where: dict[_Where, str] = {}
+        self._request: dict[tuple[bytes, bytes], str] = {}
 
-    def record(self, ex: Exchange) -> None:
-        """Log `ex` as it ends; latency runs from its first parsed byte until now."""
-        latency = time.perf_counter() - ex.t0
+    def record(self, ex: Exchange, latency: float) -> None:
+        """Log `ex` as it ends; `latency`: seconds from its first parsed byte until now.
+
+        `group` is where it was served (after any failover or fallback, which `via` tells);
+        `queue_ms` is the time it waited for a slot; `mirror` the group a copy went to.
+        """
+        key: _Where = (
+            ex.tenant,
+            ex.model,
+            ex.priority,
+            ex.route,
+            ex.group,
+            ex.instance,
+            ex.via,
+            ex.mirror,
+            ex.retried,
+            ex.error_code,
+        )
+        where = self._where.get(key)
+        if where is None:
+            where = self._render_where(key)
+        request = self._request.get((ex.method, ex.url))
+        if request is None:
+            request = self._render_request(ex.method, ex.url)
+        start_ms = int((time.time() - latency) * 1000.0)
+        if start_ms != self._ts_ms:
+            self._ts_ms = start_ms
+            self._ts = f"{start_ms // 1000}.{start_ms % 1000:03d}"
+        queue_ms = f"{ex.queue_ms:.3f}" if ex.queue_ms else "0.0"
+        # Keys, in order: ts, request_id, method, path, status, latency_ms, queue_ms, tenant,
+        # model, priority, route, group, instance, via, mirror, retried, error, bytes_out.
+        # (An f-string: a third cheaper than the same line formatted with `%`.)
         self._stream.write(
-            _LINE
-            % (
-                time.time() - latency,
-                _quote(ex.request_id.decode("latin-1")),
-                _quote(ex.method.decode("latin-1")),
-                _quote(ex.url.partition(b"?")[0].decode("latin-1")),
-                ex.status,
-                latency * 1000.0,
-                _opt(ex.tenant),
-                _opt(ex.model),
-                _opt(ex.route),
-                _opt(ex.group),
-                _opt(ex.instance),
-                "true" if ex.retried else "false",
-                _opt(ex.error_code),
-                ex.bytes_out,
-            )
+            f'{{"ts":{self._ts},"request_id":{_quote(ex.request_id.decode("latin-1"))},'
+            f'{request},"status":{ex.status},"latency_ms":{latency * 1000.0:.3f},'
+            f'"queue_ms":{queue_ms},{where},"bytes_out":{ex.bytes_out}}}\n'
         )
         if not self._flush_pending:
             self._flush_pending = True
             asyncio.get_running_loop().call_later(FLUSH_INTERVAL_S, self.flush)
+
+    def _render_where(self, key: _Where) -> str:
+        *names, retried, error = key
+        where = _WHERE % (*(_opt(n) for n in names), "true" if retried else "false", _opt(error))
+        if len(self._where) >= _MEMO_MAX:
+            self._where.clear()
+        self._where[key] = where
+        return where
+
+    def _render_request(self, method: bytes, url: bytes) -> str:
+        path = url.partition(b"?")[0]
+        text = (
+            f'"method":{_quote(method.decode("latin-1"))},"path":{_quote(path.decode("latin-1"))}'
+        )
+        if len(self._request) >= _MEMO_MAX:
+            self._request.clear()
+        self._request[(method, url)] = text
+        return text
 
     def flush(self) -> None:
         self._flush_pending = False

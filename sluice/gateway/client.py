@@ -26,7 +26,7 @@ __all__ = ["LINGER_S", "ClientProtocol"]
 LINGER_S = 2.0
 """How long to keep draining a client's upload after refusing it (see `_linger`)."""
 
-_HOP, _CONNECTION, _AUTH, _REQUEST_ID, _LENGTH, _EXPECT = range(6)
+_HOP, _CONNECTION, _AUTH, _REQUEST_ID, _LENGTH, _EXPECT, _PRIORITY = range(7)
 _REQUEST_HEADERS = {
     **dict.fromkeys(HOP_BY_HOP, _HOP),
     b"connection": _CONNECTION,
@@ -35,8 +35,24 @@ _REQUEST_HEADERS = {
     b"x-request-id": _REQUEST_ID,
     b"content-length": _LENGTH,
     b"expect": _EXPECT,
+    b"x-sluice-priority": _PRIORITY,
 }
 """Request headers that need more than forwarding, by lower-cased name."""
+_FORWARD = -1
+_header_kinds: dict[bytes, int] = {}
+"""The kind of a request header by its name exactly as sent (clients repeat a few spellings),
+so most headers cost one dict hit."""
+
+
+def _header_kind(name: bytes) -> int:
+    lname = name.lower()
+    kind = _REQUEST_HEADERS.get(lname)
+    if kind is None:
+        kind = _HOP if lname.startswith(b"proxy-") else _FORWARD
+    if len(_header_kinds) >= 1024:  # bounded: names are the clients' choice
+        _header_kinds.clear()
+    _header_kinds[name] = kind
+    return kind
 
 
 class ClientProtocol(asyncio.Protocol):
@@ -56,6 +72,7 @@ class ClientProtocol(asyncio.Protocol):
         "_on_lost",
         "_parser",
         "_pipelined",
+        "_priority",
         "_queue",
         "_rid",
         "_state",
@@ -89,6 +106,7 @@ class ClientProtocol(asyncio.Protocol):
         self._url = b""
         self._headers: list[bytes] = []
         self._auth: bytes | None = None
+        self._priority: bytes | None = None
         self._rid: bytes | None = None
         self._body: list[bytes] = []
         self._body_len = 0
@@ -101,10 +119,6 @@ class ClientProtocol(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         if self._transport is not None:
             self._transport.write(data)
-
-    def writelines(self, data: list[bytes]) -> None:
-        if self._transport is not None:
-            self._transport.writelines(data)
 
     def abort(self) -> None:
         """A response broke halfway: close after what was written, so the client sees EOF."""
@@ -195,11 +209,11 @@ class ClientProtocol(asyncio.Protocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        lname = name.lower()
-        kind = _REQUEST_HEADERS.get(lname)
+        kind = _header_kinds.get(name)
         if kind is None:
-            if not lname.startswith(b"proxy-"):
-                self._headers += (name, b": ", value, b"\r\n")
+            kind = _header_kind(name)
+        if kind == _FORWARD:
+            self._headers += (name, b": ", value, b"\r\n")
         elif kind == _AUTH:  # read here, never forwarded: tenants' keys stay out of instances
             self._auth = value
         elif kind == _REQUEST_ID:
@@ -212,6 +226,8 @@ class ClientProtocol(asyncio.Protocol):
             self._expect = value.lower() == b"100-continue"
         elif kind == _CONNECTION:
             self._connection_header = True
+        elif kind == _PRIORITY:  # the gateway's own: consumed here (admission), not forwarded
+            self._priority = value
         # else _HOP: hop-by-hop, or Host (set per instance): not forwarded
 
     def on_headers_complete(self) -> None:
@@ -246,7 +262,7 @@ class ClientProtocol(asyncio.Protocol):
         request_id = self._rid
         if not request_id:
             request_id = self._state.next_request_id()
-            headers += (b"x-request-id: ", request_id, b"\r\n")
+            headers += (b"x-request-id", b": ", request_id, b"\r\n")
         self._t0 = 0.0  # no request in progress
         self._enqueue(
             Exchange(
@@ -258,6 +274,7 @@ class ClientProtocol(asyncio.Protocol):
                 request_id,
                 body,
                 auth=self._auth,
+                priority_header=self._priority,
                 keep_alive=keep_alive,
                 http11=http11,
                 t0=t0,

@@ -1,30 +1,48 @@
-"""One request from parsed to last byte sent: route it, proxy it (retrying once), log it (R4).
+"""One request from parsed to last byte sent: route it, admit it, proxy it (retrying once),
+mirror it, log it (R4, R6).
 
 An `Exchange` is also the `ResponseSink` of the upstream connection serving it, so response
-bytes flow from the upstream parser to the client transport without queues or tasks.
+bytes flow from the upstream parser to the client transport without queues or tasks. It is
+also its own admission ticket: a queued request is parked in its group's `GroupAdmission`
+and resumed (or refused) by the gateway state, with no task or future per request.
+
+Every exchange that takes a group slot gives it back exactly once, in `_end_admission`, called
+by every ending (`_finish`, `client_gone`, an internal error).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json.scanner
+import math
+import time
 from typing import TYPE_CHECKING
 
 from sluice.core.errors import NotFound, SluiceError, Unauthorized, Unavailable, UpstreamError
-from sluice.gateway.errors import BadRequest, MethodNotAllowed, UpstreamTimeout
+from sluice.gateway.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    Overloaded,
+    RateLimited,
+    UpstreamTimeout,
+)
+from sluice.gateway.metrics import CONTENT_TYPE
+from sluice.gateway.mirror import MirrorRequest
 from sluice.gateway.responses import (
     CHUNK_END,
     close_header,
     json_body,
     json_response,
     status_line,
+    text_response,
 )
 from sluice.gateway.upstream import UpstreamConnection
-from sluice.policy.balance import pick_least_outstanding
-from sluice.policy.routing import Endpoint, TenantAccess
+from sluice.policy.admission import Offer
+from sluice.policy.routing import Endpoint, Route, TenantAccess
 
 if TYPE_CHECKING:
     from sluice.gateway.client import ClientProtocol
+    from sluice.gateway.groups import GroupRuntime
     from sluice.gateway.state import GatewayState
 
 __all__ = ["Exchange", "parse_json"]
@@ -62,13 +80,19 @@ class Exchange:
         "error_code",
         "finished",
         "group",
+        "grp",
         "head_sent",
         "headers",
         "http11",
         "instance",
         "keep_alive",
         "method",
+        "mirror",
         "model",
+        "priority",
+        "priority_header",
+        "queue_ms",
+        "queued_at",
         "request_id",
         "retried",
         "reused",
@@ -79,6 +103,8 @@ class Exchange:
         "t0",
         "tenant",
         "url",
+        "via",
+        "waiting",
     )
 
     def __init__(
@@ -92,6 +118,7 @@ class Exchange:
         body: bytes = b"",
         *,
         auth: bytes | None = None,
+        priority_header: bytes | None = None,
         keep_alive: bool,
         http11: bool = True,
         t0: float,
@@ -104,6 +131,7 @@ class Exchange:
         self.headers = headers  # forwardable request header pieces, x-request-id included
         self.request_id = request_id
         self.auth = auth  # the raw Authorization header value
+        self.priority_header = priority_header  # the raw x-sluice-priority value
         self.body = body
         self.keep_alive = keep_alive
         self.http11 = http11
@@ -111,8 +139,15 @@ class Exchange:
         self.error = error  # set when the request was refused while parsing (413, 400)
         self.tenant: str | None = None
         self.model: str | None = None
+        self.priority: str | None = None
         self.route: str | None = None
-        self.group: str | None = None
+        self.group: str | None = None  # the group that serves it (after failover, fallback)
+        self.via: str | None = None  # how it got there when not straight: failover, fallback
+        self.mirror: str | None = None  # the group a copy went to
+        self.grp: GroupRuntime | None = None  # whose slot it holds, or whose queue it is in
+        self.waiting = False  # in `grp`'s queue
+        self.queued_at = 0.0
+        self.queue_ms = 0.0
         self.instance: str | None = None
         self.endpoint: Endpoint | None = None
         self.slot: str | None = None  # instance whose outstanding count this request holds
@@ -143,20 +178,28 @@ class Exchange:
             elif path == b"/v1/models":
                 self._require(b"GET")
                 self._list_models()
+            elif path == b"/metrics":
+                self._require(b"GET")
+                self._metrics()
             else:
                 raise NotFound(f"no such path: {path.decode('latin-1')}")
         except SluiceError as err:
             self._fail(err)
-        except Exception as exc:  # a bug: report it, and answer 500 rather than hang
-            asyncio.get_running_loop().call_exception_handler(
-                {"message": "gateway request failed", "exception": exc}
-            )
-            if self.conn is not None:
-                self.conn.abandon()
-                self.conn = None
-            self._release_slot()
-            if not self.finished:
-                self._fail(SluiceError("internal error"))
+        except Exception as exc:
+            self._crash(exc)
+
+    def _crash(self, exc: Exception) -> None:
+        """A bug: report it, and answer 500 rather than hang."""
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": "gateway request failed", "exception": exc}
+        )
+        if self.conn is not None:
+            self.conn.abandon()
+            self.conn = None
+        self._release_slot()
+        self._end_admission()
+        if not self.finished:
+            self._fail(SluiceError("internal error"))
 
     def _require(self, method: bytes) -> None:
         if self.method != method:
@@ -176,9 +219,24 @@ class Exchange:
         data = [{"id": m, "object": "model", "owned_by": "sluice"} for m in models]
         self._respond(200, {"object": "list", "data": data})
 
+    def _metrics(self) -> None:
+        body = self.state.metrics.render()
+        self.status = 200
+        self.keep_alive = self.keep_alive and not self.client.closing
+        self.bytes_out = len(body)
+        extra = b"x-request-id: " + self.request_id + b"\r\n"
+        self.client.write(text_response(200, body, CONTENT_TYPE, extra, self.keep_alive))
+        self._finish()
+
     def _proxy(self) -> None:
         state = self.state
         tenant = self._tenant()
+        if tenant.rate_limit is not None:
+            wait = state.rate_wait(tenant.name)
+            if wait > 0.0:
+                raise RateLimited(
+                    "this API key is over its rate limit; retry later", math.ceil(wait)
+                )
         try:
             payload = parse_json(self.body)
         except ValueError as exc:  # bad UTF-8 included
@@ -187,18 +245,148 @@ class Exchange:
         if not isinstance(model, str) or not model:
             raise BadRequest("request body needs a string field 'model'")
         self.model = model
-        route = state.resolve(tenant, model)
-        self.route = route.tag
-        self.group = route.group
-        endpoints = state.snapshot.endpoints.get(route.group, ())
-        if not endpoints:
-            raise Unavailable("no ready instance serves this model right now", model=model)
-        if len(endpoints) == 1:
-            self._attempt(endpoints[0], reuse=True)
+        if tenant.priority_header and self.priority_header is not None:
+            priority = tenant.priority_for(self.priority_header.decode("latin-1").strip().lower())
         else:
-            endpoint = pick_least_outstanding(endpoints, state.outstanding, state.rng)
-            assert endpoint is not None
-            self._attempt(endpoint, reuse=True)
+            priority = tenant.priority
+        self.priority = priority
+        route = state.resolve(tenant, model, priority, self.headers)
+        self.route = route.tag
+        targets = route.targets
+        group = targets[0][0] if len(targets) == 1 else route.pick_group(state.rng)
+        snapshot = state.snapshot
+        if snapshot.redirects:
+            group, self.via = snapshot.serving_group(group)
+        self.group = group
+        g = state.groups.get(group)
+        if g is not None and g.unejects_at:
+            state.uneject(g)
+        if g is not None and g.candidates and g.admission.try_acquire():
+            self.grp = g
+            self._dispatch(g)
+        else:
+            self._admit_slow(route, tenant, model, g)
+        if route.mirror is not None:
+            self._mirror(route.mirror)
+
+    def _admit_slow(
+        self, route: Route, tenant: TenantAccess, model: str, g: GroupRuntime | None
+    ) -> None:
+        """The group has no free slot or no instance: a fallback with headroom, else its queue."""
+        state = self.state
+        snapshot = state.snapshot
+        group = self.group
+        serving = g is not None and bool(g.candidates)
+        why = "overloaded" if serving else "no ready instance"
+        for name in snapshot.fallbacks(route, tenant, model):
+            if name == group or name in snapshot.redirects:
+                continue  # never chain: a failed-over fallback is not tried
+            fg = state.groups.get(name)
+            if fg is None:
+                continue
+            if fg.unejects_at:
+                state.uneject(fg)
+            if fg.candidates and fg.admission.try_acquire():
+                step = f"fallback {group}->{name}: {why}"
+                self.via = step if self.via is None else f"{self.via}; {step}"
+                self.group = name
+                self.grp = fg
+                self._dispatch(fg)
+                return
+        if g is None or not serving:
+            if g is not None:
+                g.metrics.shed["no_instance"] += 1
+            raise Unavailable("no ready instance serves this model right now", model=model)
+        assert self.priority is not None
+        now = time.monotonic()
+        offer, evicted = g.admission.offer_nowait(self, self.priority, now)
+        if offer is Offer.SHED:
+            g.metrics.shed["overloaded"] += 1
+            raise Overloaded("this model's instances and queue are full; retry later")
+        self.grp = g
+        if offer is Offer.ADMITTED:
+            self._dispatch(g)
+            return
+        self.waiting = True
+        self.queued_at = now
+        state.watch_queue(g)
+        if evicted is not None:  # last: answering it may run its client's next request
+            evicted.refused_in_queue(
+                Overloaded("pushed out of the queue by higher-priority requests; retry later"),
+                "evicted",
+                now,
+            )
+
+    def _dispatch(self, g: GroupRuntime) -> None:
+        state = self.state
+        endpoint = g.pick(self.headers, state.outstanding, state.rng)
+        if endpoint is None:  # the group lost its instances while this one waited
+            raise Unavailable("no ready instance serves this model right now", model=self.model)
+        self._attempt(endpoint, reuse=True)
+
+    def _mirror(self, mirror: tuple[str, float]) -> None:
+        """Shadow a copy to the mirror group if it has a free slot; never waits for it."""
+        group, percent = mirror
+        state = self.state
+        if state.rng.random() * 100.0 >= percent:
+            return
+        mg = state.groups.get(group)
+        if mg is None or not mg.candidates or not mg.admission.try_acquire():
+            return
+        endpoint = mg.pick(self.headers, state.outstanding, state.rng)
+        assert endpoint is not None  # candidates is not empty
+        self.mirror = group
+        mg.metrics.mirrored += 1
+        MirrorRequest(state, mg, endpoint, self.method, self.url, self.headers, self.body).start()
+
+    # -- the queue (called by GatewayState) -------------------------------------------------
+
+    def leave_queue(self, now: float) -> float:
+        """Out of the queue with a slot (or refused); returns the seconds it waited."""
+        self.waiting = False
+        waited = now - self.queued_at
+        self.queue_ms = waited * 1000.0
+        return waited
+
+    def resume(self) -> None:
+        """It got a slot while queued: proxy it now (unless its client left meanwhile)."""
+        if self.finished or self.grp is None:
+            return
+        try:
+            self._dispatch(self.grp)
+        except SluiceError as err:
+            self._fail(err)
+        except Exception as exc:
+            self._crash(exc)
+
+    def refused_in_queue(self, err: SluiceError, reason: str, now: float) -> None:
+        """Admission dropped it from the queue (expired, evicted, group removed): answer `err`."""
+        g, self.grp = self.grp, None
+        waited = self.leave_queue(now)
+        if g is not None:
+            g.metrics.shed[reason] += 1
+            if reason == "queue_timeout":
+                g.metrics.queue_wait.observe(waited)
+        if self.finished:
+            return
+        try:
+            self._fail(err)
+        except Exception as exc:
+            self._crash(exc)
+
+    def _end_admission(self) -> None:
+        """Give the group slot back (or leave the queue); exactly once, whatever the ending."""
+        g = self.grp
+        if g is None:
+            return
+        self.grp = None
+        if self.waiting:
+            self.waiting = False
+            g.admission.cancel(self)
+        else:
+            woken = g.admission.release()
+            if woken:
+                self.state.wake(g, woken, time.monotonic())
 
     # -- upstream attempts ------------------------------------------------------------------
 
@@ -224,6 +412,7 @@ class Exchange:
             return
         if conn is None:  # refused, unreachable or timed out: nothing was sent, so retry
             self._release_slot()
+            self._instance_failed(f"connect: {exc!r}")
             self._retry()
         else:
             self._send(conn)
@@ -234,7 +423,9 @@ class Exchange:
         wire = [self.method, b" ", self.url, b" HTTP/1.1\r\n", conn.host.host_header]
         wire += self.headers
         wire += (b"content-length: %d\r\n\r\n" % len(body), body)
-        if not conn.request(b"".join(wire), self):  # closed since it was opened: like a refusal
+        g = self.grp
+        timeout = g.timeout_s if g is not None else self.state.default_traffic.timeout_s
+        if not conn.request(b"".join(wire), self, timeout):  # closed since opened: a refusal
             self.conn = None
             self._release_slot()
             self._retry()
@@ -246,10 +437,24 @@ class Exchange:
             self.state.drop_slot(self.slot)
             self.slot = None
 
+    def _instance_failed(self, reason: str) -> None:
+        """Count a failure of the instance tried against it (outlier ejection)."""
+        g = self.grp
+        if g is not None and self.instance is not None:
+            now = time.monotonic()
+            woken = g.failure(self.instance, reason, now)
+            if woken:
+                self.state.wake(g, woken, now)
+
     # -- ResponseSink -----------------------------------------------------------------------
 
     def upstream_head(self, status: int, headers: list[bytes], has_length: bool) -> None:
         self.status = status
+        g = self.grp
+        if status >= 500:
+            self._instance_failed(f"HTTP {status}")
+        elif g is not None and self.instance is not None:
+            g.outlier.record_success(self.instance)
         keep_alive = self.keep_alive and not self.client.closing
         if has_length or status in (204, 304):
             self.chunked = False
@@ -276,8 +481,8 @@ class Exchange:
             self._out.append(data)
 
     def upstream_flush(self) -> None:
-        if self._out:
-            self.client.writelines(self._out)
+        if self._out:  # one buffer: uvloop writes it with one send(), cheaper than writelines
+            self.client.write(b"".join(self._out))
             self._out.clear()
 
     def upstream_done(self) -> None:
@@ -295,6 +500,8 @@ class Exchange:
         self._release_slot()
         if self.finished:
             return
+        if received or not self.reused:  # a stale pooled connection is not the instance's fault
+            self._instance_failed(repr(exc))
         if self.head_sent:  # the client already has part of the answer: cut it off visibly
             self.upstream_flush()
             self.error_code = UpstreamError.code
@@ -311,18 +518,14 @@ class Exchange:
     def _retry(self) -> None:
         """The instance got nothing or answered nothing: try again where it is safe to."""
         endpoint = self.endpoint
-        assert endpoint is not None and self.group is not None
+        g = self.grp
+        assert endpoint is not None
         if self.reused:  # a stale pooled connection: the same instance, on a fresh one
             self._attempt(endpoint, reuse=False)
-        elif not self.retried:
+        elif not self.retried and g is not None:
             self.retried = True
             state = self.state
-            candidates = state.snapshot.endpoints.get(self.group) or (endpoint,)
-            other = pick_least_outstanding(
-                candidates, state.outstanding, state.rng, exclude=endpoint.instance_id
-            )
-            assert other is not None
-            self._attempt(other, reuse=True)
+            self._attempt(g.pick_other(endpoint, state.outstanding, state.rng), reuse=True)
         else:
             self._fail(UpstreamError("no instance could take the request"))
 
@@ -337,13 +540,14 @@ class Exchange:
             self.conn.resume_reading()
 
     def client_gone(self) -> None:
-        """The client disconnected: stop the upstream side and log what happened."""
+        """The client disconnected: stop the upstream side, free its slot, log what happened."""
         if self.finished:
             return
         if self.conn is not None:
             self.conn.abandon()
             self.conn = None
         self._release_slot()
+        self._end_admission()
         if not self.head_sent:
             self.status = 499  # nginx's "client closed request"
         self.error_code = "client_disconnected"
@@ -357,13 +561,16 @@ class Exchange:
 
     def _fail(self, err: SluiceError) -> None:
         self.error_code = err.code
-        self._send_json(err.http_status, json_body(err.to_json()))
+        retry_after: int = getattr(err, "retry_after_s", 1)
+        self._send_json(err.http_status, json_body(err.to_json()), retry_after)
 
-    def _send_json(self, status: int, body: bytes) -> None:
+    def _send_json(self, status: int, body: bytes, retry_after_s: int = 1) -> None:
         self.status = status
         self.keep_alive = self.keep_alive and not self.client.closing
         self.bytes_out = len(body)
-        self.client.write(json_response(status, body, self._sluice_headers(), self.keep_alive))
+        self.client.write(
+            json_response(status, body, self._sluice_headers(), self.keep_alive, retry_after_s)
+        )
         self._finish()
 
     def _sluice_headers(self) -> bytes:
@@ -378,9 +585,13 @@ class Exchange:
 
     def _finish(self) -> None:
         self.finished = True
+        self._end_admission()
         self._log()
         self.client.exchange_done(self)
 
     def _log(self) -> None:
-        if self.state.access_log is not None:
-            self.state.access_log.record(self)
+        state = self.state
+        latency = time.perf_counter() - self.t0
+        state.metrics.request_done(self.group, self.route, self.status, latency)
+        if state.access_log is not None:
+            state.access_log.record(self, latency)

@@ -16,8 +16,10 @@ __all__ = [
     "close_header",
     "json_body",
     "json_response",
+    "retry_after",
     "sluice_headers",
     "status_line",
+    "text_response",
 ]
 
 HOP_BY_HOP = frozenset(
@@ -40,7 +42,7 @@ CONTINUE_100 = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 _STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
-_RETRY_AFTER = b"retry-after: 1\r\n"
+_RETRY_AFTER = {n: b"retry-after: %d\r\n" % n for n in range(1, 61)}
 _CLOSE = b"connection: close\r\n"
 
 
@@ -67,10 +69,18 @@ def json_body(payload: Any) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
-def json_response(status: int, body: bytes, extra: bytes, keep_alive: bool) -> bytes:
+def retry_after(seconds: int) -> bytes:
+    """A `Retry-After` header line for a whole number of seconds (at least 1)."""
+    line = _RETRY_AFTER.get(seconds)
+    return line if line is not None else b"retry-after: %d\r\n" % max(1, seconds)
+
+
+def json_response(
+    status: int, body: bytes, extra: bytes, keep_alive: bool, retry_after_s: int = 1
+) -> bytes:
     """A complete response: status, JSON content headers, `extra` header lines, `body`.
 
-    503 and 429 carry `Retry-After`, so callers know when to come back.
+    503 and 429 carry `Retry-After` (`retry_after_s`), so callers know when to come back.
     """
     return b"".join(
         (
@@ -78,7 +88,23 @@ def json_response(status: int, body: bytes, extra: bytes, keep_alive: bool) -> b
             _JSON_HEAD,
             b"%d\r\n" % len(body),
             extra,
-            _RETRY_AFTER if status in (429, 503) else b"",
+            retry_after(retry_after_s) if status in (429, 503) else b"",
+            b"" if keep_alive else _CLOSE,
+            b"\r\n",
+            body,
+        )
+    )
+
+
+def text_response(
+    status: int, body: bytes, content_type: bytes, extra: bytes, keep_alive: bool
+) -> bytes:
+    """A complete response with a body of any type (the Prometheus exposition, say)."""
+    return b"".join(
+        (
+            status_line(status),
+            b"content-type: %s\r\ncontent-length: %d\r\n" % (content_type, len(body)),
+            extra,
             b"" if keep_alive else _CLOSE,
             b"\r\n",
             body,

@@ -1,6 +1,8 @@
 """The data plane's front door: listen, swap routing snapshots, drain on stop.
 
 The per-connection work lives in `ClientProtocol`; this owns what all connections share.
+`GET /metrics` (Prometheus, no key needed) and `status()` (for the control API's
+`GET /v1/dataplane`) show admission, ejection and traffic per group.
 """
 
 from __future__ import annotations
@@ -8,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 from sluice.gateway.accesslog import AccessLog
 from sluice.gateway.client import ClientProtocol
 from sluice.gateway.state import GatewayState
 from sluice.gateway.upstream import UpstreamPool
-from sluice.policy.routing import RoutingSnapshot
+from sluice.policy.routing import GroupTraffic, RoutingSnapshot
 
 __all__ = ["MAX_BODY_BYTES", "Gateway"]
 
@@ -38,12 +40,13 @@ class Gateway:
         self.host = host
         self.port = port
         self._keepalive_timeout_s = keepalive_timeout_s
-        self._pool = UpstreamPool(read_timeout_s=upstream_timeout_s)
+        self._pool = UpstreamPool()
         self._state = GatewayState(
             rng=rng,
             pool=self._pool,
             access_log=AccessLog(access_log) if access_log is not None else None,
             max_body=max_body_bytes,
+            default_traffic=GroupTraffic(timeout_s=upstream_timeout_s),
         )
         self._conns: set[ClientProtocol] = set()
         self._server: asyncio.Server | None = None
@@ -55,12 +58,28 @@ class Gateway:
         return self._state.snapshot.version
 
     def update(self, snapshot: RoutingSnapshot) -> None:
-        """Serve `snapshot` from the next request on; close idle connections to gone instances."""
+        """Serve `snapshot` from the next request on; close idle connections to gone instances.
+
+        Groups that stay keep their queues, slots in use and ejections; slots follow the new
+        instances at once (waiters are admitted if they grew); waiters of a group that is
+        gone get 503. `upstream_timeout_s` applies to groups without a `traffic` entry.
+        """
         self._state.set_snapshot(snapshot)
         self._pool.retire({(ep.host, ep.port) for eps in snapshot.endpoints.values() for ep in eps})
 
     def outstanding(self) -> dict[str, int]:
+        """Requests in flight per instance id (mirrored copies included)."""
         return dict(self._state.outstanding)
+
+    def status(self) -> dict[str, Any]:
+        """The data plane now, JSON-able: `{"version": n, "groups": {name: {"slots",
+        "in_use", "queued": {"high", "normal", "low"}, "instances", "ejected": [{"instance",
+        "until_s" (seconds left), "times", "reason"}]}}}`."""
+        return self._state.status()
+
+    def metrics_text(self) -> bytes:
+        """What `GET /metrics` answers (Prometheus text format)."""
+        return self._state.metrics.render()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -90,6 +109,7 @@ class Gateway:
                 for conn in list(self._conns):
                     conn.terminate()
                 await asyncio.sleep(0)  # let connection_lost run, so every request is logged
+        self._state.close()
         self._pool.close()
         await self._server.wait_closed()
         self._server = None

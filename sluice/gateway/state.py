@@ -1,18 +1,43 @@
-"""What every connection of one gateway shares: the current snapshot, load, pool, log."""
+"""What every connection of one gateway shares: the snapshot, groups, load, pool, log, metrics.
+
+Clocks: admission, ejection and rate limits run on `time.monotonic()` seconds; only slow
+start reads the wall clock (see `groups`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import math
 import random
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from sluice.gateway.accesslog import AccessLog
+from sluice.gateway.errors import QueueTimeout
+from sluice.gateway.groups import GroupRuntime
+from sluice.gateway.metrics import GatewayMetrics
 from sluice.gateway.responses import sluice_headers
 from sluice.gateway.upstream import UpstreamPool
-from sluice.policy.routing import Route, RouteTable, RoutingSnapshot, TenantAccess
+from sluice.policy.ratelimit import TokenBucket
+from sluice.policy.routing import (
+    GroupTraffic,
+    RequestMeta,
+    Route,
+    RouteTable,
+    RoutingSnapshot,
+    TenantAccess,
+)
 
-__all__ = ["EMPTY_SNAPSHOT", "GatewayState"]
+if TYPE_CHECKING:
+    from sluice.gateway.exchange import Exchange
+
+__all__ = ["EMPTY_SNAPSHOT", "QUEUE_TICK_S", "GatewayState"]
 
 _MEMO_MAX = 8192  # entries per memo; past that it is cleared (keys may be random garbage)
 _BEARER = b"bearer "
+QUEUE_TICK_S = 0.05
+"""How often queued requests are checked for `max_wait_s` while any wait (one timer)."""
 
 EMPTY_SNAPSHOT = RoutingSnapshot(
     version=0, routes=RouteTable(()), tenants_by_key={}, endpoints={}, group_models={}
@@ -21,16 +46,25 @@ EMPTY_SNAPSHOT = RoutingSnapshot(
 
 
 class GatewayState:
-    """Mutable by design: `snapshot` is swapped whole, `outstanding` counts in-flight requests."""
+    """Mutable by design: `snapshot` is swapped whole, `outstanding` counts in-flight requests
+    per instance, `groups` hold admission and outlier state across snapshots."""
 
     __slots__ = (
+        "_queue_timer",
         "_rid_prefix",
         "_rid_seq",
         "_route_headers",
         "_routes",
         "_tenants",
+        "_uses_headers",
+        "_uses_priority",
+        "_waiting",
         "access_log",
+        "buckets",
+        "default_traffic",
+        "groups",
         "max_body",
+        "metrics",
         "outstanding",
         "pool",
         "rng",
@@ -44,6 +78,7 @@ class GatewayState:
         pool: UpstreamPool,
         access_log: AccessLog | None,
         max_body: int,
+        default_traffic: GroupTraffic | None = None,
     ) -> None:
         self.snapshot = EMPTY_SNAPSHOT
         self.outstanding: dict[str, int] = {}
@@ -51,18 +86,70 @@ class GatewayState:
         self.pool = pool
         self.access_log = access_log
         self.max_body = max_body
+        self.default_traffic = default_traffic or GroupTraffic()
+        """Settings of a group the snapshot has no `traffic` entry for."""
+        self.groups: dict[str, GroupRuntime] = {}
+        self.buckets: dict[str, TokenBucket] = {}
+        self.metrics = GatewayMetrics(lambda: self.groups, lambda: self.snapshot.version)
         # Request ids: a random prefix per gateway plus a counter; unique, and cheap per request.
         self._rid_prefix = b"%012x-" % rng.getrandbits(48)
         self._rid_seq = 0
         self._route_headers: dict[tuple[str | None, str | None, str | None], bytes] = {}
         # Per-snapshot memos: a snapshot never changes, so its answers can be kept until the next.
         self._tenants: dict[bytes, TenantAccess | None] = {}
-        self._routes: dict[tuple[str, str], Route] = {}
+        self._routes: dict[tuple[str, ...], Route] = {}
+        self._uses_headers = False
+        self._uses_priority = False
+        self._waiting: set[GroupRuntime] = set()
+        self._queue_timer: asyncio.TimerHandle | None = None
+
+    # -- snapshots ------------------------------------------------------------------------------
 
     def set_snapshot(self, snapshot: RoutingSnapshot) -> None:
+        """Serve `snapshot` from now on; carry group state over, settle what it changes."""
+        now = time.monotonic()
         self.snapshot = snapshot
         self._tenants = {}
         self._routes = {}
+        self._uses_headers = snapshot.routes.uses_headers
+        self._uses_priority = snapshot.routes.uses_priority
+        names = {*snapshot.group_models, *snapshot.endpoints, *snapshot.traffic}
+        groups = self.groups
+        orphans: list[Exchange] = []
+        for name in [n for n in groups if n not in names]:
+            gone = groups.pop(name)
+            self._waiting.discard(gone)
+            orphans += gone.admission.expire(math.inf)  # every waiter: the group is no more
+        for name in sorted(names):
+            runtime = groups.get(name)
+            if runtime is None:
+                runtime = groups[name] = GroupRuntime(name, self.metrics.group(name))
+            woken = runtime.configure(
+                snapshot.traffic.get(name, self.default_traffic),
+                tuple(snapshot.endpoints.get(name, ())),
+                now,
+            )
+            if woken:
+                self.wake(runtime, woken, now)
+        self._update_buckets(snapshot.tenants_by_key, now)
+        for ex in orphans:  # last: answering one may start its client's next request
+            ex.refused_in_queue(
+                QueueTimeout("the group serving this request was removed"), "group_removed", now
+            )
+
+    def _update_buckets(self, tenants: Mapping[str, TenantAccess], now: float) -> None:
+        """One bucket per tenant with a limit; kept (tokens and all) while the limit holds."""
+        limits = {t.name: t.rate_limit for t in tenants.values() if t.rate_limit is not None}
+        old = self.buckets
+        fresh: dict[str, TokenBucket] = {}
+        for name, (rate, burst) in limits.items():
+            bucket = old.get(name)
+            if bucket is None or bucket.rate != rate or bucket.burst != burst:
+                bucket = TokenBucket(rate, burst, now)
+            fresh[name] = bucket
+        self.buckets = fresh
+
+    # -- per request ----------------------------------------------------------------------------
 
     def tenant_for(self, authorization: bytes) -> TenantAccess | None:
         """The tenant of an `Authorization: Bearer <key>` value, or None; memoised (sha256)."""
@@ -78,16 +165,27 @@ class GatewayState:
         memo[authorization] = tenant
         return tenant
 
-    def resolve(self, tenant: TenantAccess, model: str) -> Route:
-        """`snapshot.resolve`, memoised per (tenant name, model); refusals are not memoised."""
-        key = (tenant.name, model)
+    def resolve(
+        self, tenant: TenantAccess, model: str, priority: str, headers: list[bytes]
+    ) -> Route:
+        """`snapshot.resolve`, memoised per (tenant, model[, priority]) unless some rule reads
+        headers; refusals are not memoised."""
+        if self._uses_headers:
+            meta = RequestMeta(tenant.name, model, priority, header_map(headers))
+            return self.snapshot.resolve(tenant, meta)
+        key = (tenant.name, model, priority) if self._uses_priority else (tenant.name, model)
         route = self._routes.get(key)
         if route is None:
-            route = self.snapshot.resolve(tenant, model)
+            route = self.snapshot.resolve(tenant, RequestMeta(tenant.name, model, priority))
             if len(self._routes) >= _MEMO_MAX:
                 self._routes.clear()
             self._routes[key] = route
         return route
+
+    def rate_wait(self, tenant: str) -> float:
+        """0.0 if `tenant` may send one more request now, else seconds until it may."""
+        bucket = self.buckets.get(tenant)
+        return 0.0 if bucket is None else bucket.try_take(time.monotonic())
 
     def next_request_id(self) -> bytes:
         self._rid_seq += 1
@@ -114,3 +212,67 @@ class GatewayState:
             out[instance_id] = left
         else:
             del out[instance_id]  # instances come and go; do not grow without bound
+
+    # -- the queue ------------------------------------------------------------------------------
+
+    def wake(self, group: GroupRuntime, woken: list[Exchange], now: float) -> None:
+        """Queued requests that got a slot: each resumes on the next loop iteration (not in
+        the middle of the exchange whose release freed the slot)."""
+        loop = asyncio.get_running_loop()
+        wait = group.metrics.queue_wait
+        for ex in woken:
+            waited = ex.leave_queue(now)
+            wait.observe(waited)
+            loop.call_soon(ex.resume)
+
+    def uneject(self, group: GroupRuntime, now: float | None = None) -> None:
+        """Bring back instances whose ejection is over (call when `group.unejects_at`)."""
+        if now is None:
+            now = time.monotonic()
+        if now >= group.unejects_at:
+            woken = group.refresh(now)
+            if woken:
+                self.wake(group, woken, now)
+
+    def watch_queue(self, group: GroupRuntime) -> None:
+        """`group` has waiters: make sure the queue timer runs."""
+        self._waiting.add(group)
+        if self._queue_timer is None:
+            self._queue_timer = asyncio.get_running_loop().call_later(QUEUE_TICK_S, self._tick)
+
+    def _tick(self) -> None:
+        self._queue_timer = None
+        now = time.monotonic()
+        for group in list(self._waiting):
+            if group.unejects_at:
+                self.uneject(group, now)
+            for ex in group.admission.expire(now):
+                ex.refused_in_queue(
+                    QueueTimeout("no capacity freed up in time; retry later"), "queue_timeout", now
+                )
+            if not group.admission.queue_length:
+                self._waiting.discard(group)
+        if self._waiting:
+            self._queue_timer = asyncio.get_running_loop().call_later(QUEUE_TICK_S, self._tick)
+
+    def close(self) -> None:
+        if self._queue_timer is not None:
+            self._queue_timer.cancel()
+            self._queue_timer = None
+
+    # -- introspection --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "version": self.snapshot.version,
+            "groups": {name: g.status(now) for name, g in sorted(self.groups.items())},
+        }
+
+
+def header_map(headers: list[bytes]) -> dict[str, str]:
+    """Lower-cased name -> value from the forwardable header pieces (name, ": ", value, CRLF)."""
+    return {
+        headers[i].decode("latin-1").lower(): headers[i + 2].decode("latin-1")
+        for i in range(0, len(headers), 4)
+    }

@@ -38,6 +38,27 @@ class ResponseSink(Protocol):
 
 _RESPONSE_HEADERS = HOP_BY_HOP | {b"content-length", b"x-request-id"}
 """Response headers that are not simply forwarded, by lower-cased name."""
+_FORWARD, _DROP, _LENGTH, _TRANSFER_ENCODING = range(4)
+_header_kinds: dict[bytes, int] = {}
+"""What to do with a response header, by its name exactly as sent: instances send the same
+few names every time, so one dict hit replaces lower-casing and matching."""
+
+
+def _header_kind(name: bytes) -> int:
+    lname = name.lower()
+    if lname == b"content-length":
+        kind = _LENGTH
+    elif lname == b"transfer-encoding":
+        kind = _TRANSFER_ENCODING
+    elif lname in _RESPONSE_HEADERS or lname.startswith(b"x-sluice-"):
+        kind = _DROP  # hop-by-hop, x-request-id (the gateway's own), x-sluice-* (ditto)
+    else:
+        kind = _FORWARD
+    if len(_header_kinds) >= 1024:  # bounded: names are the instances' choice
+        _header_kinds.clear()
+    _header_kinds[name] = kind
+    return kind
+
 
 ConnectCallback = Callable[["UpstreamConnection | None", "BaseException | None"], None]
 
@@ -74,6 +95,7 @@ class UpstreamConnection(asyncio.Protocol):
         "_sink",
         "_transport",
         "host",
+        "timeout_s",
     )
 
     def __init__(self, pool: UpstreamPool, host: UpstreamHost) -> None:
@@ -92,6 +114,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._received = False
         self._paused = False
         self._last_rx = 0.0  # loop time of the last byte; the pool's sweep enforces the timeout
+        self.timeout_s = 300.0  # of the request being served: longest silence, seconds
 
     # -- driven by the request being served ------------------------------------------------
 
@@ -99,12 +122,17 @@ class UpstreamConnection(asyncio.Protocol):
     def is_open(self) -> bool:
         return self._transport is not None and not self._transport.is_closing()
 
-    def request(self, wire: bytes, sink: ResponseSink) -> bool:
-        """Send one request; the response goes to `sink`. False if the connection is gone."""
+    def request(self, wire: bytes, sink: ResponseSink, timeout_s: float) -> bool:
+        """Send one request; the response goes to `sink`. False if the connection is gone.
+
+        `timeout_s`: the longest the instance may stay silent (before the head, or between
+        body bytes) before the request fails with `TimeoutError`.
+        """
         if not self.is_open:
             return False
         assert self._transport is not None and self._sink is None
         self._sink = sink
+        self.timeout_s = timeout_s
         self._complete = False
         self._head_seen = False
         self._received = False
@@ -136,6 +164,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     def time_out(self) -> None:
         self._fail(TimeoutError("the instance sent nothing for too long"))
+
+    def abort(self, exc: BaseException) -> None:
+        """Fail the request in progress (if any) with `exc` and close."""
+        self._fail(exc)
 
     def close(self) -> None:
         self._close()
@@ -193,16 +225,16 @@ class UpstreamConnection(asyncio.Protocol):
         self._chunked = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        lname = name.lower()
-        if lname in _RESPONSE_HEADERS:
-            if lname == b"content-length":
-                self._has_length = True
-                self._headers += (name, b": ", value, b"\r\n")
-            elif lname == b"transfer-encoding":
-                self._chunked = b"chunked" in value.lower()
-            # other hop-by-hop headers, and x-request-id (the gateway's own), are dropped
-        elif not lname.startswith(b"x-sluice-"):  # only the gateway sets these
+        kind = _header_kinds.get(name)
+        if kind is None:
+            kind = _header_kind(name)
+        if kind == _FORWARD:
             self._headers += (name, b": ", value, b"\r\n")
+        elif kind == _LENGTH:
+            self._has_length = True
+            self._headers += (name, b": ", value, b"\r\n")
+        elif kind == _TRANSFER_ENCODING:
+            self._chunked = b"chunked" in value.lower()
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -236,6 +268,10 @@ class UpstreamConnection(asyncio.Protocol):
             self._transport.close()
 
 
+def _sweep_interval(timeout_s: float) -> float:
+    return min(1.0, max(0.01, timeout_s / 10))
+
+
 class UpstreamPool:
     """Idle keep-alive connections per instance address, opened on demand."""
 
@@ -246,21 +282,15 @@ class UpstreamPool:
         "_connecting",
         "_hosts",
         "_max_idle",
-        "_read_timeout",
         "_sweep",
+        "_sweep_timeout",
     )
 
-    def __init__(
-        self,
-        *,
-        read_timeout_s: float,
-        max_idle_per_host: int = 512,
-        connect_timeout_s: float = 10.0,
-    ) -> None:
+    def __init__(self, *, max_idle_per_host: int = 512, connect_timeout_s: float = 10.0) -> None:
         self._hosts: dict[tuple[str, int], UpstreamHost] = {}
         self._busy: set[UpstreamConnection] = set()
         self._sweep: asyncio.TimerHandle | None = None
-        self._read_timeout = read_timeout_s
+        self._sweep_timeout = 0.0  # the shortest timeout the pending sweep was timed for
         self._connecting: set[asyncio.Task[UpstreamConnection]] = set()
         self._max_idle = max_idle_per_host
         self._connect_timeout = connect_timeout_s
@@ -300,30 +330,41 @@ class UpstreamPool:
             host.idle[conn] = None
 
     def busy(self, conn: UpstreamConnection) -> None:
-        """`conn` waits on its instance: time it (one sweep timer for all, not one per request)."""
+        """`conn` waits on its instance: time it (one sweep timer for all, not one per request;
+        it runs every tenth of the shortest timeout in force, 10 ms to 1 s)."""
         self._busy.add(conn)
-        if self._sweep is None:
-            loop = asyncio.get_running_loop()
-            self._sweep = loop.call_later(self._sweep_interval(), self._time_out_stalled)
+        if self._sweep is None or conn.timeout_s < self._sweep_timeout:
+            self._schedule_sweep(conn.timeout_s)
+
+    def _schedule_sweep(self, timeout: float) -> None:
+        """Sweep soon enough for `timeout` (unless a sweep is due sooner already)."""
+        if self._sweep is not None:
+            if timeout >= self._sweep_timeout:
+                return
+            self._sweep.cancel()
+        self._sweep_timeout = timeout
+        self._sweep = asyncio.get_running_loop().call_later(
+            _sweep_interval(timeout), self._time_out_stalled
+        )
 
     def idle(self, conn: UpstreamConnection) -> None:
         self._busy.discard(conn)
-
-    def _sweep_interval(self) -> float:
-        return min(1.0, max(0.01, self._read_timeout / 10))
 
     def _time_out_stalled(self) -> None:
         self._sweep = None
         if not self._busy:
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() - self._read_timeout
+        now = loop.time()
+        shortest = float("inf")
         for conn in list(self._busy):
             since = conn.idle_since()
-            if since is not None and since <= deadline:
+            if since is not None and now - since >= conn.timeout_s:
                 conn.time_out()
-        if self._busy:
-            self._sweep = loop.call_later(self._sweep_interval(), self._time_out_stalled)
+            else:
+                shortest = min(shortest, conn.timeout_s)
+        if self._busy:  # (a retry inside `time_out()` may have scheduled one already)
+            self._schedule_sweep(shortest)
 
     def retire(self, live: set[tuple[str, int]]) -> None:
         """Close idle connections to addresses not in `live`; busy ones close when done."""
@@ -334,11 +375,15 @@ class UpstreamPool:
                 conn.close()
 
     def close(self) -> None:
+        """Close everything: idle connections, ones still busy (their sinks fail), and ones
+        being opened."""
         self._closed = True
         self.retire(set())
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
+        for conn in list(self._busy):
+            conn.abort(ConnectionAbortedError("gateway is stopping"))
         for task in list(self._connecting):
             task.cancel()
 

@@ -1,11 +1,17 @@
 """Pure decisions shared by live and simulated runs: no I/O, no clock reads, no global random."""
 
+from sluice.policy.admission import AdmissionStats, GroupAdmission, Offer
 from sluice.policy.backoff import CrashBackoff
-from sluice.policy.balance import pick_least_outstanding
+from sluice.policy.balance import pick_affinity, pick_endpoint, slow_start_weight
 from sluice.policy.health import ProbeRecord, record_probe
+from sluice.policy.outlier import Ejection, OutlierDetector
 from sluice.policy.plan import Action, Drain, GroupTarget, Launch, Remove, plan_group
+from sluice.policy.ratelimit import TokenBucket
 from sluice.policy.routing import (
+    PRIORITIES,
     Endpoint,
+    GroupTraffic,
+    RequestMeta,
     Route,
     RouteRule,
     RouteTable,
@@ -17,24 +23,35 @@ from sluice.policy.routing import (
 from sluice.policy.snapshot import build_routing_snapshot, route_rules
 
 __all__ = [
+    "PRIORITIES",
     "Action",
+    "AdmissionStats",
     "CrashBackoff",
     "Drain",
+    "Ejection",
     "Endpoint",
+    "GroupAdmission",
     "GroupTarget",
+    "GroupTraffic",
     "Launch",
+    "Offer",
+    "OutlierDetector",
     "ProbeRecord",
     "Remove",
+    "RequestMeta",
     "Route",
     "RouteRule",
     "RouteTable",
     "RoutingSnapshot",
     "TenantAccess",
+    "TokenBucket",
     "api_key_digest",
     "build_routing_snapshot",
     "first_match",
-    "pick_least_outstanding",
+    "pick_affinity",
+    "pick_endpoint",
     "plan_group",
     "record_probe",
     "route_rules",
+    "slow_start_weight",
 ]

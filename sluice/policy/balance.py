@@ -1,35 +1,110 @@
-"""Pick the instance for one request: fewest outstanding requests, random among ties."""
+"""Pick the instance for one request: power of two choices on outstanding requests, with
+slow start for new instances and optional affinity (S3).
+
+Power of two choices (Mitzenmacher) gets close to least-loaded without every gateway herding
+onto the same instance. Slow start: an instance READY for `t` seconds of `slow_start_s`
+counts its load divided by a weight that ramps from 10% to 100%, so it takes a small share
+first and its full share once it has answered for a while.
+"""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Container, Mapping, Sequence
+from random import Random
 
 from sluice.policy.routing import Endpoint
 
-__all__ = ["pick_least_outstanding"]
+__all__ = ["MIN_SLOW_START_WEIGHT", "pick_affinity", "pick_endpoint", "slow_start_weight"]
+
+MIN_SLOW_START_WEIGHT = 0.1
 
 
-def pick_least_outstanding(
+def slow_start_weight(ep: Endpoint, now: float, slow_start_s: float) -> float:
+    """1.0 for a settled instance; MIN..1.0 linearly over its first `slow_start_s` seconds."""
+    if slow_start_s <= 0:
+        return 1.0
+    age = now - ep.ready_at
+    if age >= slow_start_s:
+        return 1.0
+    return max(MIN_SLOW_START_WEIGHT, age / slow_start_s)
+
+
+def pick_endpoint(
     candidates: Sequence[Endpoint],
     outstanding: Mapping[str, int],
-    rng: random.Random,
-    exclude: str | None = None,
+    rng: Random,
+    now: float,
+    slow_start_s: float = 0.0,
+    skip: Container[str] = (),
 ) -> Endpoint | None:
-    """The endpoint with the fewest in-flight requests (by instance id); ties broken by `rng`.
+    """Two random candidates (not in `skip`), the one with the lower weighted load wins.
 
-    `exclude` skips one instance (a retry goes elsewhere when it can). None if no candidate.
+    Load is (outstanding + 1) / slow_start_weight. If the winner is already at its
+    `max_concurrency`, the least-loaded candidate with a free slot is taken instead (a scan,
+    only then). None if every candidate is skipped. `now` and `slow_start_s` are seconds on
+    the clock of `Endpoint.ready_at` (wall clock); `slow_start_s <= 0` turns slow start off.
     """
-    best: list[Endpoint] = []
-    best_load = -1
+    pool = [ep for ep in candidates if ep.instance_id not in skip] if skip else candidates
+    n = len(pool)
+    if n == 0:
+        return None
+    if n == 1:
+        return pool[0]
+    if n == 2:  # both are the two choices; only the order (who wins a tie) is random
+        a, b = (pool[0], pool[1]) if rng.random() < 0.5 else (pool[1], pool[0])
+    else:
+        i = int(rng.random() * n)
+        j = int(rng.random() * (n - 1))
+        if j >= i:
+            j += 1
+        a, b = pool[i], pool[j]
+    out_a = outstanding.get(a.instance_id, 0)
+    out_b = outstanding.get(b.instance_id, 0)
+    if slow_start_s > 0:
+        load_a = (out_a + 1) / slow_start_weight(a, now, slow_start_s)
+        load_b = (out_b + 1) / slow_start_weight(b, now, slow_start_s)
+        best, out = (a, out_a) if load_a <= load_b else (b, out_b)
+    else:  # every weight is 1: compare the counts (the common, settled case)
+        best, out = (a, out_a) if out_a <= out_b else (b, out_b)
+    if out < best.max_concurrency:
+        return best
+    free = [ep for ep in pool if outstanding.get(ep.instance_id, 0) < ep.max_concurrency]
+    if not free:
+        return best
+    return min(
+        free,
+        key=lambda ep: (
+            (outstanding.get(ep.instance_id, 0) + 1) / slow_start_weight(ep, now, slow_start_s)
+        ),
+    )
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer: a bijection on 64 bits where every input bit flips about half
+    of the output bits, so scores of different instances for one key are independent."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def pick_affinity(
+    candidates: Sequence[Endpoint], key: str, skip: Container[str] = ()
+) -> Endpoint | None:
+    """Rendezvous hashing: the same key lands on the same instance while it is there, and
+    only keys of a removed instance move. crc32 plus a fixed mixer keeps it identical across
+    gateways (no per-process hash seed). The mixer matters: chained crc32 alone is affine,
+    and its highest-score instance splits keys by bit patterns, not evenly."""
+    best: Endpoint | None = None
+    best_score = -1
+    key_hash = zlib.crc32(key.encode())
     for ep in candidates:
-        if ep.instance_id == exclude:
+        if ep.instance_id in skip:
             continue
-        load = outstanding.get(ep.instance_id, 0)
-        if not best or load < best_load:
-            best, best_load = [ep], load
-        elif load == best_load:
-            best.append(ep)
-    if not best:
-        return None if exclude is None or not candidates else candidates[0]
-    return best[0] if len(best) == 1 else rng.choice(best)
+        score = _mix64((zlib.crc32(ep.instance_id.encode()) << 32) | key_hash)
+        if score > best_score:
+            best, best_score = ep, score
+    return best

@@ -1,22 +1,32 @@
 """Route requests to groups: ordered rules compiled into a dict, plus the gateway's snapshot.
 
-A request is (tenant, model). Rules are ordered and the first match wins (R1, R2). Each rule
-matches a set of tenants (or any) and a set of models (or any), so one lookup tries the four
-keys (t, m), (t, *), (*, m), (*, *) and keeps the lowest rule index: O(1), no scan, and the
-same answer as the linear scan (`first_match`), which tests check with hypothesis.
+A request is described by `RequestMeta` (tenant, model, priority, headers). Rules are
+ordered and the first match wins (R1, R2). Each rule matches a set of tenants (or any) and
+a set of models (or any), and optionally priorities and header values. Compilation indexes
+rule numbers under the keys (t, m), (t, *), (*, m), (*, *); a lookup walks those four short
+sorted lists and stops at the first rule whose remaining conditions hold, so it costs a few
+dict hits instead of a scan over all rules, and returns exactly what the ordered scan
+(`first_match`) returns, which a hypothesis test checks.
 """
 
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
+from random import Random
+from types import MappingProxyType
 
 from sluice.core.errors import Forbidden, NotFound
 
 __all__ = [
     "ANY",
+    "PRIORITIES",
     "Endpoint",
+    "GroupTraffic",
+    "RequestMeta",
     "Route",
     "RouteRule",
     "RouteTable",
@@ -27,6 +37,9 @@ __all__ = [
 ]
 
 ANY = "*"
+PRIORITIES = ("high", "normal", "low")
+"""Highest first: admission serves `high` first and sheds `low` first (R6)."""
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
 def api_key_digest(key: str) -> str:
@@ -35,70 +48,158 @@ def api_key_digest(key: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestMeta:
+    """What routing may look at. `headers` has lower-case names (only those rules use)."""
+
+    tenant: str
+    model: str
+    priority: str = "normal"
+    headers: Mapping[str, str] = field(default_factory=lambda: _NO_HEADERS)
+
+
+@dataclass(frozen=True, slots=True)
 class RouteRule:
-    """`tenants`/`models` empty means any. `group` is where matching requests go."""
+    """One rule. Empty sets mean any. `targets` are (group, weight) pairs."""
 
     tag: str
-    group: str
+    targets: tuple[tuple[str, int], ...]
     tenants: frozenset[str] = frozenset()
     models: frozenset[str] = frozenset()
+    priorities: frozenset[str] = frozenset()
+    headers: tuple[tuple[str, str], ...] = ()
+    header_prefixes: tuple[tuple[str, str], ...] = ()
+    fallback: tuple[str, ...] = ()
+    mirror: tuple[str, float] | None = None
+    """(group, percent of matching requests shadowed there)."""
 
-    def matches(self, tenant: str, model: str) -> bool:
-        return (not self.tenants or tenant in self.tenants) and (
-            not self.models or model in self.models
+    @property
+    def conditional(self) -> bool:
+        """True if the rule looks at more than tenant and model."""
+        return bool(self.priorities or self.headers or self.header_prefixes)
+
+    def matches_conditions(self, meta: RequestMeta) -> bool:
+        """Priority and header conditions (tenant and model are the index's job)."""
+        if self.priorities and meta.priority not in self.priorities:
+            return False
+        get = meta.headers.get
+        for name, value in self.headers:
+            if get(name) != value:
+                return False
+        for name, prefix in self.header_prefixes:
+            got = get(name)
+            if got is None or not got.startswith(prefix):
+                return False
+        return True
+
+    def matches(self, meta: RequestMeta) -> bool:
+        return (
+            (not self.tenants or meta.tenant in self.tenants)
+            and (not self.models or meta.model in self.models)
+            and self.matches_conditions(meta)
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """The outcome of a lookup: the rule's tag (logged on every request) and its group."""
+    """The outcome of a lookup: the rule's tag (logged on every request), its position,
+    where its traffic goes, where it may fall back, and what it mirrors."""
 
     tag: str
-    group: str
     index: int
+    targets: tuple[tuple[str, int], ...]
+    fallback: tuple[str, ...] = ()
+    mirror: tuple[str, float] | None = None
+    _cumulative: tuple[int, ...] = field(default=(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_cumulative", tuple(accumulate(w for _, w in self.targets)))
+
+    @property
+    def group(self) -> str:
+        """The first (for a single-target rule, the only) target group."""
+        return self.targets[0][0]
+
+    def pick_group(self, rng: Random) -> str:
+        """A target group drawn by weight (a 90/10 rule sends ~90% to the first)."""
+        if len(self.targets) == 1:
+            return self.targets[0][0]
+        x = rng.random() * self._cumulative[-1]
+        return self.targets[bisect_right(self._cumulative, x)][0]
 
 
-def first_match(rules: Sequence[RouteRule], tenant: str, model: str) -> Route | None:
+def first_match(rules: Sequence[RouteRule], meta: RequestMeta) -> Route | None:
     """Reference semantics: the first rule (in order) that matches."""
     for i, rule in enumerate(rules):
-        if rule.matches(tenant, model):
-            return Route(rule.tag, rule.group, i)
+        if rule.matches(meta):
+            return _route(rule, i)
     return None
 
 
-class RouteTable:
-    """Rules compiled into `{(tenant|*, model|*): Route}`; lookup is four dict hits."""
+def _route(rule: RouteRule, index: int) -> Route:
+    return Route(rule.tag, index, rule.targets, rule.fallback, rule.mirror)
 
-    __slots__ = ("_table", "rules")
+
+class RouteTable:
+    """Rules compiled into `{(tenant|*, model|*): (rule numbers ascending)}`."""
+
+    __slots__ = ("_routes", "_table", "rules", "uses_headers", "uses_priority")
 
     def __init__(self, rules: Iterable[RouteRule]) -> None:
         self.rules: tuple[RouteRule, ...] = tuple(rules)
-        table: dict[tuple[str, str], Route] = {}
+        index: dict[tuple[str, str], list[int]] = {}
         for i, rule in enumerate(self.rules):
-            route = Route(rule.tag, rule.group, i)
             for t in rule.tenants or (ANY,):
                 for m in rule.models or (ANY,):
-                    table.setdefault((t, m), route)  # earlier rules win
-        self._table = table
+                    index.setdefault((t, m), []).append(i)
+        self._table = {key: tuple(nums) for key, nums in index.items()}
+        self._routes = tuple(_route(rule, i) for i, rule in enumerate(self.rules))
+        self.uses_headers = any(r.headers or r.header_prefixes for r in self.rules)
+        """The gateway only builds a header map for rules when some rule needs one."""
+        self.uses_priority = any(r.priorities for r in self.rules)
 
-    def lookup(self, tenant: str, model: str) -> Route | None:
+    def lookup(self, meta: RequestMeta) -> Route | None:
         get = self._table.get
-        best: Route | None = None
-        for key in ((tenant, model), (tenant, ANY), (ANY, model), (ANY, ANY)):
-            hit = get(key)
-            if hit is not None and (best is None or hit.index < best.index):
-                best = hit
-        return best
+        rules = self.rules
+        t, m = meta.tenant, meta.model
+        best = -1
+        for key in ((t, m), (t, ANY), (ANY, m), (ANY, ANY)):
+            nums = get(key)
+            if nums is None:
+                continue
+            for i in nums:
+                if best >= 0 and i >= best:
+                    break
+                rule = rules[i]
+                if not rule.conditional or rule.matches_conditions(meta):
+                    best = i
+                    break
+        return self._routes[best] if best >= 0 else None
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One ready instance as the gateway sees it."""
+    """One ready instance as the gateway sees it. `ready_at`: when it became READY
+    (seconds, the controller's clock), for slow start."""
 
     instance_id: str
     host: str
     port: int
     max_concurrency: int
+    ready_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTraffic:
+    """A group's data-plane settings: its queue, timeouts, slow start, outlier ejection."""
+
+    max_queue: int = 100
+    max_wait_s: float = 10.0
+    timeout_s: float = 300.0
+    slow_start_s: float = 10.0
+    affinity_header: str | None = None
+    outlier_failures: int = 5
+    outlier_base_ejection_s: float = 30.0
+    outlier_max_ejected_percent: int = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +210,9 @@ class TenantAccess:
     priority: str = "normal"
     models: frozenset[str] | None = None
     groups: frozenset[str] | None = None
+    priority_header: bool = False
+    rate_limit: tuple[float, int] | None = None
+    """(requests per second, burst) for this tenant's token bucket, or no limit."""
 
     def may_use_model(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -116,13 +220,19 @@ class TenantAccess:
     def may_use_group(self, group: str) -> bool:
         return self.groups is None or group in self.groups
 
+    def priority_for(self, requested: str | None) -> str:
+        """The request's priority: the tenant's, or the header's if the tenant may set it."""
+        if requested is not None and self.priority_header and requested in PRIORITIES:
+            return requested
+        return self.priority
+
 
 @dataclass(frozen=True)
 class RoutingSnapshot:
     """Everything the data plane needs, swapped in whole (never mutated) with a version.
 
-    `endpoints[group]` lists the group's READY instances only; `group_models[group]` the
-    model ids it serves.
+    `endpoints[group]` lists the group's READY instances only; `redirects[group] = backup`
+    is the escape hatch (R3): all of the group's traffic goes to `backup` instead.
     """
 
     version: int
@@ -131,6 +241,8 @@ class RoutingSnapshot:
     endpoints: Mapping[str, tuple[Endpoint, ...]]
     group_models: Mapping[str, frozenset[str]]
     all_models: frozenset[str] = field(default_factory=frozenset)
+    redirects: Mapping[str, str] = field(default_factory=dict)
+    traffic: Mapping[str, GroupTraffic] = field(default_factory=dict)
 
     def tenant_for_key(self, api_key: str) -> TenantAccess | None:
         return self.tenants_by_key.get(api_key_digest(api_key))
@@ -139,29 +251,50 @@ class RoutingSnapshot:
         """Model ids this tenant may call and that some rule routes for it (GET /v1/models)."""
         out = []
         for model in sorted(self.all_models):
-            route = self.routes.lookup(tenant.name, model)
+            route = self.routes.lookup(RequestMeta(tenant.name, model, tenant.priority))
             if (
                 route is not None
                 and tenant.may_use_model(model)
-                and tenant.may_use_group(route.group)
+                and all(tenant.may_use_group(g) for g, _ in route.targets)
             ):
                 out.append(model)
         return out
 
-    def resolve(self, tenant: TenantAccess, model: str) -> Route:
+    def resolve(self, tenant: TenantAccess, meta: RequestMeta) -> Route:
         """Route one request or raise: unknown model -> NotFound, not allowed -> Forbidden.
 
-        The Forbidden message never names the hidden group or instance (R7).
+        The Forbidden message never names a group or instance (R7).
         """
+        model = meta.model
         if model not in self.all_models:
             raise NotFound(f"model {model!r} does not exist", model=model)
         if not tenant.may_use_model(model):
-            raise Forbidden(f"tenant {tenant.name!r} may not use model {model!r}", model=model)
-        route = self.routes.lookup(tenant.name, model)
+            raise Forbidden(f"this API key may not use model {model!r}", model=model)
+        route = self.routes.lookup(meta)
         if route is None:
-            raise NotFound(f"no route serves model {model!r} for this tenant", model=model)
-        if not tenant.may_use_group(route.group) or model not in self.group_models.get(
-            route.group, frozenset()
-        ):
-            raise Forbidden(f"tenant {tenant.name!r} may not use model {model!r}", model=model)
+            raise NotFound(f"no route serves model {model!r} for this caller", model=model)
+        for group, _ in route.targets:
+            if not tenant.may_use_group(group) or model not in self.group_models.get(
+                group, frozenset()
+            ):
+                raise Forbidden(f"this API key may not use model {model!r}", model=model)
         return route
+
+    def serving_group(self, group: str) -> tuple[str, str | None]:
+        """(group that serves `group`'s traffic now, why if it is another one)."""
+        backup = self.redirects.get(group)
+        if backup is None:
+            return group, None
+        return backup, f"failover {group}->{backup}"
+
+    def fallbacks(self, route: Route, tenant: TenantAccess, model: str) -> list[str]:
+        """The route's fallback groups this tenant may use and that serve the model, in
+        order; never the route's own targets (no loops)."""
+        own = {g for g, _ in route.targets}
+        return [
+            g
+            for g in route.fallback
+            if g not in own
+            and tenant.may_use_group(g)
+            and model in self.group_models.get(g, frozenset())
+        ]

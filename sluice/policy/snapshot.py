@@ -1,4 +1,4 @@
-"""Build the gateway's RoutingSnapshot from the spec and the READY instances.
+"""Build the gateway's RoutingSnapshot from the spec, the READY instances and the failovers.
 
 Explicit routes come first, in spec order. After them, every model gets an implicit rule to
 the first group (in spec order) that serves it, tagged `default:<model>`, so a group that
@@ -11,55 +11,93 @@ from collections.abc import Mapping, Sequence
 
 from sluice.policy.routing import (
     Endpoint,
+    GroupTraffic,
     RouteRule,
     RouteTable,
     RoutingSnapshot,
     TenantAccess,
     api_key_digest,
 )
-from sluice.spec.models import PlatformSpec
+from sluice.spec.models import GroupSpec, PlatformSpec, RouteSpec, TenantSpec
 
 __all__ = ["build_routing_snapshot", "route_rules"]
 
 
 def route_rules(spec: PlatformSpec) -> list[RouteRule]:
-    rules = [
-        RouteRule(r.tag, r.to, frozenset(r.match.tenants), frozenset(r.match.models))
-        for r in spec.routes
-    ]
+    rules = [_rule(r) for r in spec.routes]
     seen: set[str] = set()
     for g in spec.groups:
         for model in g.models:
             if model not in seen:
                 seen.add(model)
-                rules.append(RouteRule(f"default:{model}", g.name, models=frozenset({model})))
+                rules.append(
+                    RouteRule(f"default:{model}", ((g.name, 1),), models=frozenset({model}))
+                )
     return rules
+
+
+def _rule(r: RouteSpec) -> RouteRule:
+    m = r.match
+    return RouteRule(
+        tag=r.tag,
+        targets=tuple((t.group, t.weight) for t in r.targets()),
+        tenants=frozenset(m.tenants),
+        models=frozenset(m.models),
+        priorities=frozenset(m.priorities),
+        headers=tuple((k.lower(), v) for k, v in sorted(m.headers.items())),
+        header_prefixes=tuple((k.lower(), v) for k, v in sorted(m.header_prefixes.items())),
+        fallback=tuple(r.fallback),
+        mirror=(r.mirror.group, r.mirror.percent) if r.mirror else None,
+    )
+
+
+def _tenant(t: TenantSpec) -> TenantAccess:
+    limit = t.rate_limit
+    return TenantAccess(
+        name=t.name,
+        priority=t.priority,
+        models=None if "*" in t.models else frozenset(t.models),
+        groups=None if "*" in t.groups else frozenset(t.groups),
+        priority_header=t.priority_header,
+        rate_limit=(limit.rps, limit.burst or max(1, int(limit.rps))) if limit else None,
+    )
+
+
+def _traffic(g: GroupSpec) -> GroupTraffic:
+    return GroupTraffic(
+        max_queue=g.queue.max_length,
+        max_wait_s=g.queue.max_wait_s,
+        timeout_s=g.timeout_s,
+        slow_start_s=g.slow_start_s,
+        affinity_header=g.affinity_header.lower() if g.affinity_header else None,
+        outlier_failures=g.outlier.consecutive_failures,
+        outlier_base_ejection_s=g.outlier.base_ejection_s,
+        outlier_max_ejected_percent=g.outlier.max_ejected_percent,
+    )
 
 
 def build_routing_snapshot(
     spec: PlatformSpec,
     ready: Mapping[str, Sequence[Endpoint]],
     version: int,
+    redirects: Mapping[str, str] | None = None,
 ) -> RoutingSnapshot:
-    """`ready[group]`: the group's READY endpoints; `version` numbers the snapshot."""
+    """`ready[group]`: the group's READY endpoints; `redirects[group] = backup`: failovers
+    in force; `version` numbers the snapshot."""
     tenants: dict[str, TenantAccess] = {}
     for t in spec.tenants:
-        access = TenantAccess(
-            name=t.name,
-            priority=t.priority,
-            models=None if "*" in t.models else frozenset(t.models),
-            groups=None if "*" in t.groups else frozenset(t.groups),
-        )
+        access = _tenant(t)
         for key in t.api_keys:
             tenants[api_key_digest(key)] = access
-    endpoints = {g.name: tuple(ready.get(g.name, ())) for g in spec.groups}
-    group_models = {g.name: frozenset(g.models) for g in spec.groups}
-    all_models = frozenset(m for g in spec.groups for m in g.models)
+        for digest in t.api_key_sha256:
+            tenants[digest.lower()] = access
     return RoutingSnapshot(
         version=version,
         routes=RouteTable(route_rules(spec)),
         tenants_by_key=tenants,
-        endpoints=endpoints,
-        group_models=group_models,
-        all_models=all_models,
+        endpoints={g.name: tuple(ready.get(g.name, ())) for g in spec.groups},
+        group_models={g.name: frozenset(g.models) for g in spec.groups},
+        all_models=frozenset(m for g in spec.groups for m in g.models),
+        redirects=dict(redirects or {}),
+        traffic={g.name: _traffic(g) for g in spec.groups},
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from sluice.spec.models import PlatformSpec
+from sluice.spec.models import GroupSpec, PlatformSpec, RouteSpec
 
 __all__ = ["check_platform"]
 
@@ -102,17 +102,7 @@ def _references(spec: PlatformSpec) -> Iterator[Problem]:
         if g.backup is not None and (g.backup == g.name or g.backup not in groups):
             yield ("groups", i, "backup"), f"backup {g.backup!r} must be another existing group"
     for i, r in enumerate(spec.routes):
-        target = groups.get(r.to)
-        if target is None:
-            yield ("routes", i, "to"), f"no group named {r.to!r}; groups: {', '.join(groups)}"
-            continue
-        for j, m in enumerate(r.match.models):
-            if m not in target.models:
-                yield (
-                    ("routes", i, "match", "models", j),
-                    f"group {r.to!r} does not serve model {m!r}; it serves "
-                    f"{', '.join(target.models)}",
-                )
+        yield from _route_groups(i, r, groups)
     tenant_names = {t.name for t in spec.tenants}
     for i, r in enumerate(spec.routes):
         for j, t in enumerate(r.match.tenants):
@@ -122,3 +112,27 @@ def _references(spec: PlatformSpec) -> Iterator[Problem]:
         for j, gname in enumerate(tenant.groups):
             if gname != "*" and gname not in groups:
                 yield ("tenants", i, "groups", j), f"no group named {gname!r}"
+
+
+def _route_groups(i: int, route: RouteSpec, groups: dict[str, GroupSpec]) -> Iterator[Problem]:
+    """Every group a rule can send to (split, fallback, mirror) exists and serves its models."""
+    places: list[tuple[tuple[str | int, ...], str]] = (
+        [(("routes", i, "to"), route.to)]
+        if isinstance(route.to, str)
+        else [(("routes", i, "to", j, "group"), t.group) for j, t in enumerate(route.to)]
+    )
+    places += [(("routes", i, "fallback", j), g) for j, g in enumerate(route.fallback)]
+    if route.mirror is not None:
+        places.append((("routes", i, "mirror", "group"), route.mirror.group))
+    for path, name in places:
+        group = groups.get(name)
+        if group is None:
+            yield path, f"no group named {name!r}; groups: {', '.join(groups)}"
+            continue
+        missing = [m for m in route.match.models if m not in group.models]
+        if missing:
+            yield (
+                path,
+                f"group {name!r} does not serve model(s) {', '.join(missing)}; it "
+                f"serves {', '.join(group.models)}",
+            )

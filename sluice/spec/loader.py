@@ -125,7 +125,8 @@ def _issues_from_pydantic(
         else:
             got = err.get("input")
             shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-            msg = f"{err['msg']}{shown}"
+            text = err["msg"].removeprefix("Value error, ")
+            msg = f"{text}{shown}"
         field = _dotted(p for p in loc if not _is_union_tag(p))
         issues.append(SpecIssue(field, msg, source, _line_for(loc, lines)))
     return issues

@@ -14,6 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "ControlSpec",
+    "MirrorSpec",
+    "OutlierSpec",
+    "Priority",
+    "QueueSpec",
+    "RateLimitSpec",
+    "WeightedTarget",
     "EmbeddingParams",
     "GatewaySpec",
     "GroupSpec",
@@ -130,6 +136,22 @@ class HealthSpec(_Strict):
     startup_timeout_s: float = Field(default=300.0, gt=0, description="launch to /ready")
 
 
+class QueueSpec(_Strict):
+    """Requests beyond the group's slots (ready instances x max_concurrency) wait here."""
+
+    max_length: int = Field(default=100, ge=0, le=1_000_000)
+    max_wait_s: float = Field(default=10.0, gt=0, le=3600)
+
+
+class OutlierSpec(_Strict):
+    """Eject an instance that keeps failing (connect errors, 5xx), like Envoy's outlier
+    detection; each repeat ejection lasts longer (base x times ejected)."""
+
+    consecutive_failures: int = Field(default=5, ge=1, le=1000)
+    base_ejection_s: float = Field(default=30.0, gt=0, le=3600)
+    max_ejected_percent: int = Field(default=50, ge=0, le=100)
+
+
 class GroupSpec(_Strict):
     """A set of inference instances with a dedicated share of compute (G1, G2, G4)."""
 
@@ -146,7 +168,16 @@ class GroupSpec(_Strict):
     warmup: WarmupSpec = WarmupSpec()
     health: HealthSpec = HealthSpec()
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
-    backup: Name | None = None
+    backup: Name | None = Field(default=None, description="`sluice route failover` default")
+    queue: QueueSpec = QueueSpec()
+    timeout_s: float = Field(default=300.0, gt=0, le=86_400, description="upstream, per request")
+    slow_start_s: float = Field(
+        default=10.0, ge=0, le=3600, description="a new instance's share ramps up over this"
+    )
+    affinity_header: str | None = Field(
+        default=None, description="requests with the same value stick to one instance"
+    )
+    outlier: OutlierSpec = OutlierSpec()
 
     def template(self) -> str:
         """Fingerprint of what an instance runs; a change rolls the group's instances."""
@@ -159,28 +190,79 @@ class GroupSpec(_Strict):
         return digest[:12]
 
 
+Priority = Literal["high", "normal", "low"]
+
+
+class RateLimitSpec(_Strict):
+    """Token bucket: `rps` sustained requests per second, bursts up to `burst`."""
+
+    rps: float = Field(gt=0)
+    burst: int = Field(default=0, ge=0, description="0: same as rps, at least 1")
+
+
 class TenantSpec(_Strict):
     """A business caller: its API keys, default priority, and what it may reach (R7)."""
 
     name: Name
     business: str = ""
     api_keys: list[str] = Field(default_factory=list, description="plain keys; stored hashed")
-    priority: Literal["high", "normal", "low"] = "normal"
+    api_key_sha256: list[str] = Field(
+        default_factory=list, description="keys given as sha256 hex digests (never in clear)"
+    )
+    priority: Priority = "normal"
+    priority_header: bool = Field(
+        default=False, description="may pick its priority per request with x-sluice-priority"
+    )
+    rate_limit: RateLimitSpec | None = None
     models: list[str] = Field(default_factory=lambda: ["*"], description="'*' allows all")
     groups: list[str] = Field(default_factory=lambda: ["*"], description="'*' allows all")
 
 
 class RouteMatch(_Strict):
-    tenants: list[str] = Field(default_factory=list, description="empty: any tenant")
-    models: list[str] = Field(default_factory=list, description="empty: any model")
+    """All given conditions must hold; an empty list or map means any."""
+
+    tenants: list[str] = Field(default_factory=list)
+    models: list[str] = Field(default_factory=list)
+    priorities: list[Priority] = Field(default_factory=list)
+    headers: dict[str, str] = Field(default_factory=dict, description="exact value")
+    header_prefixes: dict[str, str] = Field(default_factory=dict, description="value prefix")
+
+
+class WeightedTarget(_Strict):
+    group: Name
+    weight: int = Field(ge=0, le=1_000_000)
+
+
+class MirrorSpec(_Strict):
+    """Shadow a share of matching requests to another group; its answers are discarded."""
+
+    group: Name
+    percent: float = Field(gt=0, le=100)
 
 
 class RouteSpec(_Strict):
-    """Ordered rule: the first whose `match` holds sends the request `to` a group (R1, R4)."""
+    """Ordered rule: the first whose `match` holds sends the request `to` a group, or splits
+    it by weight over several (R1, R2); every request logs the rule's `tag` (R4)."""
 
     tag: Name
     match: RouteMatch = RouteMatch()
-    to: Name
+    to: Name | list[WeightedTarget]
+    fallback: list[Name] = Field(
+        default_factory=list, description="tried in order when the target has no headroom"
+    )
+    mirror: MirrorSpec | None = None
+
+    @model_validator(mode="after")
+    def _weights_add_up(self) -> RouteSpec:
+        if isinstance(self.to, list):
+            if not self.to:
+                raise ValueError("'to' needs at least one {group, weight}")
+            if sum(t.weight for t in self.to) <= 0:
+                raise ValueError("the weights in 'to' must add up to more than 0")
+        return self
+
+    def targets(self) -> list[WeightedTarget]:
+        return [WeightedTarget(group=self.to, weight=1)] if isinstance(self.to, str) else self.to
 
 
 class GatewaySpec(_Strict):

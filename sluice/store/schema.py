@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
 
-__all__ = ["audit_log", "events", "instances", "metadata", "replica_overrides", "revisions"]
+__all__ = [
+    "audit_log",
+    "events",
+    "failovers",
+    "instances",
+    "metadata",
+    "replica_overrides",
+    "revisions",
+]
 
 metadata = MetaData(
     naming_convention={
@@ -78,6 +86,17 @@ replica_overrides = Table(
     metadata,
     Column("group_name", String(255), primary_key=True),
     Column("replicas", Integer, nullable=False),
+    Column("actor", String(255), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("set_at", Float, nullable=False),
+)
+
+# The escape hatch (`sluice route failover GROUP --to BACKUP`): in force until restored.
+failovers = Table(
+    "failovers",
+    metadata,
+    Column("group_name", String(255), primary_key=True),
+    Column("backup", String(255), nullable=False),
     Column("actor", String(255), nullable=False),
     Column("reason", Text, nullable=False),
     Column("set_at", Float, nullable=False),

@@ -104,6 +104,17 @@ class Store:
             with self._writer.begin() as conn:
                 return work(conn)
 
+    def _upsert(self, table: Table, key: dict[str, Any], values: dict[str, Any]) -> None:
+        """UPDATE-then-INSERT is portable; a racing insert of the same key retries via _write."""
+        ((column, value),) = key.items()
+
+        def work(conn: Connection) -> None:
+            match = table.c[column] == value
+            if not conn.execute(update(table).where(match).values(values)).rowcount:
+                conn.execute(table.insert().values(**values, **key))
+
+        self._write(work)
+
     def _append(self, table: Table, values: dict[str, Any]) -> int:
         """Insert one row into an append-only table; return the id the database assigned."""
         with self._writer.begin() as conn:
@@ -231,17 +242,10 @@ class Store:
 
     def upsert_instance(self, rec: InstanceRecord) -> None:
         """Insert `rec`, or overwrite every field of the stored instance with the same id."""
-        t = schema.instances
         values = rec.to_json()
         values["group_name"] = values.pop("group")
         del values["id"]
-
-        def upsert(conn: Connection) -> None:
-            # UPDATE-then-INSERT is portable; a racing insert of the same id retries via _write.
-            if not conn.execute(update(t).where(t.c.id == rec.id).values(values)).rowcount:
-                conn.execute(t.insert().values(**values, id=rec.id))
-
-        self._write(upsert)
+        self._upsert(schema.instances, {"id": rec.id}, values)
 
     def list_instances(self, *, include_stopped: bool = False) -> list[InstanceRecord]:
         """Ordered by group then id; STOPPED instances only if asked (FAILED ones always)."""
@@ -264,14 +268,8 @@ class Store:
     ) -> None:
         if replicas < 0:
             raise ValueError(f"set_replicas_override(replicas={replicas}): must be >= 0")
-        t = schema.replica_overrides
         values = {"replicas": replicas, "actor": actor, "reason": reason, "set_at": now}
-
-        def upsert(conn: Connection) -> None:
-            if not conn.execute(update(t).where(t.c.group_name == group).values(values)).rowcount:
-                conn.execute(t.insert().values(**values, group_name=group))
-
-        self._write(upsert)
+        self._upsert(schema.replica_overrides, {"group_name": group}, values)
 
     def clear_replicas_override(self, group: str) -> None:
         """Hand `group` back to its spec and autoscaler; clearing an absent override is a no-op."""
@@ -284,6 +282,24 @@ class Store:
         with self._engine.connect() as conn:
             rows = conn.execute(select(t.c.group_name, t.c.replicas).order_by(t.c.group_name))
             return {group: replicas for group, replicas in rows}
+
+    # -- failovers (`sluice route failover GROUP --to BACKUP`) ------------------------------
+
+    def set_failover(self, *, group: str, backup: str, actor: str, reason: str, now: float) -> None:
+        values = {"backup": backup, "actor": actor, "reason": reason, "set_at": now}
+        self._upsert(schema.failovers, {"group_name": group}, values)
+
+    def clear_failover(self, group: str) -> None:
+        t = schema.failovers
+        with self._writer.begin() as conn:
+            conn.execute(delete(t).where(t.c.group_name == group))
+
+    def failovers(self) -> dict[str, str]:
+        """{group: backup} for every failover in force."""
+        t = schema.failovers
+        with self._engine.connect() as conn:
+            rows = conn.execute(select(t.c.group_name, t.c.backup).order_by(t.c.group_name))
+            return {group: backup for group, backup in rows}
 
 
 def _install_sqlite_hooks(engine: Engine) -> None:

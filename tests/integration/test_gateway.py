@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import random
 import re
-import socket
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -18,217 +15,24 @@ import openai
 import pytest
 
 from sluice.gateway import Gateway
-from sluice.policy.routing import (
-    Endpoint,
-    RouteRule,
-    RouteTable,
-    RoutingSnapshot,
-    TenantAccess,
-    api_key_digest,
+from sluice.policy.routing import RouteRule, TenantAccess
+
+from .gateway_fakes import (
+    AUTH,
+    CHAT,
+    FakeUpstream,
+    chat,
+    free_port,
+    g1,
+    groups_of,
+    log_lines,
+    make_snapshot,
+    metric_values,
+    on,
+    q,
+    running,
+    snapshot,
 )
-
-AUTH = {"Authorization": "Bearer sk-test"}
-CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
-
-
-# -- fake upstream instances -----------------------------------------------------------------
-
-
-class FakeUpstream:
-    """A minimal HTTP/1.1 keep-alive server whose behaviour is chosen by `mode`.
-
-    json: OpenAI-shaped chat completion (SSE when the body asks for `stream`);
-    sse: always streams `events` chunks `delay` apart; abrupt: closes without answering;
-    once: answers the first request on a connection, drops the connection on the next
-    (a stale pooled connection); die_mid_stream: head and one chunk, then closes;
-    eof: a body without length, ended by closing (HTTP/1.0 style); hang: never answers.
-    """
-
-    def __init__(self, name: str, mode: str = "json", *, events: int = 5, delay: float = 0.0):
-        self.name = name
-        self.mode = mode
-        self.events = events
-        self.delay = delay
-        self.requests: list[tuple[str, str, dict[str, str], dict[str, Any]]] = []
-        self.open_connections = 0
-        self.accepted = 0
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._stopping = asyncio.Event()
-
-    async def start(self) -> FakeUpstream:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def stop(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        self._stopping.set()
-        for writer in self._writers:
-            writer.close()
-        await asyncio.gather(*self._tasks)
-        await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        self._writers.add(writer)
-        self.open_connections += 1
-        self.accepted += 1
-        try:
-            served = 0
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ")
-                headers = dict(line.split(": ", 1) for line in lines[1:] if line)
-                headers = {k.lower(): v for k, v in headers.items()}
-                raw = await reader.readexactly(int(headers.get("content-length", "0")))
-                body = json.loads(raw) if raw else {}
-                self.requests.append((method, path, headers, body))
-                if self.mode == "abrupt" or (self.mode == "once" and served):
-                    break
-                if self.mode == "hang":
-                    await self._stopping.wait()
-                    break
-                if self.mode == "eof":
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil ")
-                    await writer.drain()
-                    writer.write(b"the end")
-                    break
-                if self.mode in ("sse", "die_mid_stream") or body.get("stream"):
-                    await self._stream(writer, body)
-                    if self.mode == "die_mid_stream":
-                        break
-                else:
-                    await self._json(writer, body, headers)
-                served += 1
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            self.open_connections -= 1
-            writer.close()
-            with suppress(ConnectionError):
-                await writer.wait_closed()
-            self._writers.discard(writer)
-            self._tasks.discard(task)
-
-    async def _json(
-        self, writer: asyncio.StreamWriter, body: dict[str, Any], headers: dict[str, str]
-    ) -> None:
-        payload = json.dumps(
-            {
-                "id": "chatcmpl-1",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body.get("model", ""),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": f"hello from {self.name}"},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
-                "instance": self.name,
-                "seen_headers": headers,
-            }
-        ).encode()
-        writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-            b"x-upstream: %s\r\nx-sluice-group: spoofed\r\nkeep-alive: timeout=5\r\n"
-            b"content-length: %d\r\n\r\n%s" % (self.name.encode(), len(payload), payload)
-        )
-        await writer.drain()
-
-    async def _stream(self, writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
-        writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\n\r\n"
-        )
-        for i in range(self.events):
-            chunk = {
-                "id": "chatcmpl-1",
-                "object": "chat.completion.chunk",
-                "created": 0,
-                "model": body.get("model", ""),
-                "choices": [{"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}],
-            }
-            self._write_chunk(writer, b"data: %s\n\n" % json.dumps(chunk).encode())
-            await writer.drain()
-            if self.mode == "die_mid_stream":
-                return
-            await asyncio.sleep(self.delay)
-        self._write_chunk(writer, b"data: [DONE]\n\n")
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-
-    @staticmethod
-    def _write_chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
-        writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-
-
-# -- harness ----------------------------------------------------------------------------------
-
-
-def make_snapshot(
-    version: int,
-    instances: list[tuple[str, int]],
-    *,
-    tenant: TenantAccess | None = None,
-    group: str = "g1",
-) -> RoutingSnapshot:
-    endpoints = tuple(Endpoint(iid, "127.0.0.1", port, 8) for iid, port in instances)
-    return RoutingSnapshot(
-        version=version,
-        routes=RouteTable(
-            [
-                RouteRule("r-secret", "g-secret", models=frozenset({"m2"})),
-                RouteRule("r1", group, models=frozenset({"m1"})),
-            ]
-        ),
-        tenants_by_key={api_key_digest("sk-test"): tenant or TenantAccess("t1")},
-        endpoints={group: endpoints} if endpoints else {},
-        group_models={group: frozenset({"m1"}), "g-secret": frozenset({"m2"})},
-        all_models=frozenset({"m1", "m2"}),
-    )
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@asynccontextmanager
-async def running(
-    *upstreams: FakeUpstream, snapshot: RoutingSnapshot | None = None, **kwargs: Any
-) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, io.StringIO]]:
-    """Upstreams, a gateway over them (one instance per upstream) and a client; all torn down."""
-    for up in upstreams:
-        await up.start()
-    log = io.StringIO()
-    gw = Gateway(host="127.0.0.1", port=0, rng=random.Random(7), access_log=log, **kwargs)
-    gw.update(snapshot or make_snapshot(1, [(up.name, up.port) for up in upstreams]))
-    await gw.start()
-    client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.port}", timeout=10.0)
-    try:
-        yield gw, client, log
-    finally:
-        await client.aclose()
-        await gw.stop(timeout=2.0)
-        for up in upstreams:
-            await up.stop()
-
-
-def log_lines(log: io.StringIO) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in log.getvalue().splitlines()]
-
 
 # -- happy path -------------------------------------------------------------------------------
 
@@ -253,17 +57,12 @@ async def test_proxies_with_sluice_headers_and_one_log_line() -> None:
         assert "connection" not in seen
         assert gw.outstanding() == {}
         [line] = log_lines(log)
-    assert line["request_id"] == request_id
-    assert line["method"] == "POST"
-    assert line["path"] == "/v1/chat/completions"
-    assert line["status"] == 200
-    assert (line["tenant"], line["model"], line["route"]) == ("t1", "m1", "r1")
-    assert (line["group"], line["instance"]) == ("g1", "i1")
-    assert line["retried"] is False
-    assert line["error"] is None
-    assert line["bytes_out"] == len(resp.content)
-    assert isinstance(line["latency_ms"], float)
-    assert abs(line["ts"] - time.time()) < 60
+    expected = {"request_id": request_id, "method": "POST", "path": "/v1/chat/completions"}
+    expected |= {"status": 200, "tenant": "t1", "model": "m1", "priority": "normal"}
+    expected |= {"route": "r1", "group": "g1", "instance": "i1", "via": None, "mirror": None}
+    expected |= {"queue_ms": 0.0, "retried": False, "error": None, "bytes_out": len(resp.content)}
+    assert {k: line[k] for k in expected} == expected
+    assert isinstance(line["latency_ms"], float) and abs(line["ts"] - time.time()) < 60
 
 
 @pytest.mark.asyncio
@@ -604,3 +403,210 @@ async def test_openai_client_through_the_gateway() -> None:
         assert tokens == [f"tok{i} " for i in range(5)]
         models = await oai.models.list()
         assert [m.id for m in models.data] == ["m1", "m2"]
+
+
+# -- traffic splitting, admission, fallback, mirror (the data plane's policies, end to end) ---
+
+
+@pytest.mark.asyncio
+async def test_weighted_split_then_failover_and_back() -> None:
+    a, b, c = FakeUpstream("a"), FakeUpstream("b"), FakeUpstream("c")
+    rules = [RouteRule("split", (("ga", 90), ("gb", 10)))]
+
+    def snap(version: int, redirects: dict[str, str] | None = None) -> Any:
+        groups = {"ga": on(a), "gb": on(b), "gc": on(c)}
+        return snapshot(version, groups, rules, redirects=redirects)
+
+    async with running(a, b, c, snapshot=lambda: snap(1)) as (gw, client, log):
+        split = await groups_of(client, 2000)
+        assert abs(split["ga"] / 2000 - 0.9) <= 0.03 and split["ga"] + split["gb"] == 2000
+        gw.update(snap(2, {"ga": "gc"}))  # failover: all of ga's traffic, at once
+        moved = await groups_of(client, 200)
+        assert moved["ga"] == 0 and moved["gc"] > 150
+        vias = {ln["via"] for ln in log_lines(log)[-200:] if ln["group"] == "gc"}
+        assert vias == {"failover ga->gc"}
+        gw.update(snap(3))
+        back = await groups_of(client, 100)
+        assert back["gc"] == 0 and back["ga"] > 75
+
+
+@pytest.mark.asyncio
+async def test_overload_sheds_low_then_normal_then_high() -> None:
+    up = FakeUpstream("i1", latency=0.5)
+    tenants = {"sk-test": TenantAccess("t1", priority_header=True)}
+    snap = g1(up, tenants=tenants, traffic={"g1": q(max_queue=2)}, max_concurrency=1)
+    async with running(up, snapshot=snap) as (gw, client, log):
+        calls = []
+        for prio in ["normal", "low", "low", "low", "normal", "normal", "normal"] + ["high"] * 3:
+            calls.append((prio, asyncio.create_task(chat(client, x_sluice_priority=prio))))
+            await asyncio.sleep(0.03)  # arrive in this order
+        assert gw.status()["groups"]["g1"]["queued"] == {"high": 2, "normal": 0, "low": 0}
+        async with asyncio.timeout(5):
+            done = [(prio, await task) for prio, task in calls]
+        shed = Counter(prio for prio, r in done if r.status_code == 429)
+        assert shed == {"low": 3, "normal": 3, "high": 1}
+        assert all(r.headers["retry-after"] == "1" for _, r in done if r.status_code == 429)
+        assert {r.json()["error"]["code"] for _, r in done if r.status_code == 429} == {
+            "overloaded"
+        }
+        served = [ln for ln in log_lines(log) if ln["status"] == 200]
+        assert [ln["priority"] for ln in served] == ["normal", "high", "high"]
+        assert served[-1]["queue_ms"] > 400  # waited for two answers of 0.5 s
+        assert up.peak == 1 and gw.status()["groups"]["g1"]["in_use"] == 0
+
+
+@pytest.mark.asyncio
+async def test_queue_timeout_is_503_and_a_removed_group_frees_its_waiters() -> None:
+    up = FakeUpstream("i1", latency=1.0)
+    snap = g1(up, traffic={"g1": q(max_wait_s=0.2)}, max_concurrency=1)
+    async with running(up, snapshot=snap) as (gw, client, _log):
+        busy = asyncio.create_task(chat(client))
+        await asyncio.sleep(0.05)
+        start = time.perf_counter()
+        resp = await chat(client)
+        assert resp.status_code == 503 and resp.json()["error"]["code"] == "queue_timeout"
+        assert 0.15 < time.perf_counter() - start < 0.8 and resp.headers["retry-after"] == "1"
+        waiter = asyncio.create_task(chat(client))
+        await asyncio.sleep(0.05)
+        gw.update(snapshot(2, {"g2": on(up)}, [RouteRule("r2", (("g2", 1),))]))
+        async with asyncio.timeout(0.5):
+            assert (await waiter).status_code == 503
+        assert (await busy).status_code == 200
+
+
+@pytest.mark.asyncio
+async def test_a_client_leaving_the_queue_is_cancelled() -> None:
+    up = FakeUpstream("i1", latency=0.5)
+    async with running(up, snapshot=g1(up, max_concurrency=1)) as (gw, client, log):
+        busy = asyncio.create_task(chat(client))
+        await asyncio.sleep(0.05)
+        leaver = asyncio.create_task(chat(client))
+        await asyncio.sleep(0.05)
+        assert gw.status()["groups"]["g1"]["queued"]["normal"] == 1
+        leaver.cancel()  # the client closes its connection
+        async with asyncio.timeout(2):
+            while gw.status()["groups"]["g1"]["queued"]["normal"]:
+                await asyncio.sleep(0.01)
+        assert (await busy).status_code == 200 and len(up.requests) == 1
+        assert [ln["status"] for ln in log_lines(log)] == [499, 200]
+        assert gw.status()["groups"]["g1"]["in_use"] == 0
+
+
+@pytest.mark.asyncio
+async def test_fallback_to_a_group_with_headroom() -> None:
+    slow, spare = FakeUpstream("slow", latency=0.5), FakeUpstream("spare")
+    rules = [RouteRule("r1", (("ga", 1),), fallback=("gb",))]
+
+    def snap(version: int, ga: list[tuple[str, int]]) -> Any:
+        return snapshot(version, {"ga": ga, "gb": on(spare)}, rules, max_concurrency=1)
+
+    async with running(slow, spare, snapshot=lambda: snap(1, on(slow))) as (gw, client, log):
+        busy = asyncio.create_task(chat(client))
+        await asyncio.sleep(0.05)
+        resp = await chat(client)  # ga is full: gb has a free slot
+        assert resp.status_code == 200 and resp.headers["x-sluice-group"] == "gb"
+        gw.update(snap(2, []))
+        assert (await chat(client)).headers["x-sluice-group"] == "gb"
+        await busy
+        vias = [ln["via"] for ln in log_lines(log) if ln["group"] == "gb"]
+        assert vias == ["fallback ga->gb: overloaded", "fallback ga->gb: no ready instance"]
+
+
+@pytest.mark.asyncio
+async def test_mirror_copies_without_delaying_the_caller() -> None:
+    fast, shadow = FakeUpstream("fast"), FakeUpstream("shadow", latency=1.0)
+    rules = [RouteRule("r1", (("g1", 1),), mirror=("gm", 100.0))]
+    snap = lambda: snapshot(1, {"g1": on(fast), "gm": on(shadow)}, rules)  # noqa: E731
+    async with running(fast, shadow, snapshot=snap) as (gw, client, log):
+        for _ in range(5):
+            start = time.perf_counter()
+            resp = await chat(client)
+            assert resp.status_code == 200 and resp.headers["x-sluice-instance"] == "fast"
+            assert time.perf_counter() - start < 0.3
+        async with asyncio.timeout(3):
+            while len(shadow.requests) < 5:
+                await asyncio.sleep(0.01)
+        assert shadow.requests[0][3] == fast.requests[0][3]  # the same body
+        lines = log_lines(log)
+        assert len(lines) == 5 and {ln["mirror"] for ln in lines} == {"gm"}
+        assert 'sluice_gateway_mirrored_total{group="gm"} 5.0' in gw.metrics_text().decode()
+
+
+@pytest.mark.asyncio
+async def test_outlier_is_ejected_and_status_says_why() -> None:
+    good, bad = FakeUpstream("good"), FakeUpstream("bad", status=500)
+    snap = g1(good, bad, traffic={"g1": q(outlier_failures=2, outlier_base_ejection_s=30)})
+    async with running(good, bad, snapshot=snap) as (gw, client, _log):
+        statuses = [(await chat(client)).status_code for _ in range(30)]
+        assert statuses.count(500) == 2 and statuses[-20:] == [200] * 20
+        group = gw.status()["groups"]["g1"]
+        [ejected] = group["ejected"]
+        assert ejected["instance"] == "bad" and ejected["times"] == 1
+        assert ejected["reason"] == "2 failures in a row, last: HTTP 500"
+        assert 25 < ejected["until_s"] <= 30 and group["slots"] == 8
+
+
+@pytest.mark.asyncio
+async def test_affinity_header_pins_a_key_to_one_instance() -> None:
+    ups = [FakeUpstream(f"i{n}") for n in range(4)]
+    snap = g1(*ups, traffic={"g1": q(affinity_header="x-session")})
+    async with running(*ups, snapshot=snap) as (_gw, client, _log):
+        for key in ("alice", "bob", "carol"):
+            seen = {
+                (await chat(client, x_session=key)).headers["x-sluice-instance"] for _ in range(8)
+            }
+            assert len(seen) == 1
+        spread = {(await chat(client)).headers["x-sluice-instance"] for _ in range(40)}
+        assert len(spread) > 1  # without the header: balanced
+
+
+@pytest.mark.asyncio
+async def test_rate_limit_is_429_with_retry_after() -> None:
+    up = FakeUpstream("i1")
+    snap = g1(up, tenants={"sk-test": TenantAccess("t1", rate_limit=(0.5, 2))})
+    async with running(up, snapshot=snap) as (_gw, client, log):
+        codes = [(await chat(client)).status_code for _ in range(3)]
+        resp = await chat(client)
+        assert codes == [200, 200, 429] and resp.headers["retry-after"] == "2"
+        assert resp.json()["error"]["code"] == "rate_limited"
+        assert log_lines(log)[-1]["tenant"] == "t1" and len(up.requests) == 2
+
+
+@pytest.mark.asyncio
+async def test_metrics_count_requests_and_show_the_data_plane() -> None:
+    up = FakeUpstream("i1")
+    async with running(up) as (_gw, client, _log):
+        for _ in range(3):
+            await chat(client)
+        await chat(client, model="nope")  # 404: no group, no route
+        value = metric_values((await client.get("/metrics")).text)
+
+    assert value("sluice_gateway_requests_total", group="g1", route="r1", status="200") == 3
+    assert value("sluice_gateway_requests_total", group="", route="", status="404") == 1
+    assert value("sluice_gateway_request_duration_seconds_count", group="g1", route="r1") == 3
+    assert (
+        value("sluice_gateway_request_duration_seconds_bucket", group="g1", route="r1", le="60.0")
+        == 3
+    )
+    assert value("sluice_gateway_slots", group="g1") == 8
+    assert value("sluice_gateway_inflight", group="g1") == 0
+    assert value("sluice_gateway_queue_length", group="g1", priority="low") == 0
+    assert value("sluice_gateway_instances", group="g1", state="ready") == 1
+    assert value("sluice_gateway_instances", group="g1", state="ejected") == 0
+    assert value("sluice_gateway_shed_total", group="g1", reason="overloaded") == 0
+    assert value("sluice_gateway_mirrored_total", group="g1") == 0
+    assert value("sluice_gateway_queue_wait_seconds_count", group="g1") == 0
+    assert value("sluice_gateway_snapshot_version") == 1
+
+
+@pytest.mark.asyncio
+async def test_instance_killed_mid_stream_ends_the_response_without_hanging() -> None:
+    up = FakeUpstream("i1", mode="sse", events=100, delay=0.05)
+    async with running(up) as (gw, client, log):
+        with pytest.raises(httpx.RemoteProtocolError):
+            async with asyncio.timeout(3):
+                async with client.stream("POST", "/v1/completions", json=CHAT, headers=AUTH) as r:
+                    async for _ in r.aiter_raw():
+                        await up.stop()  # the instance dies with the response half sent
+        assert gw.outstanding() == {} and gw.status()["groups"]["g1"]["in_use"] == 0
+        assert log_lines(log)[0]["error"] == "upstream_error"

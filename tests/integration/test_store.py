@@ -10,13 +10,17 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, inspect, text
 
+import sluice.store
 from sluice.core import InstanceState, NotFound
 from sluice.store import AuditEntry, Event, InstanceRecord, Revision, Store
 from sluice.store.schema import metadata
+
+HEAD = ScriptDirectory(str(Path(sluice.store.__file__).parent / "migrations")).get_current_head()
 
 
 @pytest.fixture
@@ -65,7 +69,7 @@ def test_for_home_creates_home_and_migrates(home: Path) -> None:
         (version,) = raw.execute("SELECT version_num FROM alembic_version").fetchone()
         (mode,) = raw.execute("PRAGMA journal_mode").fetchone()
     raw.close()
-    assert version == "0001"
+    assert version == HEAD
     assert mode == "wal"
 
 
@@ -81,7 +85,7 @@ def test_reopening_is_a_noop_upgrade(home: Path) -> None:
     Store.for_home(home).close()
     engine = create_engine(f"sqlite:///{home / 'state.db'}")
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0001",)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [(HEAD,)]
     engine.dispose()
 
 
@@ -275,6 +279,18 @@ def test_replica_overrides_set_replace_clear(store: Store) -> None:
     assert store.replicas_overrides() == {"embed": 0}
     with pytest.raises(ValueError, match="replicas"):
         store.set_replicas_override(group="chat", replicas=-1, actor="a", reason="", now=3.0)
+
+
+def test_failovers_set_replace_clear_and_persist(home: Path) -> None:
+    with Store.for_home(home) as s:
+        assert s.failovers() == {}
+        s.set_failover(group="chat", backup="chat-b", actor="ana", reason="outage", now=1.0)
+        s.set_failover(group="chat", backup="chat-c", actor="ana", reason="b is down", now=2.0)
+        s.set_failover(group="embed", backup="embed-b", actor="bo", reason="x", now=3.0)
+        s.clear_failover("embed")
+        s.clear_failover("never-set")
+    with Store.for_home(home) as s:
+        assert s.failovers() == {"chat": "chat-c"}
 
 
 # -- persistence and sharing ---------------------------------------------------------------

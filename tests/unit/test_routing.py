@@ -1,4 +1,5 @@
-"""Routing: the compiled RouteTable agrees with the linear scan; resolve() and balancing rules."""
+"""Routing: the compiled RouteTable agrees with the linear scan; resolve(), weighted splits,
+failover redirects and fallbacks."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.core.errors import Forbidden, NotFound
-from sluice.policy.balance import pick_least_outstanding
 from sluice.policy.routing import (
-    Endpoint,
+    RequestMeta,
     RouteRule,
     RouteTable,
     RoutingSnapshot,
@@ -21,77 +21,120 @@ from sluice.policy.routing import (
 
 TENANTS = ["t1", "t2", "t3"]
 MODELS = ["m1", "m2", "m3"]
+PRIOS = ["high", "normal", "low"]
 
-names = st.frozensets(st.sampled_from(TENANTS), max_size=2)  # empty = any tenant
-models = st.frozensets(st.sampled_from(MODELS), max_size=2)  # empty = any model
 rules = st.lists(
     st.builds(
         RouteRule,
         tag=st.text("abc", max_size=3),
-        group=st.sampled_from(["g1", "g2"]),
-        tenants=names,
-        models=models,
+        targets=st.sampled_from([(("g1", 1),), (("g2", 1),), (("g1", 9), ("g2", 1))]),
+        tenants=st.frozensets(st.sampled_from(TENANTS), max_size=2),  # empty = any
+        models=st.frozensets(st.sampled_from(MODELS), max_size=2),
+        priorities=st.frozensets(st.sampled_from(PRIOS), max_size=2),
+        headers=st.lists(
+            st.tuples(st.sampled_from(["x-a", "x-b"]), st.sampled_from(["1", "2"])), max_size=1
+        ).map(tuple),
+        header_prefixes=st.lists(
+            st.tuples(st.just("x-s"), st.sampled_from(["be", "beta"])), max_size=1
+        ).map(tuple),
     ),
-    max_size=8,
-)
-# Queries also use names no rule mentions, which only catch-all rules can match.
-queries = st.lists(
-    st.tuples(st.sampled_from([*TENANTS, "t-other"]), st.sampled_from([*MODELS, "m-other"])),
-    min_size=1,
     max_size=10,
 )
+# Queries also use names no rule mentions, which only catch-all rules can match.
+metas = st.builds(
+    RequestMeta,
+    tenant=st.sampled_from([*TENANTS, "t-other"]),
+    model=st.sampled_from([*MODELS, "m-other"]),
+    priority=st.sampled_from(PRIOS),
+    headers=st.dictionaries(
+        st.sampled_from(["x-a", "x-b", "x-s"]), st.sampled_from(["1", "2", "beta-7", "b"])
+    ),
+)
 
 
-@given(rules, queries)
+@given(rules, st.lists(metas, min_size=1, max_size=10))
 def test_compiled_lookup_equals_linear_scan(
-    rule_list: list[RouteRule], qs: list[tuple[str, str]]
+    rule_list: list[RouteRule], qs: list[RequestMeta]
 ) -> None:
     table = RouteTable(rule_list)
-    for tenant, model in qs:
-        assert table.lookup(tenant, model) == first_match(rule_list, tenant, model)
+    for meta in qs:
+        assert table.lookup(meta) == first_match(rule_list, meta)
 
 
 def test_first_rule_wins_over_a_more_specific_later_one() -> None:
     table = RouteTable(
         [
-            RouteRule("canary", "g2", models=frozenset({"m1"})),
-            RouteRule("t1", "g1", frozenset({"t1"})),
+            RouteRule("canary", (("g2", 1),), models=frozenset({"m1"})),
+            RouteRule("t1", (("g1", 1),), frozenset({"t1"})),
         ]
     )
-    route = table.lookup("t1", "m1")
+    route = table.lookup(RequestMeta("t1", "m1"))
     assert route is not None and (route.tag, route.group, route.index) == ("canary", "g2", 0)
 
 
-def snapshot(tenant: TenantAccess) -> RoutingSnapshot:
+def test_conditions_on_priority_and_headers() -> None:
+    table = RouteTable(
+        [
+            RouteRule("beta", (("g2", 1),), header_prefixes=(("x-user", "beta-"),)),
+            RouteRule("vip", (("g3", 1),), priorities=frozenset({"high"})),
+            RouteRule("rest", (("g1", 1),)),
+        ]
+    )
+    assert table.uses_headers and table.uses_priority
+
+    def tag(meta: RequestMeta) -> str:
+        route = table.lookup(meta)
+        assert route is not None
+        return route.tag
+
+    assert tag(RequestMeta("t", "m", headers={"x-user": "beta-42"})) == "beta"
+    assert tag(RequestMeta("t", "m", "high", headers={"x-user": "gamma"})) == "vip"
+    assert tag(RequestMeta("t", "m", "low")) == "rest"
+
+
+def test_weighted_split_follows_the_weights() -> None:
+    route = RouteTable([RouteRule("split", (("a", 90), ("b", 10)))]).lookup(RequestMeta("t", "m"))
+    assert route is not None
+    rng = random.Random(7)
+    picks = [route.pick_group(rng) for _ in range(20_000)]
+    assert abs(picks.count("b") / len(picks) - 0.10) < 0.01
+
+
+def snapshot(redirects: dict[str, str] | None = None) -> RoutingSnapshot:
     return RoutingSnapshot(
         version=1,
         routes=RouteTable(
             [
-                RouteRule("r-hidden", "g-hidden", models=frozenset({"m2"})),
-                RouteRule("r1", "g1", models=frozenset({"m1"})),
+                RouteRule("r-hidden", (("g-hidden", 1),), models=frozenset({"m2"})),
+                RouteRule("r1", (("g1", 1),), models=frozenset({"m1"}), fallback=("g1", "g2")),
             ]
         ),
         tenants_by_key={},
         endpoints={},
-        group_models={"g1": frozenset({"m1"}), "g-hidden": frozenset({"m2"})},
+        group_models={
+            "g1": frozenset({"m1"}),
+            "g2": frozenset({"m1"}),
+            "g-hidden": frozenset({"m2"}),
+        },
         all_models=frozenset({"m1", "m2", "m3"}),
+        redirects=redirects or {},
     )
 
 
 def test_resolve_routes_an_allowed_model() -> None:
-    route = snapshot(TenantAccess("t1")).resolve(TenantAccess("t1"), "m1")
+    route = snapshot().resolve(TenantAccess("t1"), RequestMeta("t1", "m1"))
     assert (route.tag, route.group) == ("r1", "g1")
 
 
 def test_resolve_unknown_model_is_404() -> None:
     with pytest.raises(NotFound) as err:
-        snapshot(TenantAccess("t1")).resolve(TenantAccess("t1"), "nope")
+        snapshot().resolve(TenantAccess("t1"), RequestMeta("t1", "nope"))
     assert err.value.http_status == 404
 
 
 def test_resolve_model_without_a_route_is_404() -> None:
     with pytest.raises(NotFound):
-        snapshot(TenantAccess("t1")).resolve(TenantAccess("t1"), "m3")
+        snapshot().resolve(TenantAccess("t1"), RequestMeta("t1", "m3"))
 
 
 @pytest.mark.parametrize(
@@ -103,41 +146,21 @@ def test_resolve_model_without_a_route_is_404() -> None:
 )
 def test_resolve_forbidden_model_is_403_without_naming_the_group(tenant: TenantAccess) -> None:
     with pytest.raises(Forbidden) as err:
-        snapshot(tenant).resolve(tenant, "m2")
+        snapshot().resolve(tenant, RequestMeta("t1", "m2"))
     assert err.value.http_status == 403
     assert "g-hidden" not in str(err.value.to_json())
 
 
-EPS = [Endpoint(f"i{n}", "127.0.0.1", 8000 + n, 4) for n in range(4)]
+def test_failover_redirect_and_fallbacks_never_loop() -> None:
+    snap = snapshot({"g1": "g2"})
+    assert snap.serving_group("g1") == ("g2", "failover g1->g2")
+    assert snap.serving_group("g2") == ("g2", None)
+    route = snap.resolve(TenantAccess("t1"), RequestMeta("t1", "m1"))
+    assert snap.fallbacks(route, TenantAccess("t1"), "m1") == ["g2"]  # never its own target
+    assert snap.fallbacks(route, TenantAccess("t1", groups=frozenset({"g1"})), "m1") == []
 
 
-def pick(load: dict[str, int], rng: random.Random, exclude: str | None = None) -> str:
-    endpoint = pick_least_outstanding(EPS, load, rng, exclude)
-    assert endpoint is not None
-    return endpoint.instance_id
-
-
-def test_pick_takes_the_least_outstanding() -> None:
-    load = {"i0": 3, "i1": 1, "i2": 2}  # i3 absent: also zero
-    assert pick(load, random.Random(0)) == "i3"
-    load["i3"] = 5
-    assert pick(load, random.Random(0)) == "i1"
-
-
-def test_pick_breaks_ties_with_the_rng() -> None:
-    load = {"i0": 0, "i1": 0, "i2": 9, "i3": 9}
-    rng = random.Random(42)
-    picks = {pick(load, rng) for _ in range(50)}
-    assert picks == {"i0", "i1"}
-    first = [pick(load, random.Random(5)) for _ in range(3)]
-    again = [pick(load, random.Random(5)) for _ in range(3)]
-    assert first == again  # deterministic for a given seed
-
-
-def test_pick_honours_exclude() -> None:
-    load = {"i0": 0, "i1": 5, "i2": 5, "i3": 5}
-    rng = random.Random(1)
-    assert pick(load, rng, exclude="i0") != "i0"
-    only = EPS[:1]
-    assert pick_least_outstanding(only, {}, rng, exclude="i0") == only[0]  # nothing else
-    assert pick_least_outstanding([], {}, rng) is None
+def test_priority_header_only_when_the_tenant_may_set_it() -> None:
+    assert TenantAccess("t", "normal").priority_for("high") == "normal"
+    assert TenantAccess("t", "normal", priority_header=True).priority_for("high") == "high"
+    assert TenantAccess("t", "low", priority_header=True).priority_for("bogus") == "low"

@@ -82,3 +82,21 @@ def test_yaml_syntax_error_has_a_line() -> None:
 def test_missing_file() -> None:
     with pytest.raises(SpecError, match="cannot read spec"):
         load_spec_file("/nonexistent/spec.yaml")
+
+
+def test_weighted_route_targets_are_checked_one_by_one() -> None:
+    bad = TEXT.replace(
+        "    to: embed\n",
+        "    to: [{group: embed, weight: 90}, {group: ghost, weight: 10}]\n    fallback: [chat]\n",
+    )
+    found = issues(bad)
+    assert any("routes[1].to[1].group: no group named 'ghost'" in m for m in found)
+    assert any(
+        "routes[1].fallback[0]: group 'chat' does not serve model(s) demo-embed" in m for m in found
+    )
+
+
+def test_weights_must_add_up() -> None:
+    bad = TEXT.replace("    to: embed\n", "    to: [{group: embed, weight: 0}]\n")
+    [msg] = issues(bad)
+    assert "routes[1]: the weights in 'to' must add up to more than 0" in msg

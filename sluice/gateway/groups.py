@@ -1,0 +1,187 @@
+"""One group as the data plane serves it: its instances, admission, outlier state, settings.
+
+A `GroupRuntime` lives across snapshots while its group exists, so queues, slots in use and
+ejections survive a live update; `configure()` applies each new snapshot's view of it.
+
+Clocks: `now` arguments named `now` are `time.monotonic()` seconds (admission, ejection);
+slow start compares `Endpoint.ready_at` with the wall clock (`time.time()`), because
+`ready_at` is the controller's wall-clock time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from random import Random
+from typing import TYPE_CHECKING
+
+from sluice.gateway.metrics import GroupMetrics
+from sluice.policy.admission import GroupAdmission
+from sluice.policy.balance import pick_affinity, pick_endpoint
+from sluice.policy.outlier import Ejection, OutlierDetector
+from sluice.policy.routing import Endpoint, GroupTraffic
+
+if TYPE_CHECKING:
+    from sluice.gateway.exchange import Exchange
+
+__all__ = ["GroupRuntime"]
+
+_NO_EJECTIONS: dict[str, Ejection] = {}
+
+
+class GroupRuntime:
+    """Mutable per-group state of one gateway. Single-threaded (the event loop's)."""
+
+    __slots__ = (
+        "admission",
+        "affinity",
+        "candidates",
+        "endpoints",
+        "metrics",
+        "name",
+        "outlier",
+        "ramping",
+        "settle_at",
+        "slow_start_s",
+        "timeout_s",
+        "traffic",
+        "unejects_at",
+    )
+
+    def __init__(self, name: str, metrics: GroupMetrics) -> None:
+        self.name = name
+        self.metrics = metrics
+        self.traffic = GroupTraffic()
+        self.admission: GroupAdmission[Exchange] = GroupAdmission(
+            self.traffic.max_queue, self.traffic.max_wait_s
+        )
+        self.outlier = self._detector(self.traffic)
+        self.endpoints: tuple[Endpoint, ...] = ()
+        self.candidates: tuple[Endpoint, ...] = ()
+        """What the balancer picks from: endpoints not ejected (all of them in panic mode)."""
+        self.unejects_at = 0.0
+        """Monotonic time the earliest ejection ends; 0.0 when nothing is ejected."""
+        self.settle_at = 0.0
+        """Wall-clock time the youngest instance leaves slow start."""
+        self.ramping = False
+        """Some instance may still be in slow start (so the balancer must read the clock)."""
+        self.slow_start_s = 0.0
+        self.timeout_s = self.traffic.timeout_s
+        self.affinity: bytes | None = None
+
+    @staticmethod
+    def _detector(t: GroupTraffic) -> OutlierDetector:
+        return OutlierDetector(
+            t.outlier_failures, t.outlier_base_ejection_s, t.outlier_max_ejected_percent
+        )
+
+    def configure(
+        self, traffic: GroupTraffic, endpoints: tuple[Endpoint, ...], now: float
+    ) -> list[Exchange]:
+        """Apply a snapshot's settings and instances; returns waiters admitted by new slots."""
+        old = self.traffic
+        if (old.outlier_failures, old.outlier_base_ejection_s, old.outlier_max_ejected_percent) != (
+            traffic.outlier_failures,
+            traffic.outlier_base_ejection_s,
+            traffic.outlier_max_ejected_percent,
+        ):
+            self.outlier = self._detector(traffic)
+        self.traffic = traffic
+        self.admission.max_queue = traffic.max_queue
+        self.admission.max_wait_s = traffic.max_wait_s
+        self.timeout_s = traffic.timeout_s
+        self.slow_start_s = traffic.slow_start_s
+        self.affinity = (
+            traffic.affinity_header.lower().encode() if traffic.affinity_header else None
+        )
+        self.endpoints = endpoints
+        self.settle_at = max((ep.ready_at for ep in endpoints), default=0.0) + traffic.slow_start_s
+        self.ramping = traffic.slow_start_s > 0 and time.time() < self.settle_at
+        self.outlier.forget({ep.instance_id for ep in endpoints})
+        return self.refresh(now)
+
+    def refresh(self, now: float) -> list[Exchange]:
+        """Recompute candidates and slots from the ejections in force at `now`; returns the
+        waiters that slots freed by this admit."""
+        ejected = self.outlier.ejected(now)
+        if ejected:
+            alive = tuple(ep for ep in self.endpoints if ep.instance_id not in ejected)
+            self.candidates = alive or self.endpoints  # all ejected: panic mode, use them all
+            self.unejects_at = min(e.until for e in ejected.values())
+        else:
+            self.candidates = self.endpoints
+            self.unejects_at = 0.0
+        return self.admission.set_slots(sum(ep.max_concurrency for ep in self.candidates))
+
+    def ejected_now(self, now: float) -> dict[str, Ejection]:
+        return self.outlier.ejected(now) if self.unejects_at else _NO_EJECTIONS
+
+    # -- balancing ------------------------------------------------------------------------------
+
+    def pick(
+        self, headers: list[bytes], outstanding: Mapping[str, int], rng: Random
+    ) -> Endpoint | None:
+        """The instance for one request: affinity if configured and asked for, else p2c."""
+        candidates = self.candidates
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        if self.affinity is not None:
+            key = header_value(headers, self.affinity)
+            if key is not None:
+                ep = pick_affinity(candidates, key)
+                if ep is not None and outstanding.get(ep.instance_id, 0) < ep.max_concurrency:
+                    return ep
+        if not self.ramping:  # the common case: no clock read, plain p2c
+            return pick_endpoint(candidates, outstanding, rng, 0.0)
+        wall = time.time()
+        if wall >= self.settle_at:
+            self.ramping = False
+        return pick_endpoint(candidates, outstanding, rng, wall, self.slow_start_s)
+
+    def pick_other(self, failed: Endpoint, outstanding: Mapping[str, int], rng: Random) -> Endpoint:
+        """Another instance for a retry, or `failed` itself if it is the only one."""
+        wall = time.time()
+        slow_start = self.slow_start_s if self.ramping else 0.0
+        other = pick_endpoint(
+            self.candidates, outstanding, rng, wall, slow_start, skip=(failed.instance_id,)
+        )
+        return other if other is not None else failed
+
+    # -- outcomes -------------------------------------------------------------------------------
+
+    def failure(self, instance_id: str, reason: str, now: float) -> list[Exchange]:
+        """An instance failed a request (connect error, broken response, 5xx); returns the
+        waiters admitted if this changed the slots (it never adds any, but keep it uniform)."""
+        if all(ep.instance_id != instance_id for ep in self.endpoints):
+            return []  # gone from the group since the request started
+        ejection = self.outlier.record_failure(instance_id, now, len(self.endpoints), reason)
+        if ejection is None:
+            return []
+        return self.refresh(now)
+
+    def status(self, now: float) -> dict[str, object]:
+        stats = self.admission.statistics()
+        return {
+            "slots": stats.slots,
+            "in_use": stats.in_use,
+            "queued": stats.queued,
+            "instances": len(self.endpoints),
+            "ejected": [
+                {
+                    "instance": e.instance_id,
+                    "until_s": round(max(0.0, e.until - now), 3),
+                    "times": e.times,
+                    "reason": e.reason,
+                }
+                for e in sorted(self.ejected_now(now).values(), key=lambda e: e.instance_id)
+            ],
+        }
+
+
+def header_value(headers: list[bytes], name: bytes) -> str | None:
+    """The value of request header `name` (lower-case) from the forwardable header pieces
+    (name, ": ", value, CRLF), or None."""
+    for i in range(0, len(headers), 4):
+        if headers[i].lower() == name:
+            return headers[i + 2].decode("latin-1")
+    return None

@@ -1,0 +1,232 @@
+"""Prometheus metrics of the data plane (O1), counted in plain ints, rendered at scrape time.
+
+A `prometheus_client` child per (group, route, status) costs a `.labels()` lookup and a lock
+per request; here a request costs two dict hits, an int add and a `bisect` into a bucket
+list. A custom `Collector` turns the counts (and the live admission state, read only then)
+into the exposition format when `/metrics` is scraped.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from sluice.policy.routing import PRIORITIES
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from sluice.gateway.groups import GroupRuntime
+
+__all__ = [
+    "CONTENT_TYPE",
+    "DURATION_BUCKETS_S",
+    "QUEUE_BUCKETS_S",
+    "SHED_REASONS",
+    "GatewayMetrics",
+    "GroupMetrics",
+    "Histogram",
+]
+
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+"""What `generate_latest` writes: the classic text format every Prometheus reads."""
+DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Request latency buckets, seconds: an embedding call takes ms, a long generation a minute."""
+QUEUE_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+SHED_REASONS = ("overloaded", "evicted", "queue_timeout", "no_instance", "group_removed")
+"""Why a request was refused by admission: queue full on arrival, pushed out of the queue by a
+higher priority, waited too long, no ready instance (and no fallback), group left the spec."""
+
+
+class Histogram:
+    """Counts per bucket (not cumulative; the last is +Inf) and the sum, in seconds."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative `(le, count)` pairs as the exposition wants them, +Inf last."""
+        out = []
+        total = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += count
+            out.append(("+Inf" if bound == float("inf") else repr(bound), float(total)))
+        return out
+
+
+class RouteStats:
+    """One (group, route): requests by status, and their latency."""
+
+    __slots__ = ("duration", "statuses")
+
+    def __init__(self) -> None:
+        self.statuses: dict[int, int] = {}
+        self.duration = Histogram(DURATION_BUCKETS_S)
+
+
+class GroupMetrics:
+    """Counters of one group; they outlive the group's runtime (counters never go back)."""
+
+    __slots__ = ("mirrored", "queue_wait", "routes", "shed")
+
+    def __init__(self) -> None:
+        self.routes: dict[str, RouteStats] = {}
+        self.shed = dict.fromkeys(SHED_REASONS, 0)
+        self.mirrored = 0
+        self.queue_wait = Histogram(QUEUE_BUCKETS_S)
+
+    def request_done(self, route: str, status: int, latency_s: float) -> None:
+        stats = self.routes.get(route)
+        if stats is None:
+            stats = self.routes[route] = RouteStats()
+        statuses = stats.statuses
+        statuses[status] = statuses.get(status, 0) + 1
+        stats.duration.observe(latency_s)
+
+
+class GatewayMetrics:
+    """Every group's counters, by group name; `""` holds requests that never reached a group
+    (401, 404, rate limited, /healthz, ...)."""
+
+    __slots__ = ("groups", "registry")
+
+    def __init__(
+        self,
+        runtimes: Callable[[], dict[str, GroupRuntime]],
+        version: Callable[[], int],
+    ) -> None:
+        self.groups: dict[str, GroupMetrics] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self, runtimes, version))
+
+    def group(self, name: str) -> GroupMetrics:
+        gm = self.groups.get(name)
+        if gm is None:
+            gm = self.groups[name] = GroupMetrics()
+        return gm
+
+    def request_done(
+        self, group: str | None, route: str | None, status: int, latency_s: float
+    ) -> None:
+        """Count one finished request (inlined: it runs for every request)."""
+        gm = self.groups.get(group or "")
+        if gm is None:
+            gm = self.groups[group or ""] = GroupMetrics()
+        stats = gm.routes.get(route or "")
+        if stats is None:
+            stats = gm.routes[route or ""] = RouteStats()
+        statuses = stats.statuses
+        statuses[status] = statuses.get(status, 0) + 1
+        hist = stats.duration
+        hist.counts[bisect_left(hist.bounds, latency_s)] += 1
+        hist.sum += latency_s
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition (format 0.0.4)."""
+        return generate_latest(self.registry)
+
+
+class _Collector(Collector):
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        runtimes: Callable[[], dict[str, GroupRuntime]],
+        version: Callable[[], int],
+    ) -> None:
+        self._metrics = metrics
+        self._runtimes = runtimes
+        self._version = version
+
+    def collect(self) -> Iterator[Metric]:
+        groups = self._metrics.groups
+        requests = CounterMetricFamily(
+            "sluice_gateway_requests",
+            "Requests answered by the gateway, by final group, route rule and HTTP status.",
+            labels=("group", "route", "status"),
+        )
+        duration = HistogramMetricFamily(
+            "sluice_gateway_request_duration_seconds",
+            "Time from a request's first byte to its last response byte, seconds.",
+            labels=("group", "route"),
+        )
+        shed = CounterMetricFamily(
+            "sluice_gateway_shed",
+            "Requests refused by admission (429/503), by group and reason.",
+            labels=("group", "reason"),
+        )
+        mirrored = CounterMetricFamily(
+            "sluice_gateway_mirrored",
+            "Copies of requests sent to a mirror group (answers discarded).",
+            labels=("group",),
+        )
+        queue_wait = HistogramMetricFamily(
+            "sluice_gateway_queue_wait_seconds",
+            "Time queued requests waited for a slot (admitted or expired), seconds.",
+            labels=("group",),
+        )
+        for name, gm in sorted(groups.items()):
+            for route, stats in sorted(gm.routes.items()):
+                for status, count in sorted(stats.statuses.items()):
+                    requests.add_metric((name, route, str(status)), count)
+                duration.add_metric((name, route), stats.duration.buckets(), stats.duration.sum)
+            if name:
+                for reason, count in gm.shed.items():
+                    shed.add_metric((name, reason), count)
+                mirrored.add_metric((name,), gm.mirrored)
+                queue_wait.add_metric((name,), gm.queue_wait.buckets(), gm.queue_wait.sum)
+        yield from (requests, duration, shed, mirrored, queue_wait)
+
+        queue_length = GaugeMetricFamily(
+            "sluice_gateway_queue_length",
+            "Requests waiting for a slot now, by group and priority.",
+            labels=("group", "priority"),
+        )
+        inflight = GaugeMetricFamily(
+            "sluice_gateway_inflight",
+            "Requests holding one of the group's slots now (mirrored copies included).",
+            labels=("group",),
+        )
+        slots = GaugeMetricFamily(
+            "sluice_gateway_slots",
+            "The group's slots: max_concurrency summed over its ready, not ejected instances.",
+            labels=("group",),
+        )
+        instances = GaugeMetricFamily(
+            "sluice_gateway_instances",
+            "The group's ready instances, by state (ready: taking traffic; ejected: outlier).",
+            labels=("group", "state"),
+        )
+        now = time.monotonic()  # the clock of ejections (see `groups`)
+        for name, rt in sorted(self._runtimes().items()):
+            adm = rt.admission.statistics()
+            for priority in PRIORITIES:
+                queue_length.add_metric((name, priority), adm.queued[priority])
+            inflight.add_metric((name,), adm.in_use)
+            slots.add_metric((name,), adm.slots)
+            ejected = len(rt.ejected_now(now))
+            instances.add_metric((name, "ready"), len(rt.endpoints) - ejected)
+            instances.add_metric((name, "ejected"), ejected)
+        version = GaugeMetricFamily(
+            "sluice_gateway_snapshot_version", "Version of the routing snapshot being served."
+        )
+        version.add_metric((), self._version())
+        yield from (queue_length, inflight, slots, instances, version)

@@ -1,0 +1,74 @@
+"""Outlier ejection for one group, after Envoy's consecutive-5xx detector.
+
+An instance that fails `consecutive_failures` requests in a row (connection errors, 5xx) is
+ejected for `base_ejection_s x times_ejected`; one success resets its count. At most
+`max_ejected_percent` of the group (but at least one instance, as Envoy) is ejected at once,
+and if every candidate is ejected the balancer ignores ejection (panic mode) rather than
+failing all requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Ejection", "OutlierDetector"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ejection:
+    instance_id: str
+    until: float
+    times: int
+    reason: str
+
+
+class OutlierDetector:
+    def __init__(
+        self, consecutive_failures: int, base_ejection_s: float, max_ejected_percent: int
+    ) -> None:
+        self._threshold = consecutive_failures
+        self._base = base_ejection_s
+        self._max_pct = max_ejected_percent
+        self._failures: dict[str, int] = {}
+        self._times: dict[str, int] = {}
+        self._ejected: dict[str, Ejection] = {}
+
+    def record_success(self, instance_id: str) -> None:
+        if self._failures:
+            self._failures.pop(instance_id, None)
+
+    def record_failure(
+        self, instance_id: str, now: float, group_size: int, reason: str
+    ) -> Ejection | None:
+        """Count a failure; returns the ejection if this one crossed the threshold."""
+        count = self._failures.get(instance_id, 0) + 1
+        self._failures[instance_id] = count
+        if count < self._threshold or instance_id in self.ejected(now):
+            return None
+        cap = max(1, self._max_pct * group_size // 100) if self._max_pct > 0 else 0
+        if len(self._ejected) >= cap:
+            return None
+        times = self._times.get(instance_id, 0) + 1
+        self._times[instance_id] = times
+        ejection = Ejection(
+            instance_id,
+            now + self._base * times,
+            times,
+            f"{count} failures in a row, last: {reason}",
+        )
+        self._ejected[instance_id] = ejection
+        self._failures.pop(instance_id, None)
+        return ejection
+
+    def ejected(self, now: float) -> dict[str, Ejection]:
+        """Instances ejected now (expired ejections are dropped here)."""
+        if self._ejected:
+            for iid in [i for i, e in self._ejected.items() if e.until <= now]:
+                del self._ejected[iid]
+        return self._ejected
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop state of instances no longer in the group."""
+        for table in (self._failures, self._times, self._ejected):
+            for iid in [i for i in table if i not in keep]:
+                del table[iid]
