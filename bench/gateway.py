@@ -599,7 +599,19 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
             stdout=subprocess.PIPE,
         )
         gw2_port = read_port(gateway2, "sluice gateway (latency)")
-        for name, port in (("direct", slow_port), ("sluice", gw2_port)):
+        # nginx in front of the same backend, as a control: what any proxy on the other
+        # core adds here (loopback hops, waking an idle core), not just what Sluice adds.
+        proxy2_port = free_port()
+        proxy2_server = string.Template(PROXY_SERVER).substitute(
+            port=proxy2_port, backend_port=slow_port
+        )
+        proxy2_log = f"{tmp / 'proxy2' / 'access.log'} combined buffer=64k flush=1s"
+        proxy2 = start_nginx(
+            procs, nginx, "nginx-proxy-latency", tmp / "proxy2", proxy2_server, proxy2_log, srv,
+            proxy2_port,
+        )  # fmt: skip
+        targets = (("direct", slow_port), ("nginx", proxy2_port), ("sluice", gw2_port))
+        for name, port in targets:
             log(f"open loop {args.rate:g} req/s for {args.latency_duration:g}s: {name}")
             cmd = [
                 py,
@@ -624,6 +636,7 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
                 log(f"other processes took {res['foreign_pct']}% CPU; repeating")
             latency[name] = res
         procs.stop(gateway2)
+        procs.stop(proxy2)
         procs.stop(slow)
 
     med = {k: statistics.median(x["rps"] for x in v) for k, v in rounds.items()}
@@ -634,9 +647,11 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
         "rps_direct": round(direct["rps"]),
     }
     if latency:
-        d, s = latency["direct"], latency["sluice"]
+        d, s, n = latency["direct"], latency["sluice"], latency["nginx"]
         result["added_p50_ms"] = round(s["p50_ms"] - d["p50_ms"], 3)
         result["added_p99_ms"] = round(s["p99_ms"] - d["p99_ms"], 3)
+        result["added_p50_ms_nginx"] = round(n["p50_ms"] - d["p50_ms"], 3)
+        result["added_p99_ms_nginx"] = round(n["p99_ms"] - d["p99_ms"], 3)
     result.update(
         route_lookup_us=lookups["route_lookup_us"],
         route_resolve_us=lookups["route_resolve_us"],
@@ -702,7 +717,7 @@ def print_table(r: dict[str, Any]) -> None:
         ("  sluice / nginx", f"{r['ratio_vs_nginx']:>10.3f}"),
     ]
     if "added_p50_ms" in r:
-        d, s = r["latency"]["direct"], r["latency"]["sluice"]
+        d, s, n = r["latency"]["direct"], r["latency"]["sluice"], r["latency"]["nginx"]
         rows += [
             (
                 f"added latency ({r['latency_rate']:g} req/s, "
@@ -710,12 +725,20 @@ def print_table(r: dict[str, Any]) -> None:
                 "",
             ),
             (
-                "  p50 direct / sluice / added",
-                f"{d['p50_ms']:.2f} / {s['p50_ms']:.2f} / {r['added_p50_ms']:+.2f} ms",
+                "  p50 direct / nginx / sluice",
+                f"{d['p50_ms']:.2f} / {n['p50_ms']:.2f} / {s['p50_ms']:.2f} ms",
             ),
             (
-                "  p99 direct / sluice / added",
-                f"{d['p99_ms']:.2f} / {s['p99_ms']:.2f} / {r['added_p99_ms']:+.2f} ms",
+                "  p99 direct / nginx / sluice",
+                f"{d['p99_ms']:.2f} / {n['p99_ms']:.2f} / {s['p99_ms']:.2f} ms",
+            ),
+            (
+                "  added p50 / p99 by sluice",
+                f"{r['added_p50_ms']:+.2f} / {r['added_p99_ms']:+.2f} ms",
+            ),
+            (
+                "  added p50 / p99 by nginx",
+                f"{r['added_p50_ms_nginx']:+.2f} / {r['added_p99_ms_nginx']:+.2f} ms",
             ),
         ]
     rows += [
@@ -756,7 +779,9 @@ def main() -> None:
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, terminate)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     procs = Procs()
     try:
         with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:

@@ -4,7 +4,8 @@ This runs once per request, so lines are rendered from a template (about twice a
 `json.dumps` for this fixed shape) and flushed at most every `FLUSH_INTERVAL_S`, not per line:
 a flush is a system call, and losing the last fraction of a second of log on a crash is fine.
 Floats cost most to render, so `ts` (when the request started, Unix seconds) has millisecond
-precision and is rendered once per millisecond, and `queue_ms` is rendered only when not 0.
+precision and is rendered once per millisecond, `latency_ms` strings are kept per
+microsecond value, and `queue_ms` is rendered only when not 0.
 """
 
 from __future__ import annotations
@@ -45,13 +46,14 @@ class AccessLog:
     dict hits and one `%` format instead of a dozen quoting calls.
     """
 
-    __slots__ = ("_flush_pending", "_request", "_stream", "_ts", "_ts_ms", "_where")
+    __slots__ = ("_flush_pending", "_latency", "_request", "_stream", "_ts", "_ts_ms", "_where")
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self._flush_pending = False
-        self._ts_ms = -1  # the millisecond `_ts` renders: many requests start in the same one
+        self._ts_ms = -1  # `perf_counter()` ms `_ts` renders: many requests start in the same
         self._ts = ""
+        self._latency: dict[int, str] = {}  # microseconds -> "1.234" (milliseconds)
         self._where: dict[_Where, str] = {}
         self._request: dict[tuple[bytes, bytes], str] = {}
 
@@ -79,22 +81,34 @@ class AccessLog:
         request = self._request.get((ex.method, ex.url))
         if request is None:
             request = self._render_request(ex.method, ex.url)
-        start_ms = int((time.time() - latency) * 1000.0)
+        start_ms = int(ex.t0 * 1000.0)
         if start_ms != self._ts_ms:
             self._ts_ms = start_ms
-            self._ts = f"{start_ms // 1000}.{start_ms % 1000:03d}"
+            wall_ms = int((time.time() - latency) * 1000.0)
+            self._ts = f"{wall_ms // 1000}.{wall_ms % 1000:03d}"
+        latency_us = int(latency * 1e6)
+        latency_ms = self._latency.get(latency_us)
+        if latency_ms is None:
+            latency_ms = self._render_latency(latency_us)
         queue_ms = f"{ex.queue_ms:.3f}" if ex.queue_ms else "0.0"
         # Keys, in order: ts, request_id, method, path, status, latency_ms, queue_ms, tenant,
         # model, priority, route, group, instance, via, mirror, retried, error, bytes_out.
         # (An f-string: a third cheaper than the same line formatted with `%`.)
         self._stream.write(
             f'{{"ts":{self._ts},"request_id":{_quote(ex.request_id.decode("latin-1"))},'
-            f'{request},"status":{ex.status},"latency_ms":{latency * 1000.0:.3f},'
+            f'{request},"status":{ex.status},"latency_ms":{latency_ms},'
             f'"queue_ms":{queue_ms},{where},"bytes_out":{ex.bytes_out}}}\n'
         )
         if not self._flush_pending:
             self._flush_pending = True
             asyncio.get_running_loop().call_later(FLUSH_INTERVAL_S, self.flush)
+
+    def _render_latency(self, us: int) -> str:
+        text = f"{us // 1000}.{us % 1000:03d}"
+        if len(self._latency) >= 20_000:  # 20 ms of distinct microseconds: plenty for hits
+            self._latency.clear()
+        self._latency[us] = text
+        return text
 
     def _render_where(self, key: _Where) -> str:
         *names, retried, error = key

@@ -202,7 +202,16 @@ class ClientProtocol(asyncio.Protocol):
     # -- httptools callbacks ----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._reset_request()
+        # `_reset_request()`, inlined: this runs for every request.
+        self._url = b""
+        self._headers = []
+        self._auth = None
+        self._priority = None
+        self._rid = None
+        self._body = []
+        self._body_len = 0
+        self._expect = False
+        self._connection_header = False
         self._t0 = time.perf_counter()
 
     def on_url(self, url: bytes) -> None:
@@ -273,11 +282,11 @@ class ClientProtocol(asyncio.Protocol):
                 headers,
                 request_id,
                 body,
-                auth=self._auth,
-                priority_header=self._priority,
-                keep_alive=keep_alive,
-                http11=http11,
-                t0=t0,
+                self._auth,
+                self._priority,
+                keep_alive,
+                http11,
+                t0,
             )
         )
 
@@ -331,8 +340,12 @@ class ClientProtocol(asyncio.Protocol):
                 self._url if started else b"",
                 [],
                 self._state.next_request_id(),
-                keep_alive=False,
-                t0=self._t0 if started else time.perf_counter(),
-                error=err,
+                b"",
+                None,
+                None,
+                False,
+                True,
+                self._t0 if started else time.perf_counter(),
+                err,
             )
         )

@@ -36,6 +36,7 @@ __all__ = ["EMPTY_SNAPSHOT", "QUEUE_TICK_S", "GatewayState"]
 
 _MEMO_MAX = 8192  # entries per memo; past that it is cleared (keys may be random garbage)
 _BEARER = b"bearer "
+_UNKNOWN = TenantAccess("")  # a memo miss (None in the memo means: no such key)
 QUEUE_TICK_S = 0.05
 """How often queued requests are checked for `max_wait_s` while any wait (one timer)."""
 
@@ -154,8 +155,9 @@ class GatewayState:
     def tenant_for(self, authorization: bytes) -> TenantAccess | None:
         """The tenant of an `Authorization: Bearer <key>` value, or None; memoised (sha256)."""
         memo = self._tenants
-        if authorization in memo:
-            return memo[authorization]
+        tenant = memo.get(authorization, _UNKNOWN)
+        if tenant is not _UNKNOWN:
+            return tenant
         tenant = None
         if authorization[:7].lower() == _BEARER:
             key = authorization[7:].strip().decode("latin-1")

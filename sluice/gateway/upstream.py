@@ -304,11 +304,14 @@ class UpstreamPool:
         return entry
 
     def take_idle(self, host: UpstreamHost) -> UpstreamConnection | None:
+        """The most recently used idle connection (least likely to have timed out), or None.
+
+        A connection leaves `idle` as it closes, so this does not check it again;
+        `request()` does, and a caller treats a False there like a refused connection.
+        """
         idle = host.idle
-        while idle:
-            conn, _ = idle.popitem()  # most recently used: least likely to have timed out
-            if conn.is_open:
-                return conn
+        if idle:
+            return idle.popitem()[0]
         return None
 
     def connect(self, host: UpstreamHost, done: ConnectCallback) -> None:

@@ -14,19 +14,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "ControlSpec",
-    "MirrorSpec",
-    "OutlierSpec",
-    "Priority",
-    "QueueSpec",
-    "RateLimitSpec",
-    "WeightedTarget",
     "EmbeddingParams",
     "GatewaySpec",
     "GroupSpec",
     "HealthSpec",
+    "MirrorSpec",
     "ModelSpec",
+    "OutlierSpec",
     "PlatformSpec",
     "PoolSpec",
+    "Priority",
+    "QueueSpec",
+    "RateLimitSpec",
     "ResourcesSpec",
     "RouteMatch",
     "RouteSpec",
@@ -34,6 +33,7 @@ __all__ = [
     "SimParams",
     "TenantSpec",
     "WarmupSpec",
+    "WeightedTarget",
 ]
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]

@@ -220,7 +220,7 @@ def make_snapshot(
 
 def snapshot(
     version: int,
-    groups: Mapping[str, Iterable[tuple[str, int]]],
+    groups: Mapping[str, Iterable[tuple[str, int] | FakeUpstream]],
     rules: Iterable[RouteRule],
     *,
     tenants: Mapping[str, TenantAccess] | None = None,
@@ -229,8 +229,9 @@ def snapshot(
     redirects: Mapping[str, str] | None = None,
     max_concurrency: int = 8,
 ) -> RoutingSnapshot:
-    """`groups[name]`: (instance id, port) pairs; every group serves m1 unless `models` says;
-    `tenants` by plain API key (default: sk-test is t1); settled instances (ready long ago)."""
+    """`groups[name]`: its instances, as upstreams or (instance id, port) pairs; every group
+    serves m1 unless `models` says; `tenants` by plain API key (default: sk-test is t1);
+    the instances are settled (ready long ago)."""
     served = {g: frozenset((models or {}).get(g, {"m1"})) for g in groups}
     keys = tenants if tenants is not None else {"sk-test": TenantAccess("t1")}
     return RoutingSnapshot(
@@ -238,7 +239,7 @@ def snapshot(
         routes=RouteTable(list(rules)),
         tenants_by_key={api_key_digest(k): t for k, t in keys.items()},
         endpoints={
-            g: tuple(Endpoint(iid, "127.0.0.1", port, max_concurrency) for iid, port in eps)
+            g: tuple(Endpoint(iid, "127.0.0.1", port, max_concurrency) for iid, port in on(*eps))
             for g, eps in groups.items()
         },
         group_models=served,
@@ -254,9 +255,9 @@ def g1(*ups: FakeUpstream, **kwargs: Any) -> Callable[[], RoutingSnapshot]:
     return lambda: snapshot(1, {"g1": on(*ups)}, [RouteRule("r1", (("g1", 1),))], **kwargs)
 
 
-def on(*ups: FakeUpstream) -> list[tuple[str, int]]:
-    """(instance id, port) of each upstream, named as the upstream."""
-    return [(up.name, up.port) for up in ups]
+def on(*ups: FakeUpstream | tuple[str, int]) -> list[tuple[str, int]]:
+    """(instance id, port) of each upstream (named as the upstream); pairs pass through."""
+    return [(up.name, up.port) if isinstance(up, FakeUpstream) else up for up in ups]
 
 
 def free_port() -> int:
@@ -331,14 +332,17 @@ def q(max_queue: int = 100, max_wait_s: float = 5.0, **kwargs: Any) -> GroupTraf
     return GroupTraffic(max_queue=max_queue, max_wait_s=max_wait_s, **kwargs)
 
 
-async def groups_of(client: httpx.AsyncClient, n: int, concurrency: int = 20) -> Counter[str]:
-    """Send `n` chat requests, `concurrency` at a time; count the groups that served them."""
+async def groups_of(
+    client: httpx.AsyncClient, n: int, concurrency: int = 20, header: str = "x-sluice-group"
+) -> Counter[str]:
+    """Send `n` chat requests, `concurrency` at a time; count the groups that served them
+    (or the values of another response `header`)."""
     sem = asyncio.Semaphore(concurrency)
 
     async def one() -> str:
         async with sem:
             resp = await chat(client)
             assert resp.status_code == 200, resp.text
-            return str(resp.headers["x-sluice-group"])
+            return str(resp.headers[header])
 
     return Counter(await asyncio.gather(*(one() for _ in range(n))))

@@ -100,3 +100,8 @@ def test_weights_must_add_up() -> None:
     bad = TEXT.replace("    to: embed\n", "    to: [{group: embed, weight: 0}]\n")
     [msg] = issues(bad)
     assert "routes[1]: the weights in 'to' must add up to more than 0" in msg
+
+
+def test_the_traffic_example_is_valid() -> None:
+    spec = load_spec_file(QUICKSTART.parent / "traffic.yaml").spec
+    assert [r.tag for r in spec.routes] == ["beta-users", "chat-canary-10"]
