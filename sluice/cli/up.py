@@ -45,7 +45,8 @@ async def serve(settings: Settings, loaded: LoadedSpec | None, port: int | None)
     clock = SystemClock()
     events = EventLog(store, clock)
     supervisor = InstanceSupervisor(LocalRuntime(settings.home), store, clock, events)
-    access_log = open(settings.access_log, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    # Buffered: the gateway flushes every 0.1 s and on stop (a line per syscall costs ~10%).
+    access_log = open(settings.access_log, "a", buffering=1 << 16, encoding="utf-8")  # noqa: SIM115
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -30,7 +30,7 @@ from sluice.gateway.metrics import CONTENT_TYPE
 from sluice.gateway.mirror import MirrorRequest
 from sluice.gateway.responses import (
     CHUNK_END,
-    close_header,
+    STATUS_LINES,
     json_body,
     json_response,
     status_line,
@@ -138,7 +138,8 @@ class Exchange:
                 raise self.error
             path = self.url.partition(b"?")[0]
             if path.startswith(b"/v1/") and path != b"/v1/models":
-                self._require(b"POST")
+                if self.method != b"POST":
+                    raise MethodNotAllowed("use POST for this path")
                 self._proxy()
             elif path == b"/healthz":
                 self._require(b"GET")
@@ -434,7 +435,8 @@ class Exchange:
         self.chunked = chunked
         self.keep_alive = keep_alive
         out = self._out
-        out.append(status_line(status))
+        line = STATUS_LINES.get(status)
+        out.append(line if line is not None else status_line(status))
         out += headers
         out += (
             b"x-request-id: ",
@@ -442,8 +444,7 @@ class Exchange:
             b"\r\n",
             self.state.route_headers(self.route, self.group, self.instance),
             _CHUNKED if chunked else b"",
-            close_header(keep_alive),
-            b"\r\n",
+            b"\r\n" if keep_alive else b"connection: close\r\n\r\n",
         )
         self.head_sent = True
 
@@ -461,12 +462,23 @@ class Exchange:
 
     def upstream_done(self) -> None:
         self.conn = None
-        self._release_slot()
+        iid = self.slot
+        if iid is not None:  # `_release_slot()`, inlined
+            self.slot = None
+            outstanding = self.state.outstanding
+            left = outstanding[iid] - 1
+            if left:
+                outstanding[iid] = left
+            else:
+                del outstanding[iid]
         if self.finished:
             return
+        out = self._out
         if self.chunked:
-            self._out.append(CHUNK_END)
-        self.upstream_flush()
+            out.append(CHUNK_END)
+        if out:  # `upstream_flush()`, inlined
+            self.client.write(b"".join(out))
+            out.clear()
         self._finish()
 
     def upstream_failed(self, exc: BaseException, received: bool) -> None:

@@ -13,7 +13,7 @@ __all__ = [
     "CHUNK_END",
     "CONTINUE_100",
     "HOP_BY_HOP",
-    "close_header",
+    "STATUS_LINES",
     "json_body",
     "json_response",
     "retry_after",
@@ -40,14 +40,15 @@ HOP_BY_HOP = frozenset(
 CHUNK_END = b"0\r\n\r\n"
 CONTINUE_100 = b"HTTP/1.1 100 Continue\r\n\r\n"
 
-_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
+STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
+"""Status lines of the known codes; `status_line()` renders any other."""
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
 _RETRY_AFTER = {n: b"retry-after: %d\r\n" % n for n in range(1, 61)}
 _CLOSE = b"connection: close\r\n"
 
 
 def status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
+    line = STATUS_LINES.get(status)
     return line if line is not None else b"HTTP/1.1 %d Unknown\r\n" % status
 
 
@@ -110,7 +111,3 @@ def text_response(
             body,
         )
     )
-
-
-def close_header(keep_alive: bool) -> bytes:
-    return b"" if keep_alive else _CLOSE

@@ -128,9 +128,10 @@ class UpstreamConnection(asyncio.Protocol):
         `timeout_s`: the longest the instance may stay silent (before the head, or between
         body bytes) before the request fails with `TimeoutError`.
         """
-        if not self.is_open:
+        transport = self._transport  # `self.is_open`, inlined
+        if transport is None or transport.is_closing():
             return False
-        assert self._transport is not None and self._sink is None
+        assert self._sink is None
         self._sink = sink
         self.timeout_s = timeout_s
         self._complete = False
@@ -138,7 +139,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._received = False
         self._last_rx = self._loop.time()
         self._pool.busy(self)
-        self._transport.write(wire)
+        transport.write(wire)
         return True
 
     def abandon(self) -> None:
@@ -196,7 +197,8 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self._sink = None
         self._pool.idle(self)
-        if self._keep_alive and self.is_open:
+        transport = self._transport  # `self.is_open`, inlined
+        if self._keep_alive and transport is not None and not transport.is_closing():
             self._pool.release(self)
         else:
             self._close()
