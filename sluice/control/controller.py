@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from sluice.control.events import EventLog
 from sluice.control.supervisor import InstanceSupervisor
@@ -116,14 +117,8 @@ class Controller:
             ):
                 await asyncio.to_thread(self._store.clear_replicas_override, group.name)
                 self._overrides.pop(group.name)
-        await asyncio.to_thread(
-            self._store.append_audit,
-            actor=author,
-            action="apply",
-            target=f"revision/{rev.number}",
-            reason=reason,
-            detail={"lines_changed": diff.count("\n")},
-            now=self._clock.now(),
+        await self._audit(
+            author, "apply", f"revision/{rev.number}", reason, {"lines_changed": diff.count("\n")}
         )
         self._spec, self._revision = loaded.spec, rev.number
         self._wake.set()
@@ -161,14 +156,8 @@ class Controller:
             reason=reason,
             now=self._clock.now(),
         )
-        await asyncio.to_thread(
-            self._store.append_audit,
-            actor=actor,
-            action="scale",
-            target=f"group/{group}",
-            reason=reason,
-            detail={"from": before, "to": replicas},
-            now=self._clock.now(),
+        await self._audit(
+            actor, "scale", f"group/{group}", reason, {"from": before, "to": replicas}
         )
         self._overrides[group] = replicas
         await self._events.emit(
@@ -213,24 +202,15 @@ class Controller:
             raise Conflict(
                 f"tenant(s) {', '.join(shut_out)} may use {group!r} but not {target_name!r}"
             )
-        now = self._clock.now()
         await asyncio.to_thread(
             self._store.set_failover,
             group=group,
             backup=target_name,
             actor=actor,
             reason=reason,
-            now=now,
+            now=self._clock.now(),
         )
-        await asyncio.to_thread(
-            self._store.append_audit,
-            actor=actor,
-            action="failover",
-            target=f"group/{group}",
-            reason=reason,
-            detail={"to": target_name},
-            now=now,
-        )
+        await self._audit(actor, "failover", f"group/{group}", reason, {"to": target_name})
         self._failovers[group] = target_name
         self._publish_routing(spec)
         await self._events.emit(group, None, "failover", f"all traffic -> {target_name}: {reason}")
@@ -243,21 +223,26 @@ class Controller:
         backup = self._failovers.get(group)
         if backup is None:
             return None
-        now = self._clock.now()
         await asyncio.to_thread(self._store.clear_failover, group)
-        await asyncio.to_thread(
-            self._store.append_audit,
-            actor=actor,
-            action="restore",
-            target=f"group/{group}",
-            reason=reason,
-            detail={"from": backup},
-            now=now,
-        )
+        await self._audit(actor, "restore", f"group/{group}", reason, {"from": backup})
         del self._failovers[group]
         self._publish_routing(self.spec)
         await self._events.emit(group, None, "restore", f"traffic back from {backup}: {reason}")
         return backup
+
+    async def _audit(
+        self, actor: str, action: str, target: str, reason: str, detail: dict[str, Any]
+    ) -> None:
+        """Every operator change lands in the append-only audit log: who, what, why, when."""
+        await asyncio.to_thread(
+            self._store.append_audit,
+            actor=actor,
+            action=action,
+            target=target,
+            reason=reason,
+            detail=detail,
+            now=self._clock.now(),
+        )
 
     # --- the loop ------------------------------------------------------------------------
 

@@ -46,11 +46,11 @@ class AccessLog:
     dict hits and one `%` format instead of a dozen quoting calls.
     """
 
-    __slots__ = ("_flush_pending", "_latency", "_request", "_stream", "_ts", "_ts_ms", "_where")
+    __slots__ = ("_flush_timer", "_latency", "_request", "_stream", "_ts", "_ts_ms", "_where")
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        self._flush_pending = False
+        self._flush_timer: asyncio.TimerHandle | None = None
         self._ts_ms = -1  # `perf_counter()` ms `_ts` renders: many requests start in the same
         self._ts = ""
         self._latency: dict[int, str] = {}  # microseconds -> "1.234" (milliseconds)
@@ -99,9 +99,8 @@ class AccessLog:
             f'{request},"status":{ex.status},"latency_ms":{latency_ms},'
             f'"queue_ms":{queue_ms},{where},"bytes_out":{ex.bytes_out}}}\n'
         )
-        if not self._flush_pending:
-            self._flush_pending = True
-            asyncio.get_running_loop().call_later(FLUSH_INTERVAL_S, self.flush)
+        if self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(FLUSH_INTERVAL_S, self.flush)
 
     def _render_latency(self, us: int) -> str:
         text = f"{us // 1000}.{us % 1000:03d}"
@@ -129,5 +128,9 @@ class AccessLog:
         return text
 
     def flush(self) -> None:
-        self._flush_pending = False
+        """Write out buffered lines; also cancels a pending timed flush (the gateway calls
+        this on stop, so no timer fires after the caller closed the stream)."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         self._stream.flush()

@@ -40,7 +40,7 @@ def _rule(r: RouteSpec) -> RouteRule:
     m = r.match
     return RouteRule(
         tag=r.tag,
-        targets=tuple((t.group, t.weight) for t in r.targets()),
+        targets=((r.to, 1),) if isinstance(r.to, str) else tuple((t.group, t.weight) for t in r.to),
         tenants=frozenset(m.tenants),
         models=frozenset(m.models),
         priorities=frozenset(m.priorities),

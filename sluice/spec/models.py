@@ -261,9 +261,6 @@ class RouteSpec(_Strict):
                 raise ValueError("the weights in 'to' must add up to more than 0")
         return self
 
-    def targets(self) -> list[WeightedTarget]:
-        return [WeightedTarget(group=self.to, weight=1)] if isinstance(self.to, str) else self.to
-
 
 class GatewaySpec(_Strict):
     host: str = "127.0.0.1"
