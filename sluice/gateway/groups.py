@@ -29,6 +29,11 @@ __all__ = ["GroupRuntime"]
 _NO_EJECTIONS: dict[str, Ejection] = {}
 
 
+def _outlier_settings(t: GroupTraffic) -> tuple[int, float, int]:
+    """What an OutlierDetector is built from; a change of it starts a fresh detector."""
+    return t.outlier_failures, t.outlier_base_ejection_s, t.outlier_max_ejected_percent
+
+
 class GroupRuntime:
     """Mutable per-group state of one gateway. Single-threaded (the event loop's)."""
 
@@ -71,20 +76,13 @@ class GroupRuntime:
 
     @staticmethod
     def _detector(t: GroupTraffic) -> OutlierDetector:
-        return OutlierDetector(
-            t.outlier_failures, t.outlier_base_ejection_s, t.outlier_max_ejected_percent
-        )
+        return OutlierDetector(*_outlier_settings(t))
 
     def configure(
         self, traffic: GroupTraffic, endpoints: tuple[Endpoint, ...], now: float
     ) -> list[Exchange]:
         """Apply a snapshot's settings and instances; returns waiters admitted by new slots."""
-        old = self.traffic
-        if (old.outlier_failures, old.outlier_base_ejection_s, old.outlier_max_ejected_percent) != (
-            traffic.outlier_failures,
-            traffic.outlier_base_ejection_s,
-            traffic.outlier_max_ejected_percent,
-        ):
+        if _outlier_settings(self.traffic) != _outlier_settings(traffic):
             self.outlier = self._detector(traffic)
         self.traffic = traffic
         self.admission.max_queue = traffic.max_queue
