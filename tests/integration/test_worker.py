@@ -280,7 +280,10 @@ def test_concurrency_limit_queues_the_excess(launch: Launch) -> None:
         futures = [pool.submit(timed_request) for _ in range(4)]
         deadline = time.monotonic() + 5
         busy = limited.stats()
-        while busy["inflight"] < 4 and time.monotonic() < deadline:
+        # Sample until all four are in and two wait: a request that finished its slot but
+        # not yet its last byte still counts in flight, so stopping at inflight == 4 alone
+        # can catch the instant the second round starts.
+        while (busy["inflight"], busy["queued"]) != (4, 2) and time.monotonic() < deadline:
             time.sleep(0.02)
             busy = limited.stats()
         results = [future.result(timeout=10) for future in futures]
