@@ -22,6 +22,7 @@ def check_platform(spec: PlatformSpec) -> list[Problem]:
         *_group_resources(spec),
         *_pool_capacity(spec),
         *_references(spec),
+        *_schedules(spec),
     ]
 
 
@@ -112,6 +113,27 @@ def _references(spec: PlatformSpec) -> Iterator[Problem]:
         for j, gname in enumerate(tenant.groups):
             if gname != "*" and gname not in groups:
                 yield ("tenants", i, "groups", j), f"no group named {gname!r}"
+
+
+def _schedules(spec: PlatformSpec) -> Iterator[Problem]:
+    """Scheduled floors name existing templates and have cron expressions that parse."""
+    from croniter import croniter
+
+    for name, entries in spec.schedule_templates.items():
+        for j, entry in enumerate(entries):
+            if not croniter.is_valid(entry.cron):
+                yield ("schedule_templates", name, j, "cron"), f"invalid cron {entry.cron!r}"
+    for i, g in enumerate(spec.groups):
+        if g.autoscaling is None:
+            continue
+        for j, item in enumerate(g.autoscaling.schedules):
+            path: tuple[str | int, ...] = ("groups", i, "autoscaling", "schedules", j)
+            if isinstance(item, str):
+                if item not in spec.schedule_templates:
+                    known = ", ".join(spec.schedule_templates) or "none defined"
+                    yield path, f"no schedule template {item!r}; schedule_templates: {known}"
+            elif not croniter.is_valid(item.cron):
+                yield (*path, "cron"), f"invalid cron {item.cron!r}"
 
 
 def _route_groups(i: int, route: RouteSpec, groups: dict[str, GroupSpec]) -> Iterator[Problem]:

@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sluice.spec.autoscaling import AutoscalingSpec, ScheduleEntry, SloSpec
+
 __all__ = [
     "ControlSpec",
     "EmbeddingParams",
@@ -178,6 +180,10 @@ class GroupSpec(_Strict):
         default=None, description="requests with the same value stick to one instance"
     )
     outlier: OutlierSpec = OutlierSpec()
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None, description="scale by load; `replicas` is then the starting count"
+    )
+    slo: SloSpec | None = None
 
     def template(self) -> str:
         """Fingerprint of what an instance runs; a change rolls the group's instances."""
@@ -281,6 +287,9 @@ class PlatformSpec(_Strict):
     groups: list[GroupSpec] = Field(default_factory=list)
     tenants: list[TenantSpec] = Field(default_factory=list)
     routes: list[RouteSpec] = Field(default_factory=list)
+    schedule_templates: dict[str, list[ScheduleEntry]] = Field(
+        default_factory=dict, description="named scheduled floors groups refer to (S8)"
+    )
 
     def group(self, name: str) -> GroupSpec | None:
         return next((g for g in self.groups if g.name == name), None)

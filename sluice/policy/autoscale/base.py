@@ -1,0 +1,78 @@
+"""The contract every autoscaling policy keeps, live and simulated alike.
+
+A policy is a small stateful object (it remembers its windows, cooldowns and panic mode)
+fed one `GroupLoad` sample per tick; `decide(load, now)` returns a `Decision`. It never
+reads a clock: `now` is an argument, in seconds (epoch seconds live, trace seconds + an
+epoch offset in the simulator), and `load.at` says when the sample was taken, so a sample
+older than the policy's `metrics_max_age_s` counts as missing. The caller applies
+`Decision.desired` through the quota allocator and planner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = ["Autoscaler", "Decision", "GroupLoad"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLoad:
+    """One sample of a group as the gateway and the controller see it at time `at`.
+
+    Counters (`arrivals`, `completions`) are cumulative so that a missed tick loses no
+    information; the policy differences them itself. `fresh=False` means the metrics could
+    not be read (gateway down, stale sample): the policy must not read that as zero load.
+    """
+
+    at: float
+    current: int
+    """instances asked for and alive: ready + starting (what the last decision bought)"""
+    ready: int
+    """instances taking traffic"""
+    slots_per_instance: int
+    """the group's max_concurrency"""
+    in_flight: int
+    """requests running on instances now"""
+    queued: int
+    """requests waiting at the gateway now"""
+    arrivals: int
+    """cumulative requests that reached the group"""
+    completions: int = 0
+    """cumulative requests that finished (any status)"""
+    latency_p95_s: float | None = None
+    """p95 of end-to-end latency (queue + service) over the last few seconds; None: none"""
+    startup_s: float = 0.0
+    """measured launch -> ready time of this group's instances (lead time, S7)"""
+    draining: int = 0
+    fresh: bool = True
+    """False: the sample could not be read (missing metrics); never read as zero load"""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a policy wants and why (S11): the journal stores all of it."""
+
+    desired: int
+    reason: str
+    signals: Mapping[str, float] = field(default_factory=dict)
+    """value of each input signal, e.g. {'concurrency': 31.5, 'queue': 4, 'p95_ms': 812}"""
+    proposals: Mapping[str, int] = field(default_factory=dict)
+    """instances each signal alone would ask for"""
+    winner: str | None = None
+    """the signal (or floor, e.g. 'schedule:peak') that set the count before guards"""
+    clipped_by: tuple[str, ...] = ()
+    """guards that changed the count: 'cooldown', 'step', 'max', 'min', 'stable', ..."""
+    unclipped: int | None = None
+    """the count before guards; None when equal to `desired`"""
+
+
+class Autoscaler(Protocol):
+    """A per-group scaling policy (sluice, hpa, kpa, fixed, ...)."""
+
+    name: str
+
+    def decide(self, load: GroupLoad, now: float) -> Decision:
+        """Desired instance count at `now`; called once per tick, `now` increasing."""
+        ...

@@ -1,0 +1,179 @@
+"""How a group scales by itself (S4-S9), and the latency objective it is judged by.
+
+One `autoscaling:` block per group picks a policy (`sluice`, or faithful emulations of
+Kubernetes HPA v2 and Knative KPA so users can compare and migrate) and its knobs. The
+defaults are the ones the simulator benchmark (`bench/autoscale.py`) was tuned with.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "AutoscalingSpec",
+    "HpaBehaviorRule",
+    "HpaPolicy",
+    "HpaSpec",
+    "KpaSpec",
+    "PanicSpec",
+    "ScaleDownSpec",
+    "ScaleUpSpec",
+    "ScheduleEntry",
+    "SloSpec",
+    "TargetsSpec",
+]
+
+TemplateName = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SloSpec(_Strict):
+    """Per-request latency objective: a fixed bound, or a slowdown bound
+    (`slowdown` x the request's own service time + `slack_s`), or both (both must hold)."""
+
+    latency_ms: float | None = Field(default=None, gt=0)
+    slowdown: float | None = Field(default=None, ge=1)
+    slack_s: float = Field(default=0.0, ge=0)
+    target: float = Field(default=0.99, gt=0, le=1, description="share of requests in SLO")
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> SloSpec:
+        if self.latency_ms is None and self.slowdown is None:
+            raise ValueError("give 'latency_ms', 'slowdown' (with 'slack_s'), or both")
+        return self
+
+
+class ScheduleEntry(_Strict):
+    """A recurring floor (S8): from each `cron` firing, keep at least `min` instances for
+    `duration_s`. Cron uses 5 fields in `timezone`."""
+
+    cron: str = Field(min_length=9, description="e.g. '0 9 * * 1-5'")
+    min: int = Field(ge=0, le=100_000)
+    duration_s: float = Field(gt=0, le=31 * 86_400)
+    timezone: str = "UTC"
+
+    @field_validator("cron")
+    @classmethod
+    def _five_fields(cls, value: str) -> str:
+        if len(value.split()) != 5:
+            raise ValueError("cron needs 5 fields: minute hour day-of-month month day-of-week")
+        return value
+
+
+class TargetsSpec(_Strict):
+    """Per-instance targets of the Sluice policy (S4). A scale-up needs the concurrency or
+    queue signal AND, when a latency target is set, latency at risk (or a queue)."""
+
+    utilization: float = Field(
+        default=0.7, gt=0, le=1, description="busy share of max_concurrency slots"
+    )
+    queue_per_instance: float = Field(default=0.5, ge=0, description="waiting requests")
+    latency_p95_ms: float | None = Field(default=None, gt=0)
+
+
+class ScaleUpSpec(_Strict):
+    stabilization_s: float = Field(default=0.0, ge=0, le=3600)
+    max_step: int = Field(default=0, ge=0, description="instances per period; 0 = no limit")
+    max_percent: float = Field(default=0.0, ge=0, description="% per period; 0 = no limit")
+    period_s: float = Field(default=15.0, gt=0, le=1800)
+
+
+class ScaleDownSpec(_Strict):
+    cooldown_s: float = Field(default=120.0, ge=0, le=86_400, description="after any scale-up")
+    stabilization_s: float = Field(default=60.0, ge=0, le=3600, description="rolling max")
+    max_step: int = Field(default=1, ge=0, description="instances per period; 0 = no limit")
+    max_percent: float = Field(default=10.0, ge=0, description="% per period; 0 = no limit")
+    period_s: float = Field(default=30.0, gt=0, le=1800)
+    to_zero_delay_s: float = Field(default=300.0, ge=0, le=86_400, description="last 1 -> 0")
+
+
+class PanicSpec(_Strict):
+    """Burst mode: a short window over `threshold` x capacity scales up at once and forbids
+    any scale-down until the stable window is calm again."""
+
+    enabled: bool = True
+    window_s: float = Field(default=6.0, gt=0, le=600)
+    threshold: float = Field(default=2.0, gt=1, le=10)
+
+
+class HpaPolicy(_Strict):
+    type: Literal["Pods", "Percent"]
+    value: int = Field(gt=0)
+    period_s: float = Field(gt=0, le=1800)
+
+
+class HpaBehaviorRule(_Strict):
+    stabilization_s: float = Field(ge=0, le=3600)
+    policies: list[HpaPolicy]
+    select_policy: Literal["Max", "Min", "Disabled"] = "Max"
+
+
+class HpaSpec(_Strict):
+    """Kubernetes HPA v2 knobs (defaults as upstream)."""
+
+    target_per_instance: float = Field(default=0.7, gt=0, description="x max_concurrency")
+    sync_period_s: float = Field(default=15.0, gt=0)
+    tolerance: float = Field(default=0.1, ge=0, lt=1)
+    scale_up: HpaBehaviorRule = HpaBehaviorRule(
+        stabilization_s=0,
+        policies=[
+            HpaPolicy(type="Percent", value=100, period_s=15),
+            HpaPolicy(type="Pods", value=4, period_s=15),
+        ],
+    )
+    scale_down: HpaBehaviorRule = HpaBehaviorRule(
+        stabilization_s=300, policies=[HpaPolicy(type="Percent", value=100, period_s=15)]
+    )
+
+
+class KpaSpec(_Strict):
+    """Knative Pod Autoscaler knobs (defaults as upstream `config-autoscaler`)."""
+
+    target_utilization: float = Field(default=0.7, gt=0, le=1, description="x max_concurrency")
+    stable_window_s: float = Field(default=60.0, ge=6, le=3600)
+    panic_window_percent: float = Field(default=10.0, ge=1, le=100)
+    panic_threshold_percent: float = Field(default=200.0, ge=110, le=1000)
+    max_scale_up_rate: float = Field(default=1000.0, gt=1)
+    max_scale_down_rate: float = Field(default=2.0, gt=1)
+    scale_down_delay_s: float = Field(default=0.0, ge=0, le=3600)
+    tick_s: float = Field(default=2.0, gt=0)
+    scale_to_zero_grace_s: float = Field(default=30.0, ge=0)
+
+
+class AutoscalingSpec(_Strict):
+    """A group's scaler. `max` is mandatory (S5); `min: 0` allows scale to zero."""
+
+    policy: Literal["sluice", "hpa", "kpa"] = "sluice"
+    min: int = Field(default=1, ge=0, le=100_000)
+    max: int = Field(ge=1, le=100_000)
+    stable: int = Field(default=0, ge=0, description="stable pool: never scaled below (S9)")
+    warm_standby: int = Field(default=0, ge=0, description="loaded, out of rotation")
+    interval_s: float = Field(default=1.0, gt=0, le=60, description="decision tick")
+    lead_time_s: float | None = Field(
+        default=None, ge=0, description="start-up time to plan for; None = measured"
+    )
+    metrics_max_age_s: float = Field(default=10.0, gt=0, description="older = missing")
+    targets: TargetsSpec = TargetsSpec()
+    up: ScaleUpSpec = ScaleUpSpec()
+    down: ScaleDownSpec = ScaleDownSpec()
+    panic: PanicSpec = PanicSpec()
+    schedules: list[ScheduleEntry | TemplateName] = Field(
+        default_factory=list, description="entries, or names of `schedule_templates`"
+    )
+    hpa: HpaSpec = HpaSpec()
+    kpa: KpaSpec = KpaSpec()
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        if self.stable > self.max:
+            raise ValueError(f"stable ({self.stable}) is above max ({self.max})")
+        if self.stable + self.warm_standby > self.max:
+            raise ValueError("stable + warm_standby must not exceed max")
+        return self
