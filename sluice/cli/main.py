@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sluice.cli.client import ControlClient
+from sluice.cli.simulate import simulate
 from sluice.config import Settings
 from sluice.core import SluiceError, SpecError
 from sluice.spec import load_spec_file
@@ -374,6 +375,54 @@ def events(
         lambda: _client(home, control)[1].get("/v1/events", group=group, limit=limit),
         render,
     )
+
+
+@app.command()
+def explain(
+    group: Annotated[str, typer.Argument(help="the group whose scaling to explain")],
+    limit: int = 10,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """Why a group has the instances it has: the autoscaler's latest decisions (S11)."""
+
+    def render(x: dict[str, Any]) -> None:
+        if not x["autoscaled"]:
+            out.print(f"{group} is not autoscaled: it runs {x['desired']} instance(s) as set")
+        else:
+            startup = x["startup_s"]
+            out.print(
+                f"{group}: policy {x['policy']}, {x['desired']} instance(s) wanted, measured "
+                f"start-up {'-' if startup is None else f'{startup:.1f}s'}"
+            )
+        t = Table("WHEN", "FROM", "TO", "WON", "CLIPPED BY", "WHY", "LAUNCHED")
+        for d in x["decisions"]:
+            launches = "; ".join(
+                f"{i['instance']}: {i['outcome']}"
+                + (f" in {i['startup_s']:.1f}s" if i["startup_s"] is not None else "")
+                + f", {i['requests_served']} requests"
+                for i in d["launched"]
+            )
+            t.add_row(
+                _ts(d["at"]),
+                str(d["current"]),
+                str(d["desired"]),
+                d["winner"] or "-",
+                ", ".join(d["detail"]["clipped_by"]) or "-",
+                d["reason"],
+                launches or "-",
+            )
+        out.print(t)
+
+    _run(
+        as_json,
+        lambda: _client(home, control)[1].get(f"/v1/groups/{group}/explain", limit=limit),
+        render,
+    )
+
+
+app.command("simulate")(simulate)
 
 
 def main() -> None:

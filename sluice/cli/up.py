@@ -88,7 +88,9 @@ async def _run(
         rng=random.Random(),
         access_log=access_log,
     )
-    controller = Controller(store, supervisor, events, clock, publish=gateway.update)
+    controller = Controller(
+        store, supervisor, events, clock, publish=gateway.update, traffic=gateway.traffic
+    )
     await controller.load_state()
     if loaded is not None:
         await controller.apply(loaded, settings.actor, f"sluice up -f {loaded.source}")

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from sluice.control.controller import Controller
+from sluice.control.explain import explain_decisions
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.core import InstanceState, SluiceError
 from sluice.policy import route_rules
@@ -140,6 +141,17 @@ def build_control_api(
             for r in route_rules(controller.spec)
         ]
         return {"rules": rules, "failovers": controller.failovers}
+
+    @app.get("/v1/groups/{group}/explain")
+    async def explain(group: str, limit: int = 10) -> dict[str, Any]:
+        """S11: the latest scaling decisions with their signals, launches and traffic."""
+        state = controller.explain_state(group)
+        decisions = await asyncio.to_thread(store.list_decisions, group=group, limit=limit)
+        oldest = decisions[-1].at if decisions else 0.0
+        found = await asyncio.to_thread(store.list_events, group=group, limit=2000)
+        served = (data_plane() if data_plane is not None else {}).get("served", {})
+        recent = [e for e in found if e.at >= oldest]
+        return {"group": group, **state, "decisions": explain_decisions(decisions, recent, served)}
 
     @app.get("/v1/dataplane")
     async def dataplane() -> dict[str, Any]:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from sluice.control.autoscaling import GroupStep, LiveAutoscaling, TrafficSource
 from sluice.control.events import EventLog
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.core import Clock, Conflict, InstanceState, InstanceStatus, NotFound
@@ -25,7 +26,7 @@ from sluice.policy import (
     build_routing_snapshot,
     plan_group,
 )
-from sluice.spec import LoadedSpec, PlatformSpec, load_spec_text, revision_diff
+from sluice.spec import GroupSpec, LoadedSpec, PlatformSpec, load_spec_text, revision_diff
 from sluice.store import Revision, Store
 
 __all__ = ["Controller"]
@@ -34,6 +35,8 @@ log = logging.getLogger("sluice.controller")
 
 TICK_S = 1.0
 """Longest pause between two reconcile passes; any instance state change wakes it sooner."""
+JOURNAL_HEARTBEAT_S = 60.0
+"""A decision that changes nothing is journaled only when its reason changed, or this often."""
 
 
 class Controller:
@@ -44,6 +47,7 @@ class Controller:
         events: EventLog,
         clock: Clock,
         publish: Callable[[RoutingSnapshot], None],
+        traffic: TrafficSource | None = None,
     ) -> None:
         self._store = store
         self._supervisor = supervisor
@@ -60,6 +64,11 @@ class Controller:
         self._backoff: dict[str, CrashBackoff] = {}
         self._seen: set[str] = set()
         """Instances already counted as failed or ready, for the crash-loop backoff."""
+        self._autoscaling = LiveAutoscaling(traffic)
+        self._scaled: dict[str, int] = {}
+        """The autoscaler's instance count per autoscaled group (journaled, so it survives
+        a restart)."""
+        self._journaled: dict[str, tuple[object, float]] = {}
 
     # --- state ---------------------------------------------------------------------------
 
@@ -74,10 +83,34 @@ class Controller:
         return self._revision
 
     def desired_replicas(self, group: str) -> int:
+        """Instances that serve: the autoscaler's count, else a manual override, else the
+        spec's `replicas`."""
         spec = self.spec.group(group)
         if spec is None:
             raise NotFound(f"no group named {group!r}")
+        scaling = spec.autoscaling
+        if scaling is not None:
+            start = min(max(spec.replicas, scaling.min, scaling.stable), scaling.max)
+            return self._scaled.get(group, start)
         return self._overrides.get(group, spec.replicas)
+
+    def _instances_wanted(self, g: GroupSpec) -> int:
+        """Serving instances plus the warm standby kept out of rotation."""
+        standby = g.autoscaling.warm_standby if g.autoscaling is not None else 0
+        return self.desired_replicas(g.name) + standby
+
+    def explain_state(self, group: str) -> dict[str, Any]:
+        """The autoscaler's live view of `group` (its last decision and load), for explain."""
+        spec = self.spec.group(group)
+        if spec is None:
+            raise NotFound(f"no group named {group!r}")
+        st = self._autoscaling.state(group)
+        return {
+            "autoscaled": spec.autoscaling is not None,
+            "policy": st.policy.name if st else None,
+            "desired": self.desired_replicas(group),
+            "startup_s": round(st.startup_s, 3) if st and st.startup_s is not None else None,
+        }
 
     async def load_state(self) -> None:
         """Resume from the store: the latest revision and live overrides."""
@@ -87,6 +120,15 @@ class Controller:
             self._revision = latest.number
         self._overrides = await asyncio.to_thread(self._store.replicas_overrides)
         self._failovers = await asyncio.to_thread(self._store.failovers)
+        if self._spec is not None:
+            for g in self._spec.groups:
+                if g.autoscaling is None:
+                    continue
+                last = await asyncio.to_thread(self._store.list_decisions, group=g.name, limit=1)
+                if last:
+                    self._scaled[g.name] = min(
+                        max(last[0].desired, g.autoscaling.min), g.autoscaling.max
+                    )
 
     # --- operator actions ----------------------------------------------------------------
 
@@ -131,13 +173,16 @@ class Controller:
             raise NotFound(f"no group named {group!r}")
         if replicas < 0:
             raise Conflict(f"replicas must be >= 0, got {replicas}")
+        if spec.autoscaling is not None:
+            raise Conflict(
+                f"group {group!r} is autoscaled ({spec.autoscaling.policy}, "
+                f"min {spec.autoscaling.min}, max {spec.autoscaling.max}); change "
+                "autoscaling.min/max in the spec and `sluice apply` it instead",
+                group=group,
+            )
         pool = self.spec.pool(spec.resources.pool)
         assert pool is not None  # the spec checks guarantee it
-        others = sum(
-            self.desired_replicas(g.name) * g.resources.accelerators
-            for g in self.spec.groups
-            if g.resources.pool == pool.name and g.name != group
-        )
+        others = self._pool_held_by_others(self.spec, spec)
         need = replicas * spec.resources.accelerators
         if others + need > pool.count:
             raise Conflict(
@@ -259,13 +304,14 @@ class Controller:
         spec = self._spec
         # 1. Snapshot: desired state (spec + overrides) and what the instances report.
         observed = self._supervisor.statuses()
+        now = self._clock.now()
+        await self._autoscale(spec, observed, now)
         targets = [
-            GroupTarget(g.name, g.template(), self._overrides.get(g.name, g.replicas), g.max_surge)
+            GroupTarget(g.name, g.template(), self._instances_wanted(g), g.max_surge)
             for g in spec.groups
         ]
         known = {g.name for g in spec.groups}
         targets += [GroupTarget(name, "", 0) for name in {i.group for i in observed} - known]
-        now = self._clock.now()
         await self._track_crash_loops(observed, now)
         # 2. Decide, per group, with the pure planner.
         actions = [a for t in targets for a in plan_group(t, observed)]
@@ -282,6 +328,96 @@ class Controller:
                 self._supervisor.remove(action.instance_id, action.reason)
         # 4. Publish the routing snapshot when the ready set or the spec changed.
         self._publish_routing(spec)
+
+    async def _autoscale(
+        self, spec: PlatformSpec, observed: list[InstanceStatus], now: float
+    ) -> None:
+        """Ask each autoscaled group's policy (at its interval), fit the answer into the pool,
+        journal it and make it the group's target."""
+        for step in self._autoscaling.step(spec, observed, self.desired_replicas, now):
+            g, decision = step.group, step.decision
+            before = step.load.current
+            desired, pool_note = self._fit_pool(spec, g, before, decision.desired)
+            clipped = decision.clipped_by + (("pool",) if pool_note else ())
+            reason = decision.reason + (f"; {pool_note}" if pool_note else "")
+            await self._journal(step, before, desired, clipped, reason, now)
+            if desired != before:
+                self._scaled[g.name] = desired
+                await self._events.emit(
+                    g.name, None, "autoscale", f"{before} -> {desired}: {reason}"
+                )
+
+    def _pool_held_by_others(self, spec: PlatformSpec, group: GroupSpec) -> int:
+        return sum(
+            self._instances_wanted(g) * g.resources.accelerators
+            for g in spec.groups
+            if g.resources.pool == group.resources.pool and g.name != group.name
+        )
+
+    def _fit_pool(
+        self, spec: PlatformSpec, g: GroupSpec, before: int, desired: int
+    ) -> tuple[int, str]:
+        """Never ask for more accelerators than the pool has left (the quota allocator's job
+        once it exists); a clipped scale-up keeps at least the current count."""
+        pool = spec.pool(g.resources.pool)
+        assert pool is not None and g.autoscaling is not None
+        free = pool.count - self._pool_held_by_others(spec, g)
+        fits = free // g.resources.accelerators - g.autoscaling.warm_standby
+        if desired <= fits:
+            return desired, ""
+        allowed = max(before, fits) if desired > before else desired
+        return allowed, (
+            f"pool {pool.name!r} has room for {max(fits, 0)} of {desired} wanted "
+            f"({pool.count} accelerators, {pool.count - free} held by other groups)"
+        )
+
+    async def _journal(
+        self,
+        step: GroupStep,
+        before: int,
+        desired: int,
+        clipped: tuple[str, ...],
+        reason: str,
+        now: float,
+    ) -> None:
+        """Store a decision that changes the count, whose reason changed, or once a minute."""
+        d = step.decision
+        key = (d.winner, clipped, desired)
+        last = self._journaled.get(step.group.name)
+        if (
+            desired == before
+            and last is not None
+            and last[0] == key
+            and now - last[1] < JOURNAL_HEARTBEAT_S
+        ):
+            return
+        self._journaled[step.group.name] = (key, now)
+        load = step.load
+        detail = {
+            "signals": dict(d.signals),
+            "proposals": dict(d.proposals),
+            "clipped_by": list(clipped),
+            "unclipped": d.unclipped,
+            "load": {
+                "ready": load.ready,
+                "in_flight": load.in_flight,
+                "queued": load.queued,
+                "latency_p95_s": load.latency_p95_s,
+                "startup_s": round(load.startup_s, 3),
+                "fresh": load.fresh,
+            },
+        }
+        await asyncio.to_thread(
+            self._store.append_decision,
+            group=step.group.name,
+            policy=step.policy,
+            current=before,
+            desired=desired,
+            winner=d.winner,
+            reason=reason,
+            detail=detail,
+            now=now,
+        )
 
     async def _track_crash_loops(self, observed: list[InstanceStatus], now: float) -> None:
         """Count each failed instance once per group; a newly READY one resets the group."""
@@ -307,6 +443,10 @@ class Controller:
 
     def _publish_routing(self, spec: PlatformSpec) -> None:
         ready = self._supervisor.ready_endpoints()
+        for g in spec.groups:  # warm standby: the newest ready instances stay out of rotation
+            if g.autoscaling is not None and g.autoscaling.warm_standby and g.name in ready:
+                by_age = sorted(ready[g.name], key=lambda e: e.ready_at)
+                ready[g.name] = by_age[: self.desired_replicas(g.name)]
         key = (
             self._revision,
             tuple(sorted(self._failovers.items())),

@@ -22,14 +22,15 @@ __all__ = ["FLUSH_INTERVAL_S", "AccessLog"]
 
 FLUSH_INTERVAL_S = 0.1
 
+_HEAD = '"method":%s,"path":%s,"status":%d,"latency_ms":'
 _WHERE = (
-    '"tenant":%s,"model":%s,"priority":%s,"route":%s,"group":%s,"instance":%s,"via":%s,'
-    '"mirror":%s,"retried":%s,"error":%s'
+    ',"tenant":%s,"model":%s,"priority":%s,"route":%s,"group":%s,"instance":%s,"via":%s,'
+    '"mirror":%s,"retried":%s,"error":%s,"bytes_out":'
 )
-_MEMO_MAX = 4096  # per memo; cleared when full (values may be caller-chosen garbage)
+_MEMO_MAX = 4096  # entries; cleared when full (values may be caller-chosen garbage)
 
-_Where = tuple[
-    str | None, str | None, str | None, str | None, str | None,
+_Fixed = tuple[
+    bytes, bytes, int, str | None, str | None, str | None, str | None, str | None,
     str | None, str | None, str | None, bool, str | None,
 ]  # fmt: skip
 
@@ -41,12 +42,12 @@ def _opt(value: str | None) -> str:
 class AccessLog:
     """Writes finished exchanges as JSON lines to a text stream.
 
-    The fields that repeat from request to request (who, what, where, how it ended) are
-    rendered once per combination and kept in a small memo, so a line costs one tuple, two
-    dict hits and one `%` format instead of a dozen quoting calls.
+    The fields that repeat from request to request (what, who, where, how it ended) are
+    rendered once per combination and kept in a small memo, so a line costs one tuple, one
+    dict hit and one f-string instead of a dozen quoting calls.
     """
 
-    __slots__ = ("_flush_timer", "_latency", "_request", "_stream", "_ts", "_ts_ms", "_where")
+    __slots__ = ("_fixed", "_flush_timer", "_latency", "_stream", "_ts", "_ts_ms")
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
@@ -54,8 +55,7 @@ class AccessLog:
         self._ts_ms = -1  # `perf_counter()` ms `_ts` renders: many requests start in the same
         self._ts = ""
         self._latency: dict[int, str] = {}  # microseconds -> "1.234" (milliseconds)
-        self._where: dict[_Where, str] = {}
-        self._request: dict[tuple[bytes, bytes], str] = {}
+        self._fixed: dict[_Fixed, tuple[str, str]] = {}  # -> the text around latency_ms
 
     def record(self, ex: Exchange, latency: float) -> None:
         """Log `ex` as it ends; `latency`: seconds from its first parsed byte until now.
@@ -63,7 +63,10 @@ class AccessLog:
         `group` is where it was served (after any failover or fallback, which `via` tells);
         `queue_ms` is the time it waited for a slot; `mirror` the group a copy went to.
         """
-        key: _Where = (
+        key: _Fixed = (
+            ex.method,
+            ex.url,
+            ex.status,
             ex.tenant,
             ex.model,
             ex.priority,
@@ -75,12 +78,10 @@ class AccessLog:
             ex.retried,
             ex.error_code,
         )
-        where = self._where.get(key)
-        if where is None:
-            where = self._render_where(key)
-        request = self._request.get((ex.method, ex.url))
-        if request is None:
-            request = self._render_request(ex.method, ex.url)
+        fixed = self._fixed.get(key)
+        if fixed is None:
+            fixed = self._render_fixed(key)
+        head, where = fixed
         start_ms = int(ex.t0 * 1000.0)
         if start_ms != self._ts_ms:
             self._ts_ms = start_ms
@@ -96,8 +97,7 @@ class AccessLog:
         # (An f-string: a third cheaper than the same line formatted with `%`.)
         self._stream.write(
             f'{{"ts":{self._ts},"request_id":{_quote(ex.request_id.decode("latin-1"))},'
-            f'{request},"status":{ex.status},"latency_ms":{latency_ms},'
-            f'"queue_ms":{queue_ms},{where},"bytes_out":{ex.bytes_out}}}\n'
+            f'{head}{latency_ms},"queue_ms":{queue_ms}{where}{ex.bytes_out}}}\n'
         )
         if self._flush_timer is None:
             self._flush_timer = asyncio.get_running_loop().call_later(FLUSH_INTERVAL_S, self.flush)
@@ -109,23 +109,15 @@ class AccessLog:
         self._latency[us] = text
         return text
 
-    def _render_where(self, key: _Where) -> str:
-        *names, retried, error = key
-        where = _WHERE % (*(_opt(n) for n in names), "true" if retried else "false", _opt(error))
-        if len(self._where) >= _MEMO_MAX:
-            self._where.clear()
-        self._where[key] = where
-        return where
-
-    def _render_request(self, method: bytes, url: bytes) -> str:
+    def _render_fixed(self, key: _Fixed) -> tuple[str, str]:
+        method, url, status, *names, retried, error = key
         path = url.partition(b"?")[0]
-        text = (
-            f'"method":{_quote(method.decode("latin-1"))},"path":{_quote(path.decode("latin-1"))}'
-        )
-        if len(self._request) >= _MEMO_MAX:
-            self._request.clear()
-        self._request[(method, url)] = text
-        return text
+        head = _HEAD % (_quote(method.decode("latin-1")), _quote(path.decode("latin-1")), status)
+        where = _WHERE % (*(_opt(n) for n in names), "true" if retried else "false", _opt(error))
+        if len(self._fixed) >= _MEMO_MAX:
+            self._fixed.clear()
+        fixed = self._fixed[key] = (head, where)
+        return fixed
 
     def flush(self) -> None:
         """Write out buffered lines; also cancels a pending timed flush (the gateway calls

@@ -18,6 +18,8 @@ import math
 import time
 from typing import TYPE_CHECKING
 
+import orjson
+
 from sluice.core.errors import NotFound, SluiceError, Unauthorized, Unavailable, UpstreamError
 from sluice.gateway.errors import (
     BadRequest,
@@ -53,7 +55,15 @@ _scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-t
 
 
 def parse_json(data: bytes) -> object:
-    """`json.loads` for a request body, minus its pure-Python wrapper (a third of the cost)."""
+    """The JSON value of a request body (the gateway reads only its top-level `model`).
+
+    orjson is 2.5x faster than the stdlib's C scanner; what it refuses goes to the stdlib,
+    whose verdict (and error message) stands.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass
     text = data.decode().strip(" \t\n\r")  # UnicodeDecodeError is a ValueError too
     try:
         value, end = _scan_json(text, 0)
@@ -67,37 +77,50 @@ def parse_json(data: bytes) -> object:
 class Exchange:
     """State of one request; `start()` runs it, and it reports back via `client.exchange_done`.
 
-    No `__slots__`, on purpose: most fields keep their class-level default for the whole
-    request, and creating one exchange per request is cheaper when `__init__` sets only what
-    the parser hands over (a third of the construction cost, measured).
+    `__slots__`: the hot path reads and writes about fifty fields per request, and slot
+    access is cheaper than the instance dict (a dict-based version cost 0.8 us more per
+    request, measured, even though its `__init__` set only what the parser hands over).
     """
 
-    # What routing and admission learn (all in the access log).
-    tenant: str | None = None
-    model: str | None = None
-    priority: str | None = None
-    route: str | None = None
-    group: str | None = None  # the group that serves it (after failover, fallback)
-    via: str | None = None  # how it got there when not straight: failover, fallback
-    mirror: str | None = None  # the group a copy went to
-    grp: GroupRuntime | None = None  # whose slot it holds, or whose queue it is in
-    waiting = False  # in `grp`'s queue
-    queued_at = 0.0
-    queue_ms = 0.0
-    # The upstream side.
-    instance: str | None = None
-    endpoint: Endpoint | None = None
-    slot: str | None = None  # instance whose outstanding count this request holds
-    conn: UpstreamConnection | None = None
-    reused = False
-    retried = False
-    # The answer.
-    status = 0
-    error_code: str | None = None
-    bytes_out = 0
-    chunked = False
-    head_sent = False
-    finished = False
+    __slots__ = (
+        "_out",
+        "auth",
+        "body",
+        "bytes_out",
+        "chunked",
+        "client",
+        "conn",
+        "endpoint",
+        "error",
+        "error_code",
+        "finished",
+        "group",
+        "grp",
+        "head_sent",
+        "headers",
+        "http11",
+        "instance",
+        "keep_alive",
+        "method",
+        "mirror",
+        "model",
+        "priority",
+        "priority_header",
+        "queue_ms",
+        "queued_at",
+        "request_id",
+        "retried",
+        "reused",
+        "route",
+        "slot",
+        "state",
+        "status",
+        "t0",
+        "tenant",
+        "url",
+        "via",
+        "waiting",
+    )
 
     def __init__(
         self,
@@ -129,6 +152,32 @@ class Exchange:
         self.t0 = t0
         self.error = error  # set when the request was refused while parsing (413, 400)
         self._out: list[bytes] = []
+        # What routing and admission learn (all in the access log).
+        self.tenant: str | None = None
+        self.model: str | None = None
+        self.priority: str | None = None
+        self.route: str | None = None
+        self.group: str | None = None  # the group that serves it (after failover, fallback)
+        self.via: str | None = None  # how it got there when not straight: failover, fallback
+        self.mirror: str | None = None  # the group a copy went to
+        self.grp: GroupRuntime | None = None  # whose slot it holds, or whose queue it is in
+        self.waiting = False  # in `grp`'s queue
+        self.queued_at = 0.0
+        self.queue_ms = 0.0
+        # The upstream side.
+        self.instance: str | None = None
+        self.endpoint: Endpoint | None = None
+        self.slot: str | None = None  # instance whose outstanding count this request holds
+        self.conn: UpstreamConnection | None = None
+        self.reused = False
+        self.retried = False
+        # The answer.
+        self.status = 0
+        self.error_code: str | None = None
+        self.bytes_out = 0
+        self.chunked = False
+        self.head_sent = False
+        self.finished = False
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -228,8 +277,10 @@ class Exchange:
             group, self.via = snapshot.serving_group(group)
         self.group = group
         g = state.groups.get(group)
-        if g is not None and g.unejects_at:
-            state.uneject(g)
+        if g is not None:
+            g.metrics.arrivals += 1
+            if g.unejects_at:
+                state.uneject(g)
         if g is not None and g.candidates and g.admission.try_acquire():
             self.grp = g
             self._dispatch(g)
@@ -262,7 +313,7 @@ class Exchange:
                 self.grp = fg
                 self._dispatch(fg)
                 return
-        if g is None or not serving:
+        if g is None or not (serving or g.traffic.buffer_when_cold):
             if g is not None:
                 g.metrics.shed["no_instance"] += 1
             raise Unavailable("no ready instance serves this model right now", model=model)
@@ -365,11 +416,15 @@ class Exchange:
         iid = self.instance = self.slot = endpoint.instance_id
         outstanding = state.outstanding  # `state.take_slot`, inlined
         outstanding[iid] = outstanding.get(iid, 0) + 1
-        host = state.pool.host(endpoint.host, endpoint.port)
-        conn = state.pool.take_idle(host) if reuse else None
+        served = state.served
+        served[iid] = served.get(iid, 0) + 1
+        pool = state.pool
+        host = pool.host(endpoint.host, endpoint.port)
+        idle = host.idle
+        conn = idle.popitem()[0] if reuse and idle else None  # `pool.take_idle(host)`, inlined
         if conn is None:
             self.reused = False
-            state.pool.connect(host, self._connected)
+            pool.connect(host, self._connected)
         else:
             self.reused = True
             self._send(conn)
@@ -389,12 +444,18 @@ class Exchange:
     def _send(self, conn: UpstreamConnection) -> None:
         self.conn = conn
         body = self.body
-        wire = [self.method, b" ", self.url, b" HTTP/1.1\r\n", conn.host.host_header]
-        wire += self.headers
-        wire += (b"content-length: %d\r\n\r\n" % len(body), body)
+        # One `%` (a quarter cheaper than a list of pieces and a join, measured).
+        wire = b"%s %s HTTP/1.1\r\n%s%scontent-length: %d\r\n\r\n%s" % (
+            self.method,
+            self.url,
+            conn.host.host_header,
+            b"".join(self.headers),
+            len(body),
+            body,
+        )
         g = self.grp
         timeout = g.timeout_s if g is not None else self.state.default_traffic.timeout_s
-        if not conn.request(b"".join(wire), self, timeout):  # closed since opened: a refusal
+        if not conn.request(wire, self, timeout):  # closed since opened: a refusal
             self.conn = None
             self._release_slot()
             self._retry()

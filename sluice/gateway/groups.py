@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from random import Random
 from typing import TYPE_CHECKING
 
-from sluice.gateway.metrics import GroupMetrics
+from sluice.gateway.metrics import DURATION_BUCKETS_S, GroupMetrics
 from sluice.policy.admission import GroupAdmission
+from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.balance import pick_affinity, pick_endpoint
 from sluice.policy.outlier import Ejection, OutlierDetector
 from sluice.policy.routing import Endpoint, GroupTraffic
@@ -156,6 +157,22 @@ class GroupRuntime:
         if ejection is None:
             return []
         return self.refresh(now)
+
+    def traffic_sample(self, at: float) -> TrafficSample:
+        """The autoscaler's view of this group (read once a second, so summing is fine)."""
+        counts = [0] * (len(DURATION_BUCKETS_S) + 1)
+        for stats in self.metrics.routes.values():
+            for i, n in enumerate(stats.duration.counts):
+                counts[i] += n
+        return TrafficSample(
+            at=at,
+            in_flight=self.admission.in_use,
+            queued=self.admission.queue_length,
+            arrivals=self.metrics.arrivals,
+            completions=sum(counts),
+            latency_bounds=DURATION_BUCKETS_S,
+            latency_counts=tuple(counts),
+        )
 
     def status(self, now: float) -> dict[str, object]:
         stats = self.admission.statistics()

@@ -86,9 +86,11 @@ class RouteStats:
 class GroupMetrics:
     """Counters of one group; they outlive the group's runtime (counters never go back)."""
 
-    __slots__ = ("mirrored", "queue_wait", "routes", "shed")
+    __slots__ = ("arrivals", "mirrored", "queue_wait", "routes", "shed")
 
     def __init__(self) -> None:
+        self.arrivals = 0
+        """Requests sent to this group (before any fallback): the autoscaler's demand."""
         self.routes: dict[str, RouteStats] = {}
         self.shed = dict.fromkeys(SHED_REASONS, 0)
         self.mirrored = 0

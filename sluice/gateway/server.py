@@ -16,6 +16,7 @@ from sluice.gateway.accesslog import AccessLog
 from sluice.gateway.client import ClientProtocol
 from sluice.gateway.state import GatewayState
 from sluice.gateway.upstream import UpstreamPool
+from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.routing import GroupTraffic, RoutingSnapshot
 
 __all__ = ["MAX_BODY_BYTES", "Gateway"]
@@ -76,6 +77,11 @@ class Gateway:
         "in_use", "queued": {"high", "normal", "low"}, "instances", "ejected": [{"instance",
         "until_s" (seconds left), "times", "reason"}]}}}`."""
         return self._state.status()
+
+    def traffic(self) -> dict[str, TrafficSample]:
+        """Per group: what the autoscaler reads each tick (in-flight, queue, counters)."""
+        now = time.time()
+        return {name: g.traffic_sample(now) for name, g in self._state.groups.items()}
 
     def metrics_text(self) -> bytes:
         """What `GET /metrics` answers (Prometheus text format)."""

@@ -36,6 +36,7 @@ __all__ = ["EMPTY_SNAPSHOT", "QUEUE_TICK_S", "GatewayState"]
 
 _MEMO_MAX = 8192  # entries per memo; past that it is cleared (keys may be random garbage)
 _BEARER = b"bearer "
+_SERVED_MAX = 4096  # instances remembered in `served` before the ones gone are forgotten
 _UNKNOWN = TenantAccess("")  # a memo miss (None in the memo means: no such key)
 QUEUE_TICK_S = 0.05
 """How often queued requests are checked for `max_wait_s` while any wait (one timer)."""
@@ -69,6 +70,7 @@ class GatewayState:
         "outstanding",
         "pool",
         "rng",
+        "served",
         "snapshot",
     )
 
@@ -83,6 +85,8 @@ class GatewayState:
     ) -> None:
         self.snapshot = EMPTY_SNAPSHOT
         self.outstanding: dict[str, int] = {}
+        self.served: dict[str, int] = {}
+        """Requests sent to each instance, ever (explain: did traffic reach a new one?)."""
         self.rng = rng
         self.pool = pool
         self.access_log = access_log
@@ -115,6 +119,9 @@ class GatewayState:
         self._uses_headers = snapshot.routes.uses_headers
         self._uses_priority = snapshot.routes.uses_priority
         names = {*snapshot.group_models, *snapshot.endpoints, *snapshot.traffic}
+        if len(self.served) > _SERVED_MAX:  # forget instances long gone; keep the live ones
+            live = {ep.instance_id for eps in snapshot.endpoints.values() for ep in eps}
+            self.served = {i: n for i, n in self.served.items() if i in live}
         groups = self.groups
         orphans: list[Exchange] = []
         for name in [n for n in groups if n not in names]:
@@ -206,6 +213,8 @@ class GatewayState:
     def take_slot(self, instance_id: str) -> None:
         out = self.outstanding
         out[instance_id] = out.get(instance_id, 0) + 1
+        served = self.served
+        served[instance_id] = served.get(instance_id, 0) + 1
 
     def drop_slot(self, instance_id: str) -> None:
         out = self.outstanding
@@ -269,6 +278,7 @@ class GatewayState:
         return {
             "version": self.snapshot.version,
             "groups": {name: g.status(now) for name, g in sorted(self.groups.items())},
+            "served": dict(self.served),
         }
 
 

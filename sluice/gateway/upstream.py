@@ -93,6 +93,7 @@ class UpstreamConnection(asyncio.Protocol):
         "_pool",
         "_received",
         "_sink",
+        "_status",
         "_transport",
         "host",
         "timeout_s",
@@ -113,6 +114,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._keep_alive = False
         self._received = False
         self._paused = False
+        self._status = 0  # of the response being parsed
         self._last_rx = 0.0  # loop time of the last byte; the pool's sweep enforces the timeout
         self.timeout_s = 300.0  # of the request being served: longest silence, seconds
 
@@ -138,7 +140,13 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_seen = False
         self._received = False
         self._last_rx = self._loop.time()
-        self._pool.busy(self)
+        # Timed by the pool's sweep (one timer for all connections, not one per request; it
+        # runs every tenth of the shortest timeout in force, 10 ms to 1 s). Inlined: the pool
+        # and its connections are one unit, and this runs for every request.
+        pool = self._pool
+        pool._busy.add(self)
+        if pool._sweep is None or timeout_s < pool._sweep_timeout:
+            pool._schedule_sweep(timeout_s)
         transport.write(wire)
         return True
 
@@ -196,10 +204,11 @@ class UpstreamConnection(asyncio.Protocol):
             sink.upstream_flush()
             return
         self._sink = None
-        self._pool.idle(self)
+        pool = self._pool
+        pool._busy.discard(self)  # `pool.idle(self)`, inlined
         transport = self._transport  # `self.is_open`, inlined
         if self._keep_alive and transport is not None and not transport.is_closing():
-            self._pool.release(self)
+            pool.release(self)
         else:
             self._close()
         sink.upstream_done()  # last: it may start the next request on this very connection
@@ -239,7 +248,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._chunked = b"chunked" in value.lower()
 
     def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
+        status = self._status = self._parser.get_status_code()
         if status >= 200 and self._sink is not None:
             self._head_seen = True
             self._sink.upstream_head(status, self._headers, self._has_length and not self._chunked)
@@ -249,10 +258,9 @@ class UpstreamConnection(asyncio.Protocol):
             self._sink.upstream_body(body)
 
     def on_message_complete(self) -> None:
-        parser = self._parser
-        if parser.get_status_code() >= 200:  # 1xx is an interim response: keep going
+        if self._status >= 200:  # 1xx is an interim response: keep going
             self._complete = True
-            self._keep_alive = parser.should_keep_alive()  # only valid inside this callback
+            self._keep_alive = self._parser.should_keep_alive()  # only valid in this callback
 
     # -- internals --------------------------------------------------------------------------
 
@@ -331,15 +339,9 @@ class UpstreamPool:
         if self._closed or host.retired or len(host.idle) >= self._max_idle:
             conn.close()
         else:
-            conn.resume_reading()
+            if conn._paused:
+                conn.resume_reading()
             host.idle[conn] = None
-
-    def busy(self, conn: UpstreamConnection) -> None:
-        """`conn` waits on its instance: time it (one sweep timer for all, not one per request;
-        it runs every tenth of the shortest timeout in force, 10 ms to 1 s)."""
-        self._busy.add(conn)
-        if self._sweep is None or conn.timeout_s < self._sweep_timeout:
-            self._schedule_sweep(conn.timeout_s)
 
     def _schedule_sweep(self, timeout: float) -> None:
         """Sweep soon enough for `timeout` (unless a sweep is due sooner already)."""

@@ -200,6 +200,9 @@ class GroupTraffic:
     outlier_failures: int = 5
     outlier_base_ejection_s: float = 30.0
     outlier_max_ejected_percent: int = 50
+    buffer_when_cold: bool = False
+    """Scale-to-zero group: with no ready instance, requests wait in the queue (up to its
+    max wait) while the first instance starts, instead of a 503."""
 
 
 @dataclass(frozen=True, slots=True)

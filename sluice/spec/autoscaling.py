@@ -18,6 +18,7 @@ __all__ = [
     "HpaSpec",
     "KpaSpec",
     "PanicSpec",
+    "ReserveSpec",
     "ScaleDownSpec",
     "ScaleUpSpec",
     "ScheduleEntry",
@@ -70,10 +71,27 @@ class TargetsSpec(_Strict):
     queue signal AND, when a latency target is set, latency at risk (or a queue)."""
 
     utilization: float = Field(
-        default=0.7, gt=0, le=1, description="busy share of max_concurrency slots"
+        default=0.65, gt=0, le=1, description="busy share of max_concurrency slots"
     )
     queue_per_instance: float = Field(default=0.5, ge=0, description="waiting requests")
-    latency_p95_ms: float | None = Field(default=None, gt=0)
+    latency_p95_ms: float | None = Field(
+        default=None, gt=0, description="None: the group's `slo.latency_ms` when set"
+    )
+    window_s: float = Field(
+        default=30.0, ge=1, le=3600, description="averaging window of concurrency and rate"
+    )
+    trend_window_s: float = Field(
+        default=60.0, ge=10, le=3600, description="least-squares window of the arrival trend"
+    )
+    tolerance: float = Field(
+        default=0.1, ge=0, lt=1, description="deadband around the target, both directions"
+    )
+    service_window_s: float = Field(
+        default=300.0,
+        ge=1,
+        le=3600,
+        description="Little's-law window of the service-time estimate (in flight / completions)",
+    )
 
 
 class ScaleUpSpec(_Strict):
@@ -85,7 +103,7 @@ class ScaleUpSpec(_Strict):
 
 class ScaleDownSpec(_Strict):
     cooldown_s: float = Field(default=120.0, ge=0, le=86_400, description="after any scale-up")
-    stabilization_s: float = Field(default=60.0, ge=0, le=3600, description="rolling max")
+    stabilization_s: float = Field(default=300.0, ge=0, le=3600, description="rolling max")
     max_step: int = Field(default=1, ge=0, description="instances per period; 0 = no limit")
     max_percent: float = Field(default=10.0, ge=0, description="% per period; 0 = no limit")
     period_s: float = Field(default=30.0, gt=0, le=1800)
@@ -99,6 +117,20 @@ class PanicSpec(_Strict):
     enabled: bool = True
     window_s: float = Field(default=6.0, gt=0, le=600)
     threshold: float = Field(default=2.0, gt=1, le=10)
+
+
+class ReserveSpec(_Strict):
+    """Burst reserve: capacity for the busiest `window_s` of arrivals seen within `memory_s`
+    (peak arrival rate x estimated service time at `utilization`), so a burst that recurs
+    finds its instances resident instead of 30 s away. A proposal like the others: it
+    scales up only through the combination rule and is kept by the down rules."""
+
+    enabled: bool = True
+    window_s: float = Field(default=10.0, gt=0, le=600, description="arrival-peak window")
+    utilization: float = Field(default=1.0, gt=0, le=1, description="x max_concurrency")
+    memory_s: float | None = Field(
+        default=None, ge=0, le=86_400, description="peak kept this long; None: down.stabilization_s"
+    )
 
 
 class HpaPolicy(_Strict):
@@ -162,6 +194,7 @@ class AutoscalingSpec(_Strict):
     up: ScaleUpSpec = ScaleUpSpec()
     down: ScaleDownSpec = ScaleDownSpec()
     panic: PanicSpec = PanicSpec()
+    reserve: ReserveSpec = ReserveSpec()
     schedules: list[ScheduleEntry | TemplateName] = Field(
         default_factory=list, description="entries, or names of `schedule_templates`"
     )

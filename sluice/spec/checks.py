@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from sluice.spec.models import GroupSpec, PlatformSpec, RouteSpec
+from sluice.spec.quota import BudgetSpec
 
 __all__ = ["check_platform"]
 
@@ -23,6 +24,7 @@ def check_platform(spec: PlatformSpec) -> list[Problem]:
         *_pool_capacity(spec),
         *_references(spec),
         *_schedules(spec),
+        *_quotas(spec),
     ]
 
 
@@ -59,10 +61,10 @@ def _group_resources(spec: PlatformSpec) -> Iterator[Problem]:
                 f"no pool named {g.resources.pool!r}; pools: {names}",
             )
             continue
-        if pool.kind != "inference":
+        if pool.purpose != "inference":
             yield (
                 ("groups", i, "resources", "pool"),
-                f"pool {pool.name!r} is a {pool.kind} pool; inference groups need an "
+                f"pool {pool.name!r} is a {pool.purpose} pool; inference groups need an "
                 "inference pool (Q5)",
             )
         capacity = pool.memory_gb * g.resources.accelerators
@@ -134,6 +136,87 @@ def _schedules(spec: PlatformSpec) -> Iterator[Problem]:
                     yield path, f"no schedule template {item!r}; schedule_templates: {known}"
             elif not croniter.is_valid(item.cron):
                 yield (*path, "cron"), f"invalid cron {item.cron!r}"
+
+
+# The longest calendar month: a per_month budget must cover the guaranteed rate for all of it.
+_MONTH_HOURS = 31 * 24
+
+
+def _quotas(spec: PlatformSpec) -> Iterator[Problem]:
+    """Guarantees fit their pool; caps leave room for the group's floor; budgets cover the
+    guaranteed spend rate (Q1-Q3, Q6). Inference groups on training pools: `_group_resources`."""
+    pools = {p.name: p for p in spec.pools}
+    for i, pool in enumerate(spec.pools):
+        owners = [g for g in spec.groups if g.resources.pool == pool.name and g.quota.guaranteed]
+        total = sum(g.quota.guaranteed for g in owners)
+        if total > pool.count:
+            parts = ", ".join(f"{g.name}: {g.quota.guaranteed}" for g in owners)
+            yield (
+                ("pools", i, "count"),
+                f"groups guarantee {total} accelerators in pool {pool.name!r} ({parts}) but it "
+                f"has {pool.count}; lower the guarantees or grow the pool",
+            )
+    guaranteed_rate = 0.0
+    for i, g in enumerate(spec.groups):
+        gpool = pools.get(g.resources.pool)
+        if gpool is None:
+            continue  # reported by _group_resources
+        q, per = g.quota, g.resources.accelerators
+        path: tuple[str | int, ...] = ("groups", i, "quota")
+        if q.limit is not None and q.limit > gpool.count:
+            yield (
+                (*path, "limit"),
+                f"limit {q.limit} exceeds pool {gpool.name!r}, which has {gpool.count} "
+                "accelerators",
+            )
+        if q.limit is not None and 0 < q.limit < per:
+            yield (
+                (*path, "limit"),
+                f"limit {q.limit} is below one instance's {per} accelerators",
+            )
+        caps = [(q.limit, "limit")] if q.limit is not None else []
+        if q.borrow_limit is not None:
+            caps.append((q.guaranteed + q.borrow_limit, "guaranteed + borrow_limit"))
+        floor, what = _floor(g)
+        for cap, name in caps:
+            if floor * per > cap:
+                yield (
+                    (*path, "limit" if name == "limit" else "borrow_limit"),
+                    f"{what} needs {floor} x {per} = {floor * per} accelerators but {name} is "
+                    f"{cap}; raise it or lower {what}",
+                )
+        rate = q.guaranteed * gpool.price_per_hour
+        guaranteed_rate += rate
+        if g.budget is not None:
+            yield from _budget_covers(("groups", i, "budget"), g.budget, rate, f"{g.name}'s")
+    if spec.budget is not None:
+        yield from _budget_covers(("budget",), spec.budget, guaranteed_rate, "all groups'")
+
+
+def _floor(g: GroupSpec) -> tuple[int, str]:
+    """The fewest instances the group must run, and the field that says so."""
+    if g.autoscaling is None:
+        return g.replicas, "replicas"
+    if g.autoscaling.stable > g.autoscaling.min:
+        return g.autoscaling.stable, "autoscaling.stable"
+    return g.autoscaling.min, "autoscaling.min"
+
+
+def _budget_covers(
+    path: tuple[str | int, ...], budget: BudgetSpec, rate: float, whose: str
+) -> Iterator[Problem]:
+    if budget.per_hour is not None and budget.per_hour < rate:
+        yield (
+            (*path, "per_hour"),
+            f"per_hour {budget.per_hour:g} is below {whose} guaranteed spend rate {rate:g}/h "
+            "(guaranteed accelerators x price_per_hour)",
+        )
+    if budget.per_month is not None and budget.per_month < rate * _MONTH_HOURS:
+        yield (
+            (*path, "per_month"),
+            f"per_month {budget.per_month:g} is below {whose} guaranteed spend for a "
+            f"{_MONTH_HOURS} h month ({rate:g}/h x {_MONTH_HOURS} = {rate * _MONTH_HOURS:g})",
+        )
 
 
 def _route_groups(i: int, route: RouteSpec, groups: dict[str, GroupSpec]) -> Iterator[Problem]:

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.spec.autoscaling import AutoscalingSpec, ScheduleEntry, SloSpec
+from sluice.spec.quota import BudgetSpec, QuotaSpec
 
 __all__ = [
     "ControlSpec",
@@ -54,7 +55,9 @@ class PoolSpec(_Strict):
     count: int = Field(ge=0, description="accelerators in the pool")
     memory_gb: float = Field(gt=0, description="memory of ONE accelerator, in GiB")
     price_per_hour: float = Field(default=0.0, ge=0, description="per accelerator")
-    kind: Literal["inference", "training"] = "inference"
+    purpose: Literal["inference", "training"] = Field(
+        default="inference", description="inference groups never use training pools (Q5)"
+    )
 
 
 class FixedServiceTime(_Strict):
@@ -184,6 +187,8 @@ class GroupSpec(_Strict):
         default=None, description="scale by load; `replicas` is then the starting count"
     )
     slo: SloSpec | None = None
+    quota: QuotaSpec = QuotaSpec()
+    budget: BudgetSpec | None = None
 
     def template(self) -> str:
         """Fingerprint of what an instance runs; a change rolls the group's instances."""
@@ -287,6 +292,7 @@ class PlatformSpec(_Strict):
     groups: list[GroupSpec] = Field(default_factory=list)
     tenants: list[TenantSpec] = Field(default_factory=list)
     routes: list[RouteSpec] = Field(default_factory=list)
+    budget: BudgetSpec | None = Field(default=None, description="all groups together (Q6)")
     schedule_templates: dict[str, list[ScheduleEntry]] = Field(
         default_factory=dict, description="named scheduled floors groups refer to (S8)"
     )

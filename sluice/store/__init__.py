@@ -1,6 +1,21 @@
 """Durable state (spec revisions, audit, events, instances, overrides) behind one `Store`."""
 
-from sluice.store.records import AuditEntry, Event, InstanceRecord, Revision
+from sluice.store.records import (
+    AuditEntry,
+    Event,
+    InstanceRecord,
+    Loan,
+    Revision,
+    ScalingDecision,
+)
 from sluice.store.store import Store
 
-__all__ = ["AuditEntry", "Event", "InstanceRecord", "Revision", "Store"]
+__all__ = [
+    "AuditEntry",
+    "Event",
+    "InstanceRecord",
+    "Loan",
+    "Revision",
+    "ScalingDecision",
+    "Store",
+]

@@ -7,7 +7,7 @@ from typing import Any
 
 from sluice.core import InstanceState
 
-__all__ = ["AuditEntry", "Event", "InstanceRecord", "Revision"]
+__all__ = ["AuditEntry", "Event", "InstanceRecord", "Loan", "Revision", "ScalingDecision"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +77,57 @@ class InstanceRecord:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", InstanceState(self.state).value)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingDecision:
+    """One autoscaler decision as journaled: `detail` holds `signals`, `proposals`,
+    `clipped_by` and `unclipped` (see `sluice.policy.autoscale.Decision`)."""
+
+    id: int
+    at: float
+    group: str
+    policy: str
+    current: int
+    desired: int
+    winner: str | None
+    reason: str
+    detail: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Loan:
+    """One row of the borrow ledger (Q4): `borrower` held `units` of `lender`'s idle guarantee
+    (`lender` None: the pool's unassigned units) from `started_at` until `ended_at` (None:
+    still open). `reclaim_latency_s` = ended_at - reclaim_requested_at when the lender asked
+    for the units back. Times in seconds."""
+
+    id: int
+    lender: str | None
+    borrower: str
+    pool: str
+    units: int
+    started_at: float
+    reclaim_requested_at: float | None
+    ended_at: float | None
+    reason: str
+    end_reason: str
+    reclaim_latency_s: float | None
+
+    @property
+    def open(self) -> bool:
+        return self.ended_at is None
+
+    def unit_hours(self, now: float) -> float:
+        """Units x hours lent so far (up to `now` while open)."""
+        end = now if self.ended_at is None else self.ended_at
+        return self.units * max(0.0, end - self.started_at) / 3600.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,6 +14,7 @@ __all__ = [
     "failovers",
     "instances",
     "metadata",
+    "quota_loans",
     "replica_overrides",
     "revisions",
 ]
@@ -101,3 +102,40 @@ failovers = Table(
     Column("reason", Text, nullable=False),
     Column("set_at", Float, nullable=False),
 )
+
+scaling_decisions = Table(
+    "scaling_decisions",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("at", Float, nullable=False),
+    Column("group_name", String(255), nullable=False),
+    Column("policy", String(64), nullable=False),
+    Column("current", Integer, nullable=False),
+    Column("desired", Integer, nullable=False),
+    Column("winner", String(255), nullable=True),
+    Column("reason", Text, nullable=False),
+    Column("detail", Text, nullable=False),
+    Index(None, "group_name", "id"),
+)
+"""The autoscaler's journal (S11): signals, proposals, the winning signal, clipping guards."""
+
+quota_loans = Table(
+    "quota_loans",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("lender", String(255), nullable=True),
+    Column("borrower", String(255), nullable=False),
+    Column("pool", String(255), nullable=False),
+    Column("units", Integer, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("reclaim_requested_at", Float, nullable=True),
+    Column("ended_at", Float, nullable=True),
+    Column("reason", Text, nullable=False),
+    Column("end_reason", Text, nullable=False),
+    Column("reclaim_latency_s", Float, nullable=True),
+    Index(None, "ended_at", "id"),
+    Index(None, "borrower", "id"),
+    Index(None, "lender", "id"),
+)
+"""The borrow ledger (Q4): every loan of units above a guarantee, from start to return.
+`lender` NULL: the pool's unassigned units. `ended_at` NULL: the loan is open."""

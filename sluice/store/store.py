@@ -32,7 +32,14 @@ from sqlalchemy.exc import IntegrityError
 
 from sluice.core import InstanceState, NotFound
 from sluice.store import schema
-from sluice.store.records import AuditEntry, Event, InstanceRecord, Revision
+from sluice.store.records import (
+    AuditEntry,
+    Event,
+    InstanceRecord,
+    Loan,
+    Revision,
+    ScalingDecision,
+)
 
 __all__ = ["Store"]
 
@@ -238,6 +245,125 @@ class Store:
         with self._engine.connect() as conn:
             return [_event(row) for row in conn.execute(query)]
 
+    # -- the autoscaler's journal -------------------------------------------------------------
+
+    def append_decision(
+        self,
+        *,
+        group: str,
+        policy: str,
+        current: int,
+        desired: int,
+        winner: str | None,
+        reason: str,
+        detail: dict[str, Any],
+        now: float,
+    ) -> ScalingDecision:
+        text = _dump(detail)
+        values = {
+            "at": now,
+            "group_name": group,
+            "policy": policy,
+            "current": current,
+            "desired": desired,
+            "winner": winner,
+            "reason": reason,
+            "detail": text,
+        }
+        new_id = self._append(schema.scaling_decisions, values)
+        return _decision(new_id, values)
+
+    def list_decisions(self, *, group: str, limit: int = 20) -> list[ScalingDecision]:
+        """Newest first."""
+        t = schema.scaling_decisions
+        query = (
+            select(t)
+            .where(t.c.group_name == group)
+            .order_by(t.c.id.desc())
+            .limit(_check_limit(limit))
+        )
+        with self._engine.connect() as conn:
+            return [_decision(row.id, dict(row._mapping)) for row in conn.execute(query)]
+
+    # -- the borrow ledger (Q4) -------------------------------------------------------------
+
+    def open_loan(
+        self,
+        *,
+        lender: str | None,
+        borrower: str,
+        pool: str,
+        units: int,
+        reason: str,
+        now: float,
+    ) -> int:
+        """Record that `borrower` now holds `units` lent by `lender` (None: the pool's
+        unassigned units); return the loan id."""
+        if units < 1:
+            raise ValueError(f"open_loan(units={units}): must be >= 1")
+        values = {
+            "lender": lender,
+            "borrower": borrower,
+            "pool": pool,
+            "units": units,
+            "started_at": now,
+            "reclaim_requested_at": None,
+            "ended_at": None,
+            "reason": reason,
+            "end_reason": "",
+            "reclaim_latency_s": None,
+        }
+        return self._append(schema.quota_loans, values)
+
+    def request_reclaim(self, loan_id: int, now: float) -> None:
+        """The lender asked for the units back; the first request of an open loan counts."""
+        t = schema.quota_loans
+        with self._writer.begin() as conn:
+            row = conn.execute(select(t.c.id).where(t.c.id == loan_id)).one_or_none()
+            if row is None:
+                raise NotFound(f"loan {loan_id} does not exist", loan=loan_id)
+            conn.execute(
+                update(t)
+                .where(t.c.id == loan_id, t.c.ended_at.is_(None))
+                .where(t.c.reclaim_requested_at.is_(None))
+                .values(reclaim_requested_at=now)
+            )
+
+    def close_loan(self, loan_id: int, now: float, end_reason: str) -> Loan:
+        """The units went back; after a reclaim request the latency (now - request) is kept.
+        Closing a closed loan changes nothing and returns it as it was."""
+        t = schema.quota_loans
+
+        def work(conn: Connection) -> Loan:
+            row = conn.execute(select(t).where(t.c.id == loan_id)).one_or_none()
+            if row is None:
+                raise NotFound(f"loan {loan_id} does not exist", loan=loan_id)
+            m = dict(row._mapping)
+            if m["ended_at"] is None:
+                asked = m["reclaim_requested_at"]
+                m["ended_at"] = now
+                m["end_reason"] = end_reason
+                m["reclaim_latency_s"] = None if asked is None else max(0.0, now - asked)
+                keys = ("ended_at", "end_reason", "reclaim_latency_s")
+                conn.execute(update(t).where(t.c.id == loan_id).values({k: m[k] for k in keys}))
+            return Loan(**m)
+
+        with self._writer.begin() as conn:
+            return work(conn)
+
+    def list_loans(
+        self, *, open_only: bool = False, group: str | None = None, limit: int = 100
+    ) -> list[Loan]:
+        """Newest first; `group` matches the lender or the borrower."""
+        t = schema.quota_loans
+        query = select(t).order_by(t.c.id.desc()).limit(_check_limit(limit))
+        if open_only:
+            query = query.where(t.c.ended_at.is_(None))
+        if group is not None:
+            query = query.where((t.c.lender == group) | (t.c.borrower == group))
+        with self._engine.connect() as conn:
+            return [Loan(**row._mapping) for row in conn.execute(query)]
+
     # -- instance registry -----------------------------------------------------------------
 
     def upsert_instance(self, rec: InstanceRecord) -> None:
@@ -376,4 +502,18 @@ def _instance(row: Row[Any]) -> InstanceRecord:
         created_at=m["created_at"],
         updated_at=m["updated_at"],
         reason=m["reason"],
+    )
+
+
+def _decision(row_id: int, m: dict[str, Any]) -> ScalingDecision:
+    return ScalingDecision(
+        id=row_id,
+        at=m["at"],
+        group=m["group_name"],
+        policy=m["policy"],
+        current=m["current"],
+        desired=m["desired"],
+        winner=m["winner"],
+        reason=m["reason"],
+        detail=_load(m["detail"]),
     )

@@ -345,3 +345,91 @@ def test_concurrent_writers_get_unique_consecutive_numbers(home: Path) -> None:
             t.join()
         assert sorted(numbers) == list(range(1, 4 * per_thread + 1))
         assert [r.number for r in two.list_revisions(limit=100)] == sorted(numbers, reverse=True)
+
+
+def test_scaling_decisions_are_journaled_newest_first(tmp_path: Path) -> None:
+    with Store.for_home(tmp_path) as store:
+        for i, desired in enumerate((2, 4, 3)):
+            store.append_decision(
+                group="chat",
+                policy="sluice",
+                current=desired - 1,
+                desired=desired,
+                winner="concurrency",
+                reason=f"step {i}",
+                detail={"signals": {"concurrency": 1.5 * i}, "clipped_by": ["step"]},
+                now=100.0 + i,
+            )
+        store.append_decision(
+            group="other",
+            policy="hpa",
+            current=1,
+            desired=1,
+            winner=None,
+            reason="hold",
+            detail={},
+            now=200.0,
+        )
+        got = store.list_decisions(group="chat", limit=2)
+    assert [d.desired for d in got] == [3, 4]
+    assert got[0].detail == {"signals": {"concurrency": 3.0}, "clipped_by": ["step"]}
+    assert got[0].reason == "step 2" and got[0].policy == "sluice"
+
+
+# -- the borrow ledger (quota loans, Q4) ----------------------------------------------------
+
+
+def test_loans_open_reclaim_close_with_latency(store: Store) -> None:
+    a = store.open_loan(lender="a", borrower="b", pool="gpu", units=3, reason="burst", now=10.0)
+    shared = store.open_loan(
+        lender=None, borrower="b", pool="gpu", units=1, reason="unassigned", now=11.0
+    )
+    [first, second] = store.list_loans(open_only=True)
+    assert (first.id, second.id) == (shared, a)
+    assert first.lender is None and first.open and second.units == 3
+    store.request_reclaim(a, now=20.0)
+    store.request_reclaim(a, now=25.0)  # only the first request counts
+    closed = store.close_loan(a, now=32.5, end_reason="reclaimed by a")
+    assert closed.reclaim_requested_at == 20.0
+    assert closed.reclaim_latency_s == pytest.approx(12.5)
+    assert closed.ended_at == 32.5 and not closed.open
+    assert closed.unit_hours(now=1e9) == pytest.approx(3 * 22.5 / 3600)
+    again = store.close_loan(a, now=99.0, end_reason="twice")
+    assert again == closed
+    plain = store.close_loan(shared, now=40.0, end_reason="scaled down")
+    assert plain.reclaim_latency_s is None and plain.end_reason == "scaled down"
+    assert store.list_loans(open_only=True) == []
+    assert [x.id for x in store.list_loans()] == [shared, a]
+
+
+def test_loans_filter_by_group_as_lender_or_borrower(store: Store) -> None:
+    ab = store.open_loan(lender="a", borrower="b", pool="p", units=1, reason="", now=1.0)
+    cb = store.open_loan(lender="c", borrower="b", pool="p", units=2, reason="", now=2.0)
+    bd = store.open_loan(lender="b", borrower="d", pool="p", units=1, reason="", now=3.0)
+    assert [x.id for x in store.list_loans(group="a")] == [ab]
+    assert [x.id for x in store.list_loans(group="b")] == [bd, cb, ab]
+    assert [x.id for x in store.list_loans(group="b", limit=1)] == [bd]
+    assert store.list_loans(group="zzz") == []
+
+
+def test_loan_errors(store: Store) -> None:
+    with pytest.raises(ValueError, match="units=0"):
+        store.open_loan(lender="a", borrower="b", pool="p", units=0, reason="", now=1.0)
+    with pytest.raises(NotFound):
+        store.request_reclaim(404, now=1.0)
+    with pytest.raises(NotFound):
+        store.close_loan(404, now=1.0, end_reason="")
+
+
+def test_loans_persist_and_feed_ledger_changes(home: Path) -> None:
+    from sluice.policy.quota import Loan as PolicyLoan
+    from sluice.policy.quota import ledger_changes
+
+    with Store.for_home(home) as store:
+        lid = store.open_loan(lender="a", borrower="b", pool="p", units=3, reason="", now=1.0)
+    with Store.for_home(home) as store:
+        rows = store.list_loans(open_only=True)
+        assert [r.id for r in rows] == [lid]
+        changes = ledger_changes(rows, [PolicyLoan("a", "b", "p", 1)])
+    assert changes.close == (lid,)
+    assert changes.open == (PolicyLoan("a", "b", "p", 1),)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Autoscaler", "Decision", "GroupLoad"]
+__all__ = ["Autoscaler", "Decision", "GroupLoad", "TrafficSample", "window_quantile"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,3 +76,42 @@ class Autoscaler(Protocol):
     def decide(self, load: GroupLoad, now: float) -> Decision:
         """Desired instance count at `now`; called once per tick, `now` increasing."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficSample:
+    """What the gateway counted for one group, read at `at` (cumulative where it can be, so
+    two samples bracket a window exactly): the live source of `GroupLoad`'s traffic fields.
+
+    `latency_counts[i]` counts finished requests with latency <= `latency_bounds[i]` (and
+    above the previous bound); the last entry is the overflow bucket.
+    """
+
+    at: float
+    in_flight: int
+    queued: int
+    arrivals: int
+    completions: int
+    latency_bounds: tuple[float, ...]
+    latency_counts: tuple[int, ...]
+
+
+def window_quantile(older: TrafficSample, newer: TrafficSample, q: float) -> float | None:
+    """The `q` quantile of the latencies that finished between two samples, interpolated
+    within its bucket (Prometheus' histogram_quantile); None when none finished."""
+    deltas = [n - o for n, o in zip(newer.latency_counts, older.latency_counts, strict=True)]
+    total = sum(deltas)
+    if total <= 0:
+        return None
+    rank = q * total
+    seen = 0
+    lower = 0.0
+    bounds = newer.latency_bounds
+    for i, count in enumerate(deltas):
+        if i == len(bounds):  # overflow bucket: the best we can say is its lower edge
+            return lower
+        if count and seen + count >= rank:
+            return lower + (bounds[i] - lower) * (rank - seen) / count
+        seen += count
+        lower = bounds[i]
+    return lower

@@ -1,0 +1,174 @@
+"""The live side of autoscaling: turn gateway counters into `GroupLoad`s, once per interval.
+
+The decisions are the pure policies of `sluice.policy.autoscale` (the simulator runs the
+same objects); this module only keeps what a live run must remember between ticks: each
+group's policy instance (rebuilt when its spec changes), a short history of traffic samples
+(so p95 latency covers the last `LATENCY_WINDOW_S` exactly), and the measured start-up time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sluice.core import InstanceState, InstanceStatus
+from sluice.policy.autoscale import Autoscaler, Decision, GroupLoad, build_autoscaler
+from sluice.policy.autoscale.base import TrafficSample, window_quantile
+from sluice.spec import GroupSpec, PlatformSpec
+
+__all__ = ["GroupScaling", "LiveAutoscaling", "TrafficSource"]
+
+TrafficSource = Callable[[], Mapping[str, TrafficSample]]
+"""The gateway's per-group counters (`Gateway.traffic`)."""
+
+LATENCY_WINDOW_S = 10.0
+"""p95 latency is taken over requests that finished in about this many seconds."""
+STARTUP_EWMA = 0.3
+"""Weight of the newest launch -> ready time in the group's start-up estimate."""
+
+
+@dataclass
+class GroupScaling:
+    """What one autoscaled group's loop remembers."""
+
+    policy: Autoscaler
+    spec_key: str
+    samples: deque[TrafficSample] = field(default_factory=deque)
+    startup_s: float | None = None
+    timed: set[str] = field(default_factory=set)
+    """instances whose launch -> ready time is already in `startup_s`"""
+    next_at: float = 0.0
+    last: Decision | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStep:
+    """One group's decision this tick, with the load it was made on."""
+
+    group: GroupSpec
+    load: GroupLoad
+    decision: Decision
+    policy: str
+
+
+class LiveAutoscaling:
+    """Runs every autoscaled group's policy at its `interval_s`."""
+
+    def __init__(self, traffic: TrafficSource | None) -> None:
+        self._traffic = traffic
+        self._groups: dict[str, GroupScaling] = {}
+
+    def state(self, group: str) -> GroupScaling | None:
+        return self._groups.get(group)
+
+    def step(
+        self,
+        spec: PlatformSpec,
+        observed: Sequence[InstanceStatus],
+        target: Callable[[str], int],
+        now: float,
+    ) -> list[GroupStep]:
+        """Decide for every autoscaled group whose interval has come; `target(group)` is the
+        count the previous decision set (what the policy calls `current`)."""
+        scaled = [g for g in spec.groups if g.autoscaling is not None]
+        self._groups = {g.name: self._groups[g.name] for g in scaled if g.name in self._groups}
+        due = [g for g in scaled if now >= self._state_for(g, spec).next_at]
+        if not due:
+            return []
+        try:
+            traffic = self._traffic() if self._traffic is not None else {}
+        except Exception:  # the gateway's counters are unreadable: missing, not zero
+            traffic = {}
+        steps = []
+        for g in due:
+            st = self._groups[g.name]
+            assert g.autoscaling is not None
+            st.next_at = now + g.autoscaling.interval_s
+            mine = [i for i in observed if i.group == g.name]
+            self._time_startups(st, mine)
+            load = self._load(g, st, traffic.get(g.name), mine, target(g.name), now)
+            decision = st.policy.decide(load, now)
+            st.last = decision
+            steps.append(GroupStep(g, load, decision, st.policy.name))
+        return steps
+
+    def _state_for(self, g: GroupSpec, spec: PlatformSpec) -> GroupScaling:
+        assert g.autoscaling is not None
+        key = g.autoscaling.model_dump_json() + repr(sorted(spec.schedule_templates.items()))
+        st = self._groups.get(g.name)
+        if st is None or st.spec_key != key:
+            policy = build_autoscaler(g, spec.schedule_templates)
+            st = GroupScaling(policy, key, startup_s=st.startup_s if st else None)
+            self._groups[g.name] = st
+        return st
+
+    @staticmethod
+    def _time_startups(st: GroupScaling, mine: Sequence[InstanceStatus]) -> None:
+        for inst in mine:
+            if inst.ready_at is None or inst.id in st.timed:
+                continue
+            st.timed.add(inst.id)
+            took = inst.ready_at - inst.created_at
+            st.startup_s = (
+                took
+                if st.startup_s is None
+                else (1 - STARTUP_EWMA) * st.startup_s + STARTUP_EWMA * took
+            )
+        st.timed &= {i.id for i in mine}
+
+    @staticmethod
+    def _load(
+        g: GroupSpec,
+        st: GroupScaling,
+        sample: TrafficSample | None,
+        mine: Sequence[InstanceStatus],
+        current: int,
+        now: float,
+    ) -> GroupLoad:
+        assert g.autoscaling is not None
+        ready = sum(1 for i in mine if i.state is InstanceState.READY)
+        draining = sum(1 for i in mine if i.state is InstanceState.DRAINING)
+        startup = g.autoscaling.lead_time_s
+        if startup is None:
+            startup = st.startup_s if st.startup_s is not None else _declared_startup(g)
+        if sample is None:  # no counters: the newest we have, marked as not fresh
+            last = st.samples[-1] if st.samples else None
+            return GroupLoad(
+                at=last.at if last else now,
+                current=current,
+                ready=ready,
+                slots_per_instance=g.max_concurrency,
+                in_flight=last.in_flight if last else 0,
+                queued=last.queued if last else 0,
+                arrivals=last.arrivals if last else 0,
+                completions=last.completions if last else 0,
+                startup_s=startup,
+                draining=draining,
+                fresh=False,
+            )
+        samples = st.samples
+        samples.append(sample)
+        while len(samples) > 2 and samples[1].at <= sample.at - LATENCY_WINDOW_S:
+            samples.popleft()
+        return GroupLoad(
+            at=sample.at,
+            current=current,
+            ready=ready,
+            slots_per_instance=g.max_concurrency,
+            in_flight=sample.in_flight,
+            queued=sample.queued,
+            arrivals=sample.arrivals,
+            completions=sample.completions,
+            latency_p95_s=window_quantile(samples[0], sample, 0.95),
+            startup_s=startup,
+            draining=draining,
+        )
+
+
+def _declared_startup(g: GroupSpec) -> float:
+    """Before any instance came up: the slowest model's declared start-up time."""
+    return max(
+        (m.sim.startup_s for m in g.models.values() if m.sim is not None),
+        default=0.0,
+    )

@@ -1,0 +1,62 @@
+"""`sluice explain GROUP` (S11): the autoscaler's recent decisions, each with the signals that
+drove it, the instances it launched (did they come up, how long did they take) and whether
+traffic reached them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sluice.store import Event, ScalingDecision
+
+__all__ = ["explain_decisions"]
+
+
+def explain_decisions(
+    decisions: Sequence[ScalingDecision],
+    events: Sequence[Event],
+    served: Mapping[str, int],
+) -> list[dict[str, Any]]:
+    """`decisions` and `events` newest first (as the store lists them); `served` counts
+    requests the gateway sent to each instance. A scale-up owns the launches made between
+    it and the next decision."""
+    launched: dict[str, float] = {}
+    outcome: dict[str, tuple[str, float, dict[str, Any]]] = {}
+    for e in reversed(events):  # oldest first: the latest outcome wins
+        if e.instance is None:
+            continue
+        if e.kind == "launch":
+            launched[e.instance] = e.at
+        elif e.kind in ("ready", "failed", "stopped", "drain"):
+            if e.kind != "ready" and outcome.get(e.instance, ("",))[0] == "ready":
+                continue  # it came up; a later drain does not undo that
+            outcome[e.instance] = (e.kind, e.at, e.detail)
+    out = []
+    until = float("inf")
+    for d in decisions:  # newest first, so `until` is the next (newer) decision's time
+        item = d.to_json()
+        item["launched"] = [
+            _instance(iid, at, outcome.get(iid), served.get(iid))
+            for iid, at in sorted(launched.items(), key=lambda kv: kv[1])
+            if d.desired > d.current and d.at <= at < until
+        ]
+        out.append(item)
+        until = d.at
+    return out
+
+
+def _instance(
+    iid: str,
+    launched_at: float,
+    outcome: tuple[str, float, dict[str, Any]] | None,
+    served: int | None,
+) -> dict[str, Any]:
+    kind, at, detail = outcome if outcome is not None else ("starting", None, {})
+    return {
+        "instance": iid,
+        "launched_at": launched_at,
+        "outcome": "came up" if kind == "ready" else kind,
+        "startup_s": detail.get("startup_s") if kind == "ready" else None,
+        "outcome_at": at,
+        "requests_served": served or 0,
+    }

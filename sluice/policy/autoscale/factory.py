@@ -1,0 +1,58 @@
+"""Build a group's autoscaler by name from its spec (the one registry of policies)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from sluice.policy.autoscale.base import Autoscaler
+from sluice.policy.autoscale.fixed import FixedPolicy
+from sluice.policy.autoscale.hpa import HpaPolicy
+from sluice.policy.autoscale.kpa import KpaPolicy
+from sluice.policy.autoscale.schedule import ScheduleFloors, resolve_schedules
+from sluice.policy.autoscale.sluice import SluicePolicy
+from sluice.spec.autoscaling import ScheduleEntry
+from sluice.spec.models import GroupSpec
+
+__all__ = ["POLICY_NAMES", "build_autoscaler"]
+
+POLICY_NAMES = ("sluice", "hpa", "kpa", "fixed", "fixed:N")
+
+
+def build_autoscaler(
+    group: GroupSpec,
+    templates: Mapping[str, Sequence[ScheduleEntry]],
+    policy: str | None = None,
+) -> Autoscaler:
+    """The autoscaler for `group`. `policy` overrides `group.autoscaling.policy`:
+    'sluice', 'hpa', 'kpa', 'fixed' (the group's `replicas`) or 'fixed:N'.
+    A group without an `autoscaling` block gets `FixedPolicy(replicas)` unless told otherwise.
+    HPA and KPA take `max(min, stable)` as their minimum and ignore schedules (upstream has
+    neither); Sluice takes the group's `slo.latency_ms` as p95 target when none is set.
+    Raises ValueError for an unknown policy or template name.
+    """
+    spec = group.autoscaling
+    name = (policy if policy is not None else (spec.policy if spec else "fixed")).strip()
+    if name == "fixed":
+        return FixedPolicy(group.replicas)
+    if name.startswith("fixed:"):
+        count = name.removeprefix("fixed:")
+        if not count.isdigit():
+            raise ValueError(f"policy {name!r}: 'fixed:N' needs a whole number N >= 0")
+        return FixedPolicy(int(count))
+    if name not in ("sluice", "hpa", "kpa"):
+        known = ", ".join(POLICY_NAMES)
+        raise ValueError(f"unknown autoscaling policy {name!r}; known: {known}")
+    if spec is None:
+        raise ValueError(
+            f"group {group.name!r} has no 'autoscaling' block (min/max), so policy {name!r} "
+            "cannot run; add one or use 'fixed:N'"
+        )
+    floor = max(spec.min, spec.stable)
+    age = spec.metrics_max_age_s
+    if name == "hpa":
+        return HpaPolicy(spec.hpa, min_replicas=floor, max_replicas=spec.max, metrics_max_age_s=age)
+    if name == "kpa":
+        return KpaPolicy(spec.kpa, min_scale=floor, max_scale=spec.max, metrics_max_age_s=age)
+    schedules = ScheduleFloors(resolve_schedules(spec.schedules, templates))
+    slo_ms = group.slo.latency_ms if group.slo is not None else None
+    return SluicePolicy(spec, schedules=schedules, latency_target_ms=slo_ms)

@@ -1,0 +1,479 @@
+"""Quota allocation (Q1-Q6): how many instances each group may run now, in accelerator units.
+
+One call per controller tick: `allocate(pools, claims, state, now)` -> `Allocation`. Pure: the
+caller passes the time, the month-to-date spend and the state the last call returned.
+
+Units are accelerators of a pool; an instance of a group holds `units_per_instance` of them,
+from its start until its drain completes. Pools never share units, so a group only ever uses
+(and borrows within) its own pool, and only a pool of its purpose (Q5). Each round:
+
+| step | rule                                                                                   |
+|------|----------------------------------------------------------------------------------------|
+| 1    | guarantees that fit: if the pool shrank below the sum of guarantees, reserved groups     |
+|      | keep theirs first, then by priority (higher first), then name; the rest are cut (Q2)   |
+| 2    | over capacity (running units > count): drain the newest instances above guarantee,     |
+|      | non-reserved and lowest priority first, at once (the units are gone)                   |
+| 3    | own starts: within the (effective) guarantee, reserved then priority order (Q1)        |
+| 4    | reclaim: a group still short of its guarantee once every drain completes waits         |
+|      | `reclaim_grace_s`, then the newest borrowed instances are drained (lowest priority     |
+|      | borrower first, then the one above its guarantee most); it starts on those units only  |
+|      | once they are released, so nothing is started and then left waiting (Q4)              |
+| 5    | borrowing: unassigned units (count - guarantees) and idle lendable guarantees          |
+|      | (min(lendable, guaranteed - used)), one instance at a time to the highest priority,    |
+|      | then least borrowed group, up to `borrow_limit` and `limit`                             |
+| any  | every start also keeps `limit` and the budgets (group and global, Q6)                  |
+
+Draining units count as held (against the pool, the limit and the spend rate) until released.
+A lender gets its units within its `reclaim_grace_s` + the borrower's `drain_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+
+from sluice.policy.quota.loans import Holding, attribute_loans
+from sluice.policy.quota.model import (
+    Allocation,
+    Grant,
+    GroupClaim,
+    Loan,
+    PendingReclaim,
+    PoolState,
+    QuotaState,
+    Reclaim,
+    hours_left_in_month,
+)
+from sluice.spec.quota import BudgetSpec
+
+__all__ = ["allocate"]
+
+_EPS = 1e-9
+
+
+class _Cap:
+    """One spend-rate ceiling (price units per hour) and how to explain it."""
+
+    __slots__ = ("label", "limit")
+
+    def __init__(self, limit: float, label: str) -> None:
+        self.limit = limit
+        self.label = label
+
+
+def _caps(budget: BudgetSpec | None, spent: float, hours_left: float, scope: str) -> list[_Cap]:
+    if budget is None:
+        return []
+    caps = []
+    if budget.per_hour is not None:
+        caps.append(_Cap(budget.per_hour, f"{scope} per_hour {budget.per_hour:g}"))
+    if budget.per_month is not None:
+        left = budget.per_month - spent
+        caps.append(
+            _Cap(
+                left / hours_left,
+                f"{scope} per_month {budget.per_month:g} ({left:g} left over "
+                f"{hours_left:.1f} h = {left / hours_left:.4g}/h)",
+            )
+        )
+    return caps
+
+
+class _Group:
+    """Working copy of one claim during a round (mutable, private)."""
+
+    __slots__ = (
+        "block",
+        "c",
+        "cap_why",
+        "caps",
+        "d",
+        "ends",
+        "eq",
+        "kept",
+        "lend",
+        "max_inst",
+        "pool",
+        "price",
+        "q",
+        "running",
+        "shortfall",
+        "start",
+        "u",
+        "unit_price",
+        "usable",
+        "victim",
+    )
+
+    def __init__(
+        self, c: GroupClaim, pool: PoolState | None, pending: Mapping[str, PendingReclaim]
+    ) -> None:
+        self.c = c
+        self.q = c.quota
+        self.u = c.units_per_instance
+        self.pool = pool
+        self.usable = pool is not None and pool.purpose == c.purpose
+        if pending:
+            self.running = [r for r in c.running if r.id not in pending]
+        else:
+            self.running = list(c.running)
+        self.kept = len(self.running)
+        self.start = 0
+        self.d = c.draining_units + (len(c.running) - self.kept) * self.u
+        self.eq = 0
+        self.max_inst = 0
+        self.lend = c.quota.guaranteed if c.quota.lendable is None else c.quota.lendable
+        self.unit_price = pool.price_per_hour if pool else 0.0
+        self.price = self.unit_price * self.u
+        self.caps: list[_Cap] = []
+        self.block: str | None = None
+        self.shortfall = 0
+        self.cap_why = ""
+        self.ends = 0.0
+        self.victim = False
+
+    @property
+    def held(self) -> int:
+        return (self.kept + self.start) * self.u + self.d
+
+    @property
+    def rate(self) -> float:
+        return self.held * self.unit_price
+
+
+def allocate(
+    pools: Sequence[PoolState],
+    claims: Sequence[GroupClaim],
+    state: QuotaState,
+    now: float,
+    *,
+    budget: BudgetSpec | None = None,
+    spent_this_month: float = 0.0,
+) -> Allocation:
+    """Decide every group's grant for this round. `now`: epoch seconds (also the calendar
+    month for `per_month`). `budget`/`spent_this_month`: the global budget and its spend.
+
+    pre: group names are unique; units_per_instance >= 1; wanted >= 0.
+    """
+    hours_left = hours_left_in_month(now)
+    by_pool = {p.name: p for p in pools}
+    groups: list[_Group] = []
+    for c in claims:
+        pool = by_pool.get(c.pool)
+        g = _Group(c, pool, state.reclaiming)
+        if pool is None:
+            g.block = f"no pool named {c.pool!r}"
+        elif pool.purpose != c.purpose:
+            g.block = (
+                f"pool {pool.name!r} is a {pool.purpose} pool; {c.purpose} groups never use it (Q5)"
+            )
+        g.caps = _caps(c.budget, c.spent_this_month, hours_left, f"group {c.name!r}")
+        groups.append(g)
+    live = [g for g in groups if g.usable]
+    glob = _Global(_caps(budget, spent_this_month, hours_left, "global"))
+    glob.rate = sum(g.rate for g in groups)
+    members: dict[str, list[_Group]] = {p.name: [] for p in pools}
+    for g in live:
+        members[g.c.pool].append(g)
+        # Own starts go first to the claim that has waited longest past its grace period.
+        since = state.claims_since.get(g.c.name, now)
+        g.ends = since + g.q.reclaim_grace_s
+
+    reclaims: list[Reclaim] = []
+    new_pending: dict[str, PendingReclaim] = {}
+    # Re-issue drains asked for earlier whose instances are still listed as running.
+    for c in claims if state.reclaiming else ():
+        for r in c.running:
+            p = state.reclaiming.get(r.id)
+            if p is not None:
+                new_pending[r.id] = p
+                reclaims.append(
+                    Reclaim(c.name, p.lender, c.pool, (r.id,), p.units, p.reason, p.deadline)
+                )
+    claims_since: dict[str, float] = {}
+    wake: list[float] = []
+    for pool in pools:
+        gs = members[pool.name]
+        if not gs:
+            continue
+        _effective_guarantees(pool, gs)
+        reclaims += _cut_over_capacity(pool, gs, now, new_pending)
+        _own_starts(pool, gs, glob)
+        reclaims += _reclaim(pool, gs, state, now, claims_since, wake, new_pending)
+        _borrow(pool, gs, glob)
+    loans: list[Loan] = []
+    for pool in pools:
+        gs = members[pool.name]
+        holdings = [Holding(g.c.name, g.eq, g.held) for g in gs]
+        previous = [x for x in state.loans if x.pool == pool.name]
+        loans += attribute_loans(pool.name, pool.count, holdings, previous)
+
+    grants: dict[str, Grant] = {}
+    refusals: dict[str, str] = {}
+    for g in groups:
+        n = min(g.c.wanted, g.kept + g.start) if g.usable else 0
+        if g.c.wanted > n and g.block is None:
+            g.block = "no free units"
+        units = n * g.u
+        own = min(units, g.eq)
+        note = f"{n} of {g.c.wanted} wanted instance(s): {own} own + {units - own} borrowed units"
+        if g.c.wanted > n and g.block:
+            refusals[g.c.name] = g.block
+            note += f"; {g.block}"
+        grants[g.c.name] = Grant(g.c.name, n, own, units - own, note, g.rate)
+    next_state = QuotaState(claims_since, new_pending, tuple(loans))
+    return Allocation(
+        grants=grants,
+        loans=tuple(loans),
+        reclaims=tuple(reclaims),
+        refusals=refusals,
+        state=next_state,
+        spend_per_hour=glob.rate,
+        wake_at=min(wake) if wake else None,
+    )
+
+
+class _Global:
+    __slots__ = ("caps", "rate")
+
+    def __init__(self, caps: list[_Cap]) -> None:
+        self.caps = caps
+        self.rate = 0.0
+
+
+def _order(g: _Group) -> tuple[bool, int, str]:
+    """Who keeps a guarantee and starts first: reserved, then higher priority, then name."""
+    return (not g.q.reserved, -g.q.priority, g.c.name)
+
+
+def _effective_guarantees(pool: PoolState, gs: list[_Group]) -> None:
+    """Step 1: guarantees that fit the pool as it is now (Q2), and each group's caps."""
+    left = pool.count
+    for g in sorted(gs, key=_order):
+        g.eq = min(g.q.guaranteed, left)
+        left -= g.eq
+        limit = pool.count if g.q.limit is None else g.q.limit
+        cap = limit
+        g.cap_why = f"limit {limit} units reached ({g.u} per instance)"
+        if g.q.borrow_limit is not None and g.eq + g.q.borrow_limit < cap:
+            cap = g.eq + g.q.borrow_limit
+            g.cap_why = (
+                f"borrow_limit {g.q.borrow_limit} reached (guarantee {g.eq} + "
+                f"{g.q.borrow_limit} borrowed, {g.u} per instance)"
+            )
+        # Starts keep held units (draining included) <= cap; running ones above cap // u (the
+        # spec lowered the cap) count as draining: the controller scales down to the grant.
+        g.max_inst = max(0, (cap - g.d) // g.u)
+        over = g.kept - cap // g.u
+        if over > 0:
+            g.kept -= over
+            g.d += over * g.u
+            g.block = g.cap_why
+        if g.eq < g.q.guaranteed:
+            g.block = (
+                f"pool {pool.name!r} has {pool.count} units now: guarantee cut from "
+                f"{g.q.guaranteed} to {g.eq} (reserved groups keep theirs first)"
+            )
+
+
+def _victim_order(g: _Group) -> tuple[bool, int, int, str]:
+    """Drained first: non-reserved, lowest priority, most units above guarantee, name."""
+    return (g.q.reserved, g.q.priority, -(g.kept * g.u - g.eq), g.c.name)
+
+
+def _take(
+    g: _Group,
+    need: int,
+    lender: str | None,
+    pool: PoolState,
+    now: float,
+    reason: str,
+    pending: dict[str, PendingReclaim],
+) -> tuple[Reclaim | None, int]:
+    """Drain g's newest instances above its guarantee until `need` units are freed."""
+    excess = g.kept * g.u - g.eq
+    if excess <= 0 or need <= 0:
+        return None, 0
+    n = min(math.ceil(min(excess, need) / g.u), g.kept)
+    # Keep the running list ordered so that the kept ones are the oldest.
+    ordered = sorted(g.running[: g.kept], key=lambda r: (r.started_at, r.id))
+    victims = ordered[len(ordered) - n :][::-1]
+    g.running = ordered[: len(ordered) - n]
+    g.kept -= n
+    g.d += n * g.u
+    deadline = now + g.c.drain_timeout_s
+    for r in victims:
+        pending[r.id] = PendingReclaim(g.c.name, lender, g.u, deadline, reason)
+    g.victim = True
+    g.block = f"{reason}: {n} instance(s) drain"
+    ids = tuple(r.id for r in victims)
+    return Reclaim(g.c.name, lender, pool.name, ids, n * g.u, reason, deadline), n * g.u
+
+
+def _cut_over_capacity(
+    pool: PoolState, gs: list[_Group], now: float, pending: dict[str, PendingReclaim]
+) -> list[Reclaim]:
+    """Step 2: the pool has fewer units than running instances hold: drain the excess now."""
+    deficit = sum(g.kept * g.u for g in gs) - pool.count
+    out: list[Reclaim] = []
+    for g in sorted(gs, key=_victim_order):
+        if deficit <= 0:
+            break
+        why = (
+            f"pool {pool.name!r} shrank to {pool.count} units; {g.c.name!r} is above its "
+            f"guarantee {g.eq}, so its newest instances drain"
+        )
+        rec, freed = _take(g, deficit, None, pool, now, why, pending)
+        if rec is not None:
+            out.append(rec)
+            deficit -= freed
+    return out
+
+
+def _budget_room(g: _Group, n: int, glob: _Global) -> int:
+    """How many of `n` more instances the group and global spend caps allow."""
+    if g.price <= 0 or n <= 0:
+        return n
+    rate = g.rate
+    for cap, base in [(c, rate) for c in g.caps] + [(c, glob.rate) for c in glob.caps]:
+        room = math.floor((cap.limit - base) / g.price + _EPS)
+        if room < n:
+            n = max(0, room)
+            g.block = (
+                f"budget: one more instance ({g.price:g}/h) would take the spend rate from "
+                f"{base:g}/h above {cap.label}"
+            )
+    return n
+
+
+def _grow(g: _Group, n: int, glob: _Global) -> None:
+    g.start += n
+    glob.rate += n * g.price
+
+
+def _own_starts(pool: PoolState, gs: list[_Group], glob: _Global) -> None:
+    """Step 3: starts within each group's effective guarantee, if units are free now."""
+    free = pool.count - sum(g.held for g in gs)
+    for g in sorted(gs, key=lambda g: (g.ends, *_order(g))):
+        target = min(g.c.wanted, g.max_inst, g.eq // g.u)
+        want = target - g.kept
+        if want <= 0:
+            continue
+        n = _budget_room(g, min(want, max(0, free) // g.u), glob)
+        _grow(g, n, glob)
+        free -= n * g.u
+        if g.kept + g.start < target and _budget_room(g, 1, glob) == 1:
+            g.shortfall = (target - g.kept - g.start) * g.u
+
+
+def _reclaim(
+    pool: PoolState,
+    gs: list[_Group],
+    state: QuotaState,
+    now: float,
+    claims_since: dict[str, float],
+    wake: list[float],
+    pending: dict[str, PendingReclaim],
+) -> list[Reclaim]:
+    """Step 4: drain borrowers for groups short of their guarantee, after the grace period."""
+    short = [g for g in gs if g.shortfall > 0]
+    if not short:
+        return []
+    after_drains = pool.count - sum((g.kept + g.start) * g.u for g in gs)
+    need = sum(g.shortfall for g in short) - after_drains
+    out: list[Reclaim] = []
+    victims = sorted((g for g in gs if g.shortfall == 0 and g.kept * g.u > g.eq), key=_victim_order)
+    vi = 0
+    for g in sorted(short, key=_order):
+        since = state.claims_since.get(g.c.name, now)
+        claims_since[g.c.name] = since
+        ends = since + g.q.reclaim_grace_s
+        mine = min(g.shortfall, need)
+        if mine <= 0:
+            g.block = (
+                f"pool {pool.name!r} full: waiting for {g.shortfall} units of its guarantee "
+                "that draining instances are releasing"
+            )
+            continue
+        if now + _EPS < ends:
+            wake.append(ends)
+            g.block = (
+                f"pool {pool.name!r} full: {mine} units of its guarantee are borrowed; "
+                f"reclaim starts in {ends - now:.1f} s (reclaim_grace_s {g.q.reclaim_grace_s:g})"
+            )
+            continue
+        why = f"{g.c.name!r} wants {mine} units of its guarantee back (reclaim)"
+        names = []
+        while mine > 0 and vi < len(victims):
+            v = victims[vi]
+            rec, freed = _take(v, mine, g.c.name, pool, now, why, pending)
+            if rec is not None:
+                out.append(rec)
+                names.append(v.c.name)
+                mine -= freed
+                need -= freed
+            if rec is None or v.kept * v.u <= v.eq:
+                vi += 1  # this borrower has nothing above its guarantee left
+        g.block = (
+            f"pool {pool.name!r} full: waiting for units reclaimed from {', '.join(names)}"
+            if names
+            else f"pool {pool.name!r} full: waiting for draining instances"
+        )
+    return out
+
+
+def _borrow(pool: PoolState, gs: list[_Group], glob: _Global) -> None:
+    """Step 5: lend unassigned units and idle lendable guarantees, one instance at a time."""
+    free = pool.count - sum(g.held for g in gs)
+    protected = {g.c.name: _protected(g) for g in gs}
+    spare = free - sum(protected.values())
+    heap = [
+        (-g.q.priority, max(0, g.held - g.eq), g.c.name, i)
+        for i, g in enumerate(gs)
+        if g.kept + g.start < g.c.wanted and g.shortfall == 0 and not g.victim
+    ]
+    heapq.heapify(heap)
+    idle: str | None = None  # computed once, on the first refusal
+    while heap:
+        _, _, name, i = heapq.heappop(heap)
+        g = gs[i]
+        if g.kept + g.start >= g.max_inst:
+            g.block = g.cap_why
+            continue
+        if _budget_room(g, 1, glob) < 1:
+            continue
+        after = _protected_after(g, g.u)
+        if free < g.u or spare - g.u + protected[name] - after < 0:
+            if idle is None:
+                idle = _not_lendable(gs)
+            g.block = _full(pool, free, idle)
+            continue
+        _grow(g, 1, glob)
+        free -= g.u
+        spare += protected[name] - after - g.u
+        protected[name] = after
+        if g.kept + g.start < g.c.wanted:
+            heapq.heappush(heap, (-g.q.priority, max(0, g.held - g.eq), name, i))
+
+
+def _protected(g: _Group) -> int:
+    """Idle guarantee units nobody else may borrow: beyond `lendable`, or wanted by g."""
+    idle = max(0, g.eq - g.held)
+    return idle if g.shortfall else max(0, idle - g.lend)
+
+
+def _protected_after(g: _Group, extra: int) -> int:
+    idle = max(0, g.eq - g.held - extra)
+    return max(0, idle - g.lend)
+
+
+def _full(pool: PoolState, free: int, idle: str) -> str:
+    text = f"pool {pool.name!r} full: {pool.count - free} of {pool.count} units held"
+    return f"{text}; idle guaranteed units of {idle} are not lendable" if idle else text
+
+
+def _not_lendable(gs: list[_Group]) -> str:
+    """Groups whose idle guarantee nobody may borrow (beyond `lendable`, or being claimed)."""
+    idle = sorted(g.c.name for g in gs if _protected(g) > 0)
+    return ", ".join(idle[:5]) + (", ..." if len(idle) > 5 else "")

@@ -1,0 +1,70 @@
+"""Guaranteed capacity, caps, borrowing and budgets (Q1-Q6), in accelerator units of a pool.
+
+The vocabulary follows Kueue's ClusterQueue (nominal quota = `guaranteed`, borrowingLimit =
+`borrow_limit`, lendingLimit = `lendable`) and Volcano's guarantee <= capability (= `limit`),
+with one pool as the cohort: a group lends only idle units of its guarantee, and only within
+the pool (never across purpose: inference vs training, Q5).
+
+A group without a `quota` section has no guarantee and no borrow cap: it runs best-effort on
+the pool's unassigned units (count - sum of guarantees) and on idle lendable guarantees, and
+its instances are the first drained when an owner wants its units back.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["BudgetSpec", "QuotaSpec"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QuotaSpec(_Strict):
+    """A group's share of its pool, in accelerators."""
+
+    guaranteed: int = Field(default=0, ge=0, description="units it always gets (nominal)")
+    limit: int | None = Field(default=None, ge=0, description="cap; None: the pool's size")
+    lendable: int | None = Field(
+        default=None, ge=0, description="idle guaranteed units others may borrow; None: all"
+    )
+    borrow_limit: int | None = Field(
+        default=None,
+        ge=0,
+        description="units above its guarantee it may borrow; None: up to `limit`",
+    )
+    reserved: bool = Field(
+        default=False, description="core group: keeps its guarantee first when the pool shrinks"
+    )
+    priority: int = Field(
+        default=0, ge=-1000, le=1000, description="higher borrows first and is reclaimed last"
+    )
+    reclaim_grace_s: float = Field(
+        default=5.0, ge=0, le=3600, description="a lender waits this long before draining"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> QuotaSpec:
+        if self.limit is not None and self.limit < self.guaranteed:
+            raise ValueError(f"limit ({self.limit}) is below guaranteed ({self.guaranteed})")
+        if self.lendable is not None and self.lendable > self.guaranteed:
+            raise ValueError(
+                f"lendable ({self.lendable}) exceeds guaranteed ({self.guaranteed}): a group "
+                "lends only its own guarantee"
+            )
+        return self
+
+
+class BudgetSpec(_Strict):
+    """Spend guardrails (Q6), in the pools' price units (price_per_hour x accelerators).
+
+    The spend rate counts every unit held (running and draining instances). A start is refused
+    when it would raise the rate above `per_hour`, or above what is left of `per_month` spread
+    evenly over the hours left in the calendar month (UTC): (per_month - spent) / hours_left.
+    Keeping to that second rate can never overspend the month, and the allowed rate only grows
+    while the fleet stays under it.
+    """
+
+    per_hour: float | None = Field(default=None, gt=0, description="max spend rate")
+    per_month: float | None = Field(default=None, gt=0, description="max spend per month")

@@ -1,0 +1,214 @@
+"""End to end: a `sim` group under `sluice up` scales with its load (issue 5).
+
+A step from 5 to 50 req/s makes the group grow and its queue drain; when the load falls back
+it shrinks one instance at a time after the cooldown; no request is lost on the way down;
+`sluice explain` shows the decisions, the instances they launched and the traffic they got.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Sluice, kill_workers_of
+
+SPEC = """
+gateway: {host: 127.0.0.1, port: 0}
+pools:
+  - {name: local, count: 12, memory_gb: 16}
+groups:
+  - name: chat
+    owner: ops@example.com
+    business: search
+    alert_channel: "#ops"
+    models:
+      m-chat:
+        runtime: sim
+        sim: {startup_s: 0.3, service_time: {kind: fixed, seconds: 0.1}, memory_gb: 1}
+    resources: {pool: local, accelerators: 1, memory_gb: 1}
+    max_concurrency: 2
+    replicas: 1
+    slow_start_s: 0
+    drain_timeout_s: 10
+    queue: {max_length: 2000, max_wait_s: 60}
+    autoscaling:
+      min: 1
+      max: 6
+      down: {cooldown_s: 6, stabilization_s: 3, max_step: 1, max_percent: 0, period_s: 3}
+  - name: lazy
+    owner: ops@example.com
+    business: search
+    alert_channel: "#ops"
+    models:
+      m-lazy: {runtime: sim, sim: {startup_s: 0.3, memory_gb: 1}}
+    resources: {pool: local, accelerators: 1, memory_gb: 1}
+    replicas: 0
+    queue: {max_length: 10, max_wait_s: 60}
+    autoscaling: {min: 0, max: 2, down: {to_zero_delay_s: 4}}
+  - name: standby
+    owner: ops@example.com
+    business: search
+    alert_channel: "#ops"
+    models:
+      m-standby: {runtime: sim, sim: {startup_s: 0.3, memory_gb: 1}}
+    resources: {pool: local, accelerators: 1, memory_gb: 1}
+    autoscaling: {min: 1, max: 3, warm_standby: 1}
+tenants:
+  - {name: search, api_keys: [sk-search]}
+"""
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
+    home = tmp_path_factory.mktemp("autoscale")
+    spec = home / "platform.yaml"
+    spec.write_text(SPEC)
+    s = Sluice(home, spec)
+    s.start()
+    try:
+        s.wait_for(
+            "chat 1 ready, standby 2 ready",
+            lambda: len(s.ready("chat")) == 1 and len(s.ready("standby")) == 2,
+            timeout=60,
+        )
+        yield s
+    finally:
+        s.kill()
+        kill_workers_of(home)
+
+
+class OpenLoop:
+    """Sends requests on a fixed schedule (rate per phase) from a thread pool, and keeps
+    every answer: a lost request shows up as a non-200 or an exception."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.client = httpx.Client(
+            base_url=endpoint,
+            trust_env=False,
+            timeout=60,
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        )
+        self.pool = ThreadPoolExecutor(max_workers=48)
+        self.futures: list[Future[tuple[int, float]]] = []
+
+    def _one(self) -> tuple[int, float]:
+        start = time.monotonic()
+        r = self.client.post(
+            "/v1/chat/completions",
+            headers={"Authorization": "Bearer sk-search"},
+            json={
+                "model": "m-chat",
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "x"}],
+            },
+        )
+        return r.status_code, time.monotonic() - start
+
+    def run(self, rate: float, seconds: float) -> None:
+        start = time.monotonic()
+        n = int(rate * seconds)
+        for k in range(n):
+            delay = start + k / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            self.futures.append(self.pool.submit(self._one))
+
+    def results(self) -> list[tuple[int, float]]:
+        out = [f.result(timeout=120) for f in self.futures]
+        self.pool.shutdown()
+        self.client.close()
+        return out
+
+
+def test_step_load_grows_then_shrinks_step_by_step_without_loss(platform: Sluice) -> None:
+    ready_seen: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            groups = platform.cli("get", "groups")
+            ready_seen.append((time.monotonic(), groups[0]["ready"]))
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    load = OpenLoop(platform.endpoint)
+    load.run(5, 6)
+    t_step = time.monotonic()
+    load.run(50, 25)
+    t_fall = time.monotonic()
+    queued_at_end_of_peak = sum(
+        platform.cli("get", "dataplane")["groups"]["chat"]["queued"].values()
+    )
+    load.run(5, 35)
+    results = load.results()
+    done.set()
+    watcher.join(10)
+
+    statuses = Counter(status for status, _ in results)
+    assert statuses == Counter({200: len(results)}), statuses  # nothing lost, up or down
+    peak = max(n for t, n in ready_seen if t_step <= t <= t_fall)
+    assert peak >= 3, ready_seen  # 50 req/s x 0.1 s = 5 in flight needs >= 3 x 2 slots
+    assert queued_at_end_of_peak <= 5, queued_at_end_of_peak
+
+    events = platform.cli("events", "chat", "--limit", "500")
+    moves: list[tuple[float, int, int]] = []
+    for e in reversed(events):
+        if e["kind"] == "autoscale":
+            before, after = e["message"].split(":", 1)[0].split(" -> ")
+            moves.append((e["at"], int(before), int(after)))
+    ups = [m for m in moves if m[2] > m[1]]
+    downs = [m for m in moves if m[2] < m[1]]
+    assert ups, moves
+    assert downs, moves
+    last_up = max(at for at, _, _ in ups)
+    assert all(after == before - 1 for _, before, after in downs), downs  # one at a time
+    first_down = min(at for at, _, _ in downs if at > last_up)
+    assert first_down - last_up >= 6 - 0.5, (last_up, first_down)  # the cooldown
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(downs)]
+    assert all(g >= 3 - 0.5 for g in gaps), gaps  # the step period
+    assert ready_seen[-1][1] < peak
+
+    explained: dict[str, Any] = platform.cli("explain", "chat", "--limit", "200")
+    assert explained["autoscaled"] and explained["policy"] == "sluice"
+    grew = [d for d in explained["decisions"] if d["desired"] > d["current"]]
+    launched = [i for d in grew for i in d["launched"]]
+    assert launched, (grew, events)
+    assert any(i["outcome"] == "came up" and i["requests_served"] > 0 for i in launched), launched
+    assert all(d["detail"]["signals"] for d in grew), grew
+
+
+def chat(endpoint: str, model: str) -> httpx.Response:
+    with httpx.Client(base_url=endpoint, trust_env=False, timeout=60) as client:
+        return client.post(
+            "/v1/chat/completions",
+            headers={"Authorization": "Bearer sk-search"},
+            json={"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": ""}]},
+        )
+
+
+def test_scale_from_zero_buffers_the_first_request_then_returns_to_zero(platform: Sluice) -> None:
+    assert platform.instances("lazy") == []
+    r = chat(platform.endpoint, "m-lazy")  # waits at the gateway while the instance starts
+    assert r.status_code == 200, r.text
+    assert r.headers["x-sluice-group"] == "lazy"
+    platform.wait_for("lazy back to zero", lambda: not platform.ready("lazy"), timeout=30)
+    moves = [e["message"] for e in platform.cli("events", "lazy") if e["kind"] == "autoscale"]
+    assert any(m.startswith("0 -> 1") for m in moves), moves
+    assert any(m.startswith("1 -> 0") for m in moves), moves
+
+
+def test_warm_standby_runs_loaded_but_out_of_rotation(platform: Sluice) -> None:
+    assert len(platform.ready("standby")) == 2
+    plane = platform.cli("get", "dataplane")["groups"]["standby"]
+    assert plane["instances"] == 1  # one serves, one waits warm
+    served = {chat(platform.endpoint, "m-standby").headers["x-sluice-instance"] for _ in range(6)}
+    assert len(served) == 1
