@@ -271,13 +271,20 @@ def run_wrk(
     seconds: int,
     conns: int,
     cores: list[int],
+    server: subprocess.Popen[bytes] | None = None,
 ) -> dict[str, Any]:
-    """One wrk run; also how busy each of `cores` was meanwhile (percent)."""
+    """One wrk run; also how busy each of `cores` was meanwhile (percent), and the CPU time
+    `server` (its process group) spent per request, in microseconds."""
     cmd = [wrk, "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", str(script)]
     cmd.append(f"http://127.0.0.1:{port}{REQUEST_PATH}")
     watch = CpuWatch(cores)
+    server_cpu0 = group_cpu_s(server.pid) if server is not None else 0.0
     out = procs.run("wrk", pinned(core, cmd), timeout=seconds + 30)
+    server_cpu = group_cpu_s(server.pid) - server_cpu0 if server is not None else 0.0
     cpu = watch.read()
+    done = re.search(r"(\d+) requests in", out)
+    if server is not None and done and int(done.group(1)):
+        cpu["cpu_us_per_req"] = round(server_cpu / int(done.group(1)) * 1e6, 2)
     m = re.search(r"Requests/sec:\s*([\d.]+)", out)
     if not m:
         raise RuntimeError(f"cannot read wrk output:\n{out}")
@@ -383,6 +390,25 @@ def cpu_ticks(cores: list[int]) -> dict[int, tuple[int, int]]:
 
 
 _PF_KTHREAD = 0x00200000
+
+
+def group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of the processes in group `pgid` (an nginx master and its
+    worker, or the gateway), from /proc: a throughput figure that other load on the
+    machine disturbs much less than req/s."""
+    ticks = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid:
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def foreign_ticks() -> dict[int, int]:
@@ -560,11 +586,12 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
     rounds: dict[str, list[dict[str, float]]] = {"nginx": [], "sluice": []}
     retries = args.retries
     for r in range(args.rounds):
-        for name, port in (("nginx", proxy_port), ("sluice", gw_port)):
+        for name, port, server in (("nginx", proxy_port, proxy), ("sluice", gw_port, gateway)):
             while True:
-                res = run_wrk(procs, wrk, load, port, script, args.duration, conns, cores)
+                res = run_wrk(procs, wrk, load, port, script, args.duration, conns, cores, server)
                 log(
                     f"round {r + 1}/{args.rounds} {name:6s} {res['rps']:>9.0f} req/s"
+                    f"  {res.get('cpu_us_per_req', float('nan')):.1f} CPU us/req"
                     f"  (core busy %: {res['busy_pct']}, others {res['foreign_pct']}%)"
                 )
                 if res["foreign_pct"] < CONTENDED_PCT or retries <= 0:
@@ -650,6 +677,15 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
         "ratio_vs_nginx": round(med["sluice"] / med["nginx"], 3),
         "rps_direct": round(direct["rps"]),
     }
+    cpu = {
+        k: statistics.median(x["cpu_us_per_req"] for x in v)
+        for k, v in rounds.items()
+        if all("cpu_us_per_req" in x for x in v)
+    }
+    if len(cpu) == 2:
+        result["cpu_us_per_req_sluice"] = round(cpu["sluice"], 2)
+        result["cpu_us_per_req_nginx"] = round(cpu["nginx"], 2)
+        result["cpu_ratio_vs_nginx"] = round(cpu["nginx"] / cpu["sluice"], 3)
     if latency:
         d, s, n = latency["direct"], latency["sluice"], latency["nginx"]
         result["added_p50_ms"] = round(s["p50_ms"] - d["p50_ms"], 3)
@@ -720,6 +756,14 @@ def print_table(r: dict[str, Any]) -> None:
         ("  sluice gateway", f"{r['rps_sluice']:>10,} req/s   rounds {r['rps_sluice_rounds']}"),
         ("  sluice / nginx", f"{r['ratio_vs_nginx']:>10.3f}"),
     ]
+    if "cpu_us_per_req_sluice" in r:
+        rows.append(
+            (
+                "  CPU per request nginx / sluice",
+                f"{r['cpu_us_per_req_nginx']:.1f} / {r['cpu_us_per_req_sluice']:.1f} us"
+                f"   (ratio {r['cpu_ratio_vs_nginx']:.3f})",
+            )
+        )
     if "added_p50_ms" in r:
         d, s, n = r["latency"]["direct"], r["latency"]["sluice"], r["latency"]["nginx"]
         rows += [

@@ -378,6 +378,67 @@ def events(
 
 
 @app.command()
+def quota(
+    window: Annotated[float, typer.Option(help="under-use window, seconds")] = 3600.0,
+    below: Annotated[float, typer.Option(help="under-used: average below this x guarantee")] = 0.5,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """Pools, guarantees, use, loans and spend rate; and groups that under-use their quota."""
+
+    def render(q: dict[str, Any]) -> None:
+        t = Table("POOL", "PURPOSE", "UNITS", "GUARANTEED", "IN USE", "PRICE/H")
+        for p in q["pools"]:
+            t.add_row(
+                p["name"],
+                p["purpose"],
+                str(p["count"]),
+                str(p["guaranteed"]),
+                str(p["in_use"]),
+                f"{p['price_per_hour']:g}",
+            )
+        out.print(t)
+        t = Table("GROUP", "POOL", "GUAR.", "LIMIT", "HELD", "OWN", "BORROWED", "SPEND/H", "NOTE")
+        for g in q["groups"]:
+            qs = g["quota"]
+            t.add_row(
+                g["name"],
+                g["pool"],
+                str(qs["guaranteed"]),
+                "-" if qs["limit"] is None else str(qs["limit"]),
+                str(g["held_units"]),
+                str(g["own_units"] if g["own_units"] is not None else "-"),
+                str(g["borrowed_units"] if g["borrowed_units"] is not None else "-"),
+                f"{g['spend_per_hour']:g}",
+                g["refused"] or "",
+            )
+        out.print(t)
+        t = Table("LOAN", "LENDER", "BORROWER", "UNITS", "SINCE", "ENDED", "RECLAIM LATENCY")
+        for loan in q["loans"]:
+            latency = loan["reclaim_latency_s"]
+            t.add_row(
+                str(loan["id"]),
+                loan["lender"] or "(pool)",
+                loan["borrower"],
+                str(loan["units"]),
+                _ts(loan["started_at"]),
+                _ts(loan["ended_at"]) if loan["ended_at"] else "open",
+                "-" if latency is None else f"{latency:.1f}s",
+            )
+        out.print(t)
+        out.print(f"spend: {q['spend_per_hour']:g}/h now, {q['spent_this_month']:g} this month")
+        for u in q["underused"]:
+            out.print(f"under-used: {u['group']}: {u['reason']}")
+
+    _run(
+        as_json,
+        lambda: _client(home, control)[1].get("/v1/quota", window_s=window, below=below),
+        render,
+    )
+
+
+@app.command()
 def explain(
     group: Annotated[str, typer.Argument(help="the group whose scaling to explain")],
     limit: int = 10,

@@ -130,6 +130,7 @@ async def _run(
     for task in [stopper, *tasks]:
         task.cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
+    await controller.close()
     for task, result in zip(tasks, results, strict=True):
         if task in done and isinstance(result, BaseException):
             raise result

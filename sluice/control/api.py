@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -152,6 +152,14 @@ def build_control_api(
         served = (data_plane() if data_plane is not None else {}).get("served", {})
         recent = [e for e in found if e.at >= oldest]
         return {"group": group, **state, "decisions": explain_decisions(decisions, recent, served)}
+
+    @app.get("/v1/quota")
+    async def quota(
+        window_s: Annotated[float, Query(gt=0, description="under-use window")] = 3600.0,
+        below: Annotated[float, Query(gt=0, le=1, description="share of guarantee")] = 0.5,
+    ) -> dict[str, Any]:
+        """Pools, each group's quota and use, the loan ledger, spend, under-used groups."""
+        return await controller.quota_report(window_s, below)
 
     @app.get("/v1/dataplane")
     async def dataplane() -> dict[str, Any]:

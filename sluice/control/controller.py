@@ -14,6 +14,7 @@ from typing import Any
 
 from sluice.control.autoscaling import GroupStep, LiveAutoscaling, TrafficSource
 from sluice.control.events import EventLog
+from sluice.control.quota import LiveQuota, QuotaRound
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.core import Clock, Conflict, InstanceState, InstanceStatus, NotFound
 from sluice.policy import (
@@ -69,6 +70,7 @@ class Controller:
         """The autoscaler's instance count per autoscaled group (journaled, so it survives
         a restart)."""
         self._journaled: dict[str, tuple[object, float]] = {}
+        self._quota = LiveQuota(store, events)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -96,8 +98,16 @@ class Controller:
 
     def _instances_wanted(self, g: GroupSpec) -> int:
         """Serving instances plus the warm standby kept out of rotation."""
-        standby = g.autoscaling.warm_standby if g.autoscaling is not None else 0
-        return self.desired_replicas(g.name) + standby
+        return self.desired_replicas(g.name) + _standby(g)
+
+    async def close(self) -> None:
+        """Keep what must survive a restart (quota timers, month-to-date spend)."""
+        await self._quota.close(self._clock.now())
+
+    async def quota_report(self, window_s: float, below: float) -> dict[str, Any]:
+        """`sluice quota`: pools, guarantees, use, loans, spend, under-used groups."""
+        loans = await asyncio.to_thread(self._store.list_loans, limit=200)
+        return self._quota.report(self.spec, loans, self._clock.now(), window_s, below)
 
     def explain_state(self, group: str) -> dict[str, Any]:
         """The autoscaler's live view of `group` (its last decision and load), for explain."""
@@ -120,6 +130,7 @@ class Controller:
             self._revision = latest.number
         self._overrides = await asyncio.to_thread(self._store.replicas_overrides)
         self._failovers = await asyncio.to_thread(self._store.failovers)
+        await self._quota.load()
         if self._spec is not None:
             for g in self._spec.groups:
                 if g.autoscaling is None:
@@ -305,15 +316,28 @@ class Controller:
         # 1. Snapshot: desired state (spec + overrides) and what the instances report.
         observed = self._supervisor.statuses()
         now = self._clock.now()
-        await self._autoscale(spec, observed, now)
+        # 2. Decide: the autoscalers' wishes, then the quota allocator's grants (no instance
+        #    starts without its units), then the planner.
+        steps = self._autoscaling.step(spec, observed, self.desired_replicas, now)
+        wanted = {g.name: self._instances_wanted(g) for g in spec.groups}
+        for step in steps:
+            wanted[step.group.name] = step.decision.desired + _standby(step.group)
+        quota = await self._quota.round(spec, observed, wanted, now)
+        grants = quota.allocation.grants
+        for step in steps:
+            await self._settle(step, grants[step.group.name].instances, quota, now)
+        if quota.allocation.reclaims:  # serving-aware: out of routing, drained, then released
+            for r in quota.allocation.reclaims:
+                for iid in r.instance_ids:
+                    self._supervisor.drain(iid, r.reason)
+            observed = self._supervisor.statuses()
         targets = [
-            GroupTarget(g.name, g.template(), self._instances_wanted(g), g.max_surge)
+            GroupTarget(g.name, g.template(), grants[g.name].instances, g.max_surge)
             for g in spec.groups
         ]
         known = {g.name for g in spec.groups}
         targets += [GroupTarget(name, "", 0) for name in {i.group for i in observed} - known]
         await self._track_crash_loops(observed, now)
-        # 2. Decide, per group, with the pure planner.
         actions = [a for t in targets for a in plan_group(t, observed)]
         # 3. Apply (launches of a crash-looping group wait for its backoff).
         for action in actions:
@@ -329,46 +353,27 @@ class Controller:
         # 4. Publish the routing snapshot when the ready set or the spec changed.
         self._publish_routing(spec)
 
-    async def _autoscale(
-        self, spec: PlatformSpec, observed: list[InstanceStatus], now: float
-    ) -> None:
-        """Ask each autoscaled group's policy (at its interval), fit the answer into the pool,
-        journal it and make it the group's target."""
-        for step in self._autoscaling.step(spec, observed, self.desired_replicas, now):
-            g, decision = step.group, step.decision
-            before = step.load.current
-            desired, pool_note = self._fit_pool(spec, g, before, decision.desired)
-            clipped = decision.clipped_by + (("pool",) if pool_note else ())
-            reason = decision.reason + (f"; {pool_note}" if pool_note else "")
-            await self._journal(step, before, desired, clipped, reason, now)
-            if desired != before:
-                self._scaled[g.name] = desired
-                await self._events.emit(
-                    g.name, None, "autoscale", f"{before} -> {desired}: {reason}"
-                )
+    async def _settle(self, step: GroupStep, granted: int, quota: QuotaRound, now: float) -> None:
+        """Journal an autoscaler decision with what quota allowed of it, and make that the
+        group's count (S11: a quota or budget refusal shows as the guard that clipped it)."""
+        g, decision = step.group, step.decision
+        before = step.load.current
+        desired = min(decision.desired, max(0, granted - _standby(g)))
+        clipped, reason = decision.clipped_by, decision.reason
+        refusal = quota.allocation.refusals.get(g.name)
+        if desired < decision.desired and refusal:
+            clipped += ("budget" if refusal.startswith("budget") else "quota",)
+            reason += f"; {refusal}"
+        await self._journal(step, before, desired, clipped, reason, now)
+        if desired != before:
+            self._scaled[g.name] = desired
+            await self._events.emit(g.name, None, "autoscale", f"{before} -> {desired}: {reason}")
 
     def _pool_held_by_others(self, spec: PlatformSpec, group: GroupSpec) -> int:
         return sum(
             self._instances_wanted(g) * g.resources.accelerators
             for g in spec.groups
             if g.resources.pool == group.resources.pool and g.name != group.name
-        )
-
-    def _fit_pool(
-        self, spec: PlatformSpec, g: GroupSpec, before: int, desired: int
-    ) -> tuple[int, str]:
-        """Never ask for more accelerators than the pool has left (the quota allocator's job
-        once it exists); a clipped scale-up keeps at least the current count."""
-        pool = spec.pool(g.resources.pool)
-        assert pool is not None and g.autoscaling is not None
-        free = pool.count - self._pool_held_by_others(spec, g)
-        fits = free // g.resources.accelerators - g.autoscaling.warm_standby
-        if desired <= fits:
-            return desired, ""
-        allowed = max(before, fits) if desired > before else desired
-        return allowed, (
-            f"pool {pool.name!r} has room for {max(fits, 0)} of {desired} wanted "
-            f"({pool.count} accelerators, {pool.count - free} held by other groups)"
         )
 
     async def _journal(
@@ -457,3 +462,7 @@ class Controller:
         self._routing_version += 1
         self._publish(build_routing_snapshot(spec, ready, self._routing_version, self._failovers))
         self._published_key = key
+
+
+def _standby(g: GroupSpec) -> int:
+    return g.autoscaling.warm_standby if g.autoscaling is not None else 0

@@ -71,7 +71,7 @@ class TargetsSpec(_Strict):
     queue signal AND, when a latency target is set, latency at risk (or a queue)."""
 
     utilization: float = Field(
-        default=0.65, gt=0, le=1, description="busy share of max_concurrency slots"
+        default=0.75, gt=0, le=1, description="busy share of max_concurrency slots"
     )
     queue_per_instance: float = Field(default=0.5, ge=0, description="waiting requests")
     latency_p95_ms: float | None = Field(
@@ -105,7 +105,7 @@ class ScaleDownSpec(_Strict):
     cooldown_s: float = Field(default=120.0, ge=0, le=86_400, description="after any scale-up")
     stabilization_s: float = Field(default=300.0, ge=0, le=3600, description="rolling max")
     max_step: int = Field(default=1, ge=0, description="instances per period; 0 = no limit")
-    max_percent: float = Field(default=10.0, ge=0, description="% per period; 0 = no limit")
+    max_percent: float = Field(default=25.0, ge=0, description="% per period; 0 = no limit")
     period_s: float = Field(default=30.0, gt=0, le=1800)
     to_zero_delay_s: float = Field(default=300.0, ge=0, le=86_400, description="last 1 -> 0")
 
@@ -127,7 +127,7 @@ class ReserveSpec(_Strict):
 
     enabled: bool = True
     window_s: float = Field(default=10.0, gt=0, le=600, description="arrival-peak window")
-    utilization: float = Field(default=1.0, gt=0, le=1, description="x max_concurrency")
+    utilization: float = Field(default=0.75, gt=0, le=1, description="x max_concurrency")
     memory_s: float | None = Field(
         default=None, ge=0, le=86_400, description="peak kept this long; None: down.stabilization_s"
     )

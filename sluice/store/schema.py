@@ -139,3 +139,13 @@ quota_loans = Table(
 )
 """The borrow ledger (Q4): every loan of units above a guarantee, from start to return.
 `lender` NULL: the pool's unassigned units. `ended_at` NULL: the loan is open."""
+
+controller_state = Table(
+    "controller_state",
+    metadata,
+    Column("key", String(255), primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+"""Small JSON documents the controller keeps across restarts (e.g. the quota allocator's
+grace timers and the month-to-date spend)."""

@@ -245,6 +245,19 @@ class Store:
         with self._engine.connect() as conn:
             return [_event(row) for row in conn.execute(query)]
 
+    # -- controller state ---------------------------------------------------------------------
+
+    def put_state(self, key: str, value: dict[str, Any], now: float) -> None:
+        self._upsert(
+            schema.controller_state, {"key": key}, {"value": _dump(value), "updated_at": now}
+        )
+
+    def get_state(self, key: str) -> dict[str, Any] | None:
+        t = schema.controller_state
+        with self._engine.connect() as conn:
+            text = conn.execute(select(t.c.value).where(t.c.key == key)).scalar_one_or_none()
+        return None if text is None else _load(text)
+
     # -- the autoscaler's journal -------------------------------------------------------------
 
     def append_decision(

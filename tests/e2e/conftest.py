@@ -11,10 +11,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -221,3 +223,48 @@ def kill_workers_of(home: Path) -> None:
         if proc.name.isdigit() and any(pid_runs_instance(int(proc.name), i) for i in ids):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(proc.name), signal.SIGKILL)
+
+
+class OpenLoop:
+    """Sends requests on a fixed schedule (rate per phase) from a thread pool, and keeps
+    every answer: a lost request shows up as a non-200 or an exception."""
+
+    def __init__(self, endpoint: str, model: str = "m-chat", key: str = "sk-search") -> None:
+        self.model = model
+        self.auth = f"Bearer {key}"
+        self.client = httpx.Client(
+            base_url=endpoint,
+            trust_env=False,
+            timeout=60,
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        )
+        self.pool = ThreadPoolExecutor(max_workers=48)
+        self.futures: list[Future[tuple[int, float]]] = []
+
+    def _one(self) -> tuple[int, float]:
+        start = time.monotonic()
+        r = self.client.post(
+            "/v1/chat/completions",
+            headers={"Authorization": self.auth},
+            json={
+                "model": self.model,
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "x"}],
+            },
+        )
+        return r.status_code, time.monotonic() - start
+
+    def run(self, rate: float, seconds: float) -> None:
+        start = time.monotonic()
+        n = int(rate * seconds)
+        for k in range(n):
+            delay = start + k / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            self.futures.append(self.pool.submit(self._one))
+
+    def results(self) -> list[tuple[int, float]]:
+        out = [f.result(timeout=120) for f in self.futures]
+        self.pool.shutdown()
+        self.client.close()
+        return out

@@ -12,13 +12,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import Sluice, kill_workers_of
+from tests.e2e.conftest import OpenLoop, Sluice, kill_workers_of
 
 SPEC = """
 gateway: {host: 127.0.0.1, port: 0}
@@ -83,49 +82,6 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
     finally:
         s.kill()
         kill_workers_of(home)
-
-
-class OpenLoop:
-    """Sends requests on a fixed schedule (rate per phase) from a thread pool, and keeps
-    every answer: a lost request shows up as a non-200 or an exception."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.client = httpx.Client(
-            base_url=endpoint,
-            trust_env=False,
-            timeout=60,
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-        )
-        self.pool = ThreadPoolExecutor(max_workers=48)
-        self.futures: list[Future[tuple[int, float]]] = []
-
-    def _one(self) -> tuple[int, float]:
-        start = time.monotonic()
-        r = self.client.post(
-            "/v1/chat/completions",
-            headers={"Authorization": "Bearer sk-search"},
-            json={
-                "model": "m-chat",
-                "max_tokens": 1,
-                "messages": [{"role": "user", "content": "x"}],
-            },
-        )
-        return r.status_code, time.monotonic() - start
-
-    def run(self, rate: float, seconds: float) -> None:
-        start = time.monotonic()
-        n = int(rate * seconds)
-        for k in range(n):
-            delay = start + k / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            self.futures.append(self.pool.submit(self._one))
-
-    def results(self) -> list[tuple[int, float]]:
-        out = [f.result(timeout=120) for f in self.futures]
-        self.pool.shutdown()
-        self.client.close()
-        return out
 
 
 def test_step_load_grows_then_shrinks_step_by_step_without_loss(platform: Sluice) -> None:

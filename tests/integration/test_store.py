@@ -433,3 +433,12 @@ def test_loans_persist_and_feed_ledger_changes(home: Path) -> None:
         changes = ledger_changes(rows, [PolicyLoan("a", "b", "p", 1)])
     assert changes.close == (lid,)
     assert changes.open == (PolicyLoan("a", "b", "p", 1),)
+
+
+def test_controller_state_round_trips_and_overwrites(tmp_path: Path) -> None:
+    with Store.for_home(tmp_path) as store:
+        assert store.get_state("quota") is None
+        store.put_state("quota", {"spent": {"a": 1.5}}, now=1.0)
+        store.put_state("quota", {"spent": {"a": 2.5}}, now=2.0)
+    with Store.for_home(tmp_path) as store:  # survives a restart
+        assert store.get_state("quota") == {"spent": {"a": 2.5}}

@@ -452,3 +452,82 @@ def test_the_last_instance_waits_only_for_its_idle_delay() -> None:
     assert dec.desired == 0 and "to-zero" in dec.clipped_by
     w.run(30, 0)
     assert set(w.counts[-30:]) == {0}  # stays at zero while nothing arrives
+
+
+# -- burst reserve and the service-time estimate ------------------------------------------
+
+
+def test_service_time_is_littles_law_over_the_service_window() -> None:
+    w = World(SluicePolicy(spec(panic={"enabled": False})), current=5, service_s=2.0)
+    dec = w.run(120, 8)  # 8 in flight of 2 s work: 4 req/s
+    assert abs(dec.signals["service_s"] - 2.0) < 0.1
+    assert abs(dec.signals["rate"] - 4.0) < 0.2
+
+
+def test_burst_reserve_holds_capacity_for_the_recent_peak_then_lets_go() -> None:
+    reserve = {"enabled": True, "window_s": 10, "utilization": 1.0, "memory_s": 120}
+    pol = SluicePolicy(
+        spec(
+            reserve=reserve,
+            panic={"enabled": False},
+            down={"cooldown_s": 0, "stabilization_s": 0, "max_step": 0, "max_percent": 0},
+        )
+    )
+    w = World(pol, current=2, service_s=1.0)
+    w.run(60, 2)
+    w.run(10, 40)  # 40 req/s of 1 s work for 10 s: a peak of 40 busy slots
+    dec = w.run(30, 1)  # quiet again, but the peak is remembered
+    assert dec.signals["reserve_peak_rate"] >= 39
+    assert dec.proposals["reserve"] >= 10  # 40 req/s x 1 s / 4 slots
+    assert dec.desired >= 10 and dec.winner == "reserve"
+    assert "burst reserve" in dec.reason
+    w.run(110, 1)  # the peak is older than memory_s: the reserve lets go
+    assert len(w.ready_at) <= 2
+    assert w.decisions[-1].proposals["reserve"] <= 1
+
+
+def test_reserve_memory_follows_down_stabilization_by_default() -> None:
+    """`memory_s: None` keeps the peak as long as the rolling max does, so a short
+    stabilization (the e2e step-down test: 3 s) still steps down soon after the load."""
+    pol = SluicePolicy(
+        AutoscalingSpec(
+            max=20,
+            down={
+                "cooldown_s": 6,
+                "stabilization_s": 3,
+                "max_step": 1,
+                "max_percent": 0,
+                "period_s": 3,
+            },
+        )
+    )
+    w = World(pol, current=1, service_s=0.1)
+    w.run(20, 12)  # 120 req/s x 0.1 s
+    peak = max(w.counts)
+    assert peak >= 3
+    w.run(40, 0.5)
+    downs = [(i, a, b) for i, (a, b) in enumerate(itertools.pairwise(w.counts)) if b < a]
+    assert downs and all(a - b == 1 for _, a, b in downs)
+    assert w.counts[-1] < peak
+
+
+def test_reserve_is_vetoed_like_the_other_load_signals_when_latency_is_fine() -> None:
+    """S4: the reserve alone does not scale up while p95 is well under target, no queue."""
+    reserve = {"enabled": True, "window_s": 10, "utilization": 1.0, "memory_s": 600}
+    pol = SluicePolicy(
+        spec(reserve=reserve, panic={"enabled": False}, targets={"latency_p95_ms": 1000})
+    )
+    w = World(pol, current=4, service_s=1.0)
+    w.run(60, 2, p95_s=0.2)
+    w.run(10, 14, p95_s=0.2)  # 14 req/s peak: the reserve asks 4; fits 16 slots, no queue
+    dec = w.run(5, 2, p95_s=0.2)
+    assert dec.proposals["reserve"] >= 4
+    half = {**reserve, "utilization": 0.5}
+    pol2 = SluicePolicy(
+        spec(reserve=half, panic={"enabled": False}, targets={"latency_p95_ms": 1000})
+    )
+    w2 = World(pol2, current=3, service_s=1.0)
+    w2.run(60, 2, p95_s=0.2)
+    dec2 = w2.run(12, 10, p95_s=0.2)  # 10 in flight on 12 slots: reserve asks 5, no queue
+    assert dec2.proposals["reserve"] > 3 and dec2.signals["queue"] == 0
+    assert dec2.desired == 3 and "S4" in dec2.reason

@@ -82,6 +82,7 @@ _LATENCY_OK = 0.8
 _TREND_SIGMAS = 4.0
 """a slope must stand this many standard errors clear of zero to be projected"""
 _EPS = 1e-9
+MIN_DONE = 40
 
 
 def _need(demand: float, per_instance: float) -> int:
@@ -261,6 +262,8 @@ class SluicePolicy:
         s0, s1 = self._svc[0], self._svc[-1]
         if s1[2] > s0[2] and s1[1] > s0[1]:  # Little's law over the longer window
             service = (s1[1] - s0[1]) / (s1[2] - s0[2])
+        if s1[2] - s0[2] < MIN_DONE:
+            service = None
         b0, b1 = self._burst_counters[0], self._burst_counters[-1]
         burst_rate = (b1[1] - b0[1]) / (b1[0] - b0[0]) if b1[0] > b0[0] else 0.0
         # the backlog still waiting when instances asked for now are ready (S7): a queue

@@ -1,0 +1,261 @@
+"""The live side of quota (Q1-Q6): ask the allocator every tick before anything starts, keep
+the borrow ledger in step with its loans, meter spend, and remember usage for the under-use
+report.
+
+The decisions are `sluice.policy.quota.allocate` (pure); this module owns what a live run
+must keep between ticks: the allocator's state (persisted, so grace periods and loan
+attribution survive a restart), month-to-date spend (persisted), the last refusal per group
+(so an unchanged refusal is not re-emitted every second) and a bounded usage history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sluice.control.events import EventLog
+from sluice.core import InstanceState, InstanceStatus
+from sluice.policy.quota import (
+    Allocation,
+    GroupClaim,
+    PoolState,
+    QuotaState,
+    RunningInstance,
+    UsageSample,
+    allocate,
+    ledger_changes,
+    reclaim_loan_ids,
+    underused_groups,
+)
+from sluice.spec import PlatformSpec
+from sluice.store import Loan, Store
+
+__all__ = ["LiveQuota", "QuotaRound"]
+
+STATE_KEY = "quota"
+PERSIST_EVERY_S = 10.0
+USAGE_EVERY_S = 10.0
+USAGE_KEEP_S = 24 * 3600.0
+"""Usage history for the under-use report: one sample per group every 10 s, for a day."""
+
+_RUNNING = frozenset(
+    {InstanceState.PENDING, InstanceState.STARTING, InstanceState.WARMING, InstanceState.READY}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRound:
+    """One tick's allocation, plus the refusals that are new since the last tick."""
+
+    allocation: Allocation
+    new_refusals: Mapping[str, str]
+
+
+class LiveQuota:
+    def __init__(self, store: Store, events: EventLog) -> None:
+        self._store = store
+        self._events = events
+        self._state = QuotaState()
+        self._month = ""
+        self._spent: dict[str, float] = {}
+        """Month-to-date spend per group (price units); "" is the total."""
+        self._rate: dict[str, float] = {}
+        self._last_at: float | None = None
+        self._persisted_at = 0.0
+        self._refused: dict[str, str] = {}
+        self._usage: dict[str, deque[UsageSample]] = {}
+        self._usage_at = 0.0
+        self._held: dict[str, int] = {}
+        """Units each group holds now (running and draining instances)."""
+        self.last: Allocation | None = None
+
+    async def load(self) -> None:
+        saved = await asyncio.to_thread(self._store.get_state, STATE_KEY)
+        if saved:
+            self._state = QuotaState.from_json(saved.get("allocator", {}))
+            self._month = saved.get("month", "")
+            self._spent = {k: float(v) for k, v in saved.get("spent", {}).items()}
+
+    async def round(
+        self,
+        spec: PlatformSpec,
+        observed: Sequence[InstanceStatus],
+        wanted: Mapping[str, int],
+        now: float,
+    ) -> QuotaRound:
+        """Allocate for `wanted` (instances per group), then record what follows from it."""
+        self._meter(now)
+        claims = [self._claim(spec, g.name, observed, wanted.get(g.name, 0)) for g in spec.groups]
+        pools = [PoolState(p.name, p.purpose, p.count, p.price_per_hour) for p in spec.pools]
+        alloc = allocate(
+            pools,
+            claims,
+            self._state,
+            now,
+            budget=spec.budget,
+            spent_this_month=self._spent.get("", 0.0),
+        )
+        self._held = {
+            c.name: len(c.running) * c.units_per_instance + c.draining_units for c in claims
+        }
+        loans_changed = alloc.loans != self._state.loans or alloc.reclaims
+        self._state = alloc.state
+        self._rate = {name: grant.spend_per_hour for name, grant in alloc.grants.items()}
+        self._rate[""] = alloc.spend_per_hour
+        if loans_changed:
+            await asyncio.to_thread(self._sync_ledger, alloc, now)
+        for r in alloc.reclaims:
+            await self._events.emit(r.borrower, None, "reclaim", r.reason, instances=r.instance_ids)
+        fresh = {g: why for g, why in alloc.refusals.items() if self._refused.get(g) != why}
+        self._refused = dict(alloc.refusals)
+        for group, why in fresh.items():
+            await self._events.emit(group, None, "quota", why)
+        self._sample_usage(spec, claims, now)
+        if now - self._persisted_at >= PERSIST_EVERY_S:
+            await self._persist(now)
+        self.last = alloc
+        return QuotaRound(alloc, fresh)
+
+    async def _persist(self, now: float) -> None:
+        self._persisted_at = now
+        state = {"allocator": self._state.to_json(), "month": self._month, "spent": self._spent}
+        await asyncio.to_thread(self._store.put_state, STATE_KEY, state, now)
+
+    async def close(self, now: float) -> None:
+        self._meter(now)
+        await self._persist(now)
+
+    def _meter(self, now: float) -> None:
+        """Add the last tick's spend rate over the time since; a new month starts at zero."""
+        month = datetime.fromtimestamp(now, tz=UTC).strftime("%Y-%m")
+        if month != self._month:
+            self._month, self._spent = month, {}
+        if self._last_at is not None:
+            hours = max(0.0, now - self._last_at) / 3600.0
+            for name, rate in self._rate.items():
+                self._spent[name] = self._spent.get(name, 0.0) + rate * hours
+        self._last_at = now
+
+    def _claim(
+        self, spec: PlatformSpec, name: str, observed: Sequence[InstanceStatus], wanted: int
+    ) -> GroupClaim:
+        g = spec.group(name)
+        assert g is not None
+        mine = [i for i in observed if i.group == name]
+        running = [RunningInstance(i.id, i.created_at) for i in mine if i.state in _RUNNING]
+        draining = sum(1 for i in mine if i.state is InstanceState.DRAINING)
+        return GroupClaim(
+            name=name,
+            pool=g.resources.pool,
+            units_per_instance=g.resources.accelerators,
+            wanted=wanted,
+            quota=g.quota,
+            running=running,
+            draining_units=draining * g.resources.accelerators,
+            budget=g.budget,
+            spent_this_month=self._spent.get(name, 0.0),
+            drain_timeout_s=g.drain_timeout_s,
+        )
+
+    def _sync_ledger(self, alloc: Allocation, now: float) -> None:
+        """Open and close ledger rows so they match this round's loans; mark reclaims."""
+        open_rows = self._store.list_loans(open_only=True, limit=10_000)
+        changes = ledger_changes(open_rows, alloc.loans)
+        for loan_id in changes.close:
+            self._store.close_loan(loan_id, now, "returned")
+        for loan in changes.open:
+            self._store.open_loan(
+                lender=loan.lender,
+                borrower=loan.borrower,
+                pool=loan.pool,
+                units=loan.units,
+                reason=alloc.grants[loan.borrower].reason,
+                now=now,
+            )
+        if alloc.reclaims:
+            still_open = self._store.list_loans(open_only=True, limit=10_000)
+            for r in alloc.reclaims:
+                for loan_id in reclaim_loan_ids(still_open, r.borrower, r.lender, r.units):
+                    self._store.request_reclaim(loan_id, now)
+
+    def _sample_usage(self, spec: PlatformSpec, claims: Sequence[GroupClaim], now: float) -> None:
+        if now - self._usage_at < USAGE_EVERY_S:
+            return
+        self._usage_at = now
+        for c in claims:
+            history = self._usage.setdefault(c.name, deque())
+            history.append(UsageSample(now, len(c.running) * c.units_per_instance))
+            while history and history[0].at < now - USAGE_KEEP_S:
+                history.popleft()
+        for name in set(self._usage) - {g.name for g in spec.groups}:
+            del self._usage[name]
+
+    def report(
+        self, spec: PlatformSpec, loans: Sequence[Loan], now: float, window_s: float, below: float
+    ) -> dict[str, Any]:
+        """What `sluice quota` shows: pools, each group's quota and use, loans, spend, and the
+        groups whose use stayed below `below` x guarantee over `window_s`."""
+        alloc = self.last
+        groups = []
+        for g in spec.groups:
+            grant = alloc.grants.get(g.name) if alloc else None
+            groups.append(
+                {
+                    "name": g.name,
+                    "pool": g.resources.pool,
+                    "quota": g.quota.model_dump(),
+                    "budget": g.budget.model_dump() if g.budget else None,
+                    "granted_instances": grant.instances if grant else None,
+                    "own_units": grant.own_units if grant else None,
+                    "borrowed_units": grant.borrowed_units if grant else None,
+                    "held_units": self._held.get(g.name, 0),
+                    "spend_per_hour": grant.spend_per_hour if grant else 0.0,
+                    "spent_this_month": round(self._spent.get(g.name, 0.0), 6),
+                    "why": grant.reason if grant else "",
+                    "refused": self._refused.get(g.name),
+                }
+            )
+        guarantees = {g.name: g.quota.guaranteed for g in spec.groups}
+        under = underused_groups(
+            self._usage, guarantees, now=now, window_s=window_s, threshold=below
+        )
+        return {
+            "pools": [
+                {
+                    "name": p.name,
+                    "purpose": p.purpose,
+                    "accelerator": p.accelerator,
+                    "count": p.count,
+                    "price_per_hour": p.price_per_hour,
+                    "guaranteed": sum(
+                        g.quota.guaranteed for g in spec.groups if g.resources.pool == p.name
+                    ),
+                    "in_use": sum(
+                        self._held.get(g.name, 0) for g in spec.groups if g.resources.pool == p.name
+                    ),
+                }
+                for p in spec.pools
+            ],
+            "groups": groups,
+            "loans": [
+                {**loan.to_json(), "unit_hours": round(loan.unit_hours(now), 6)} for loan in loans
+            ],
+            "spend_per_hour": alloc.spend_per_hour if alloc else 0.0,
+            "spent_this_month": round(self._spent.get("", 0.0), 6),
+            "budget": spec.budget.model_dump() if spec.budget else None,
+            "underused": [
+                {
+                    "group": u.group,
+                    "guaranteed": u.guaranteed,
+                    "average_units": u.average_units,
+                    "peak_units": u.peak_units,
+                    "returnable_units": u.returnable_units,
+                    "reason": u.reason,
+                }
+                for u in under
+            ],
+        }
