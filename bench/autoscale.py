@@ -7,16 +7,19 @@ Every `*.norm.csv` in `--traces` (default: ../shared/traces from the repo root) 
 through the instance model of `--spec` (one group; the reference model by default) under the
 Sluice policy (the spec's defaults), HPA and KPA with their upstream defaults, HPA and KPA
 *tuned* (the cheapest target on a grid that reaches the SLO target: HPA
-`target_per_instance`, KPA `target_utilization`; when no grid value reaches it, the one with
-the best attainment, flagged `reaches_target: false`), the best fixed N that reaches the SLO
+`target_per_instance`, KPA `target_utilization`; when no grid value reaches it, the
+cheapest at least as good as Sluice, else the best attainment, flagged
+`reaches_target: false`), the best fixed N that reaches the SLO
 target, and the oracle (sluice.sim.oracle). Traces whose mean rate is under 1 req/s also get a
 time-compressed row (`NAME @xK`, times divided by K), clearly labelled. `--json` prints one
 JSON line: per trace and policy `slo_attainment`, `instance_seconds`, `cost`, and the ratios
 `sluice_cost_vs_oracle`, `sluice_cost_vs_hpa` / `sluice_cost_vs_kpa` (against the TUNED
 rows: the fair "equal SLO" comparison) and `sluice_cost_vs_hpa_default` /
 `sluice_cost_vs_kpa_default` (against upstream defaults), plus `comparison` notes saying
-when a tuned competitor cannot reach the target at any grid setting. `--report-dir DIR` also
-writes every run's HTML report (plots + decision log) under DIR/TRACE/POLICY/.
+when a tuned competitor cannot reach the target at any grid setting (then the tuned row is
+the cheapest at least as good as Sluice, else its best attainment: `chosen_for`).
+`--report-dir DIR` also writes every run's HTML report (plots + decision log) under
+DIR/TRACE/POLICY/.
 See bench/README.md.
 """
 
@@ -81,31 +84,32 @@ def _tuned_policy(model: InstanceModel, name: str, value: float, templates: Any)
 
 
 def tune(
-    work: Any, model: InstanceModel, name: str, templates: Any
-) -> tuple[float, SimResult, bool, list[dict[str, float]]]:
-    """Cheapest grid value of the policy's target that reaches the SLO target; when none does,
-    the best attainment (cheapest among equals). Returns (value, run, reaches, grid)."""
-    target = model.slo.target
-    tried: list[tuple[float, SimResult]] = []
+    work: Any, model: InstanceModel, name: str, templates: Any, sluice_slo: float
+) -> tuple[float, SimResult, str, list[dict[str, float]]]:
+    """The cheapest grid value of the policy's target that reaches the SLO target; when none
+    does, the cheapest that does at least as well as Sluice (an equal-attainment
+    comparison); when none does that either, the best attainment (cheapest among equals).
+    Returns (value, run, chosen_for, grid), chosen_for one of 'slo_target',
+    'sluice_attainment', 'best_attainment'."""
+    tried: list[tuple[float, SimResult, float]] = []
     for value in TUNE_GRID:
-        tried.append((value, run(work, _tuned_policy(model, name, value, templates))))
+        res = run(work, _tuned_policy(model, name, value, templates))
+        tried.append((value, res, res.summary()["slo_attainment"]))
     grid = [
         {
             TUNED_KNOB[name]: v,
-            "slo_attainment": round(r.summary()["slo_attainment"], 5),
+            "slo_attainment": round(a, 5),
             "instance_seconds": round(r.instance_seconds, 1),
         }
-        for v, r in tried
+        for v, r, a in tried
     ]
-    ok = [(r.instance_seconds, v, r) for v, r in tried if r.summary()["slo_attainment"] >= target]
-    if ok:
-        _, v, r = min(ok, key=lambda x: x[0])
-        return v, r, True, grid
-    _, _, v, r = max(
-        ((r.summary()["slo_attainment"], -r.instance_seconds, v, r) for v, r in tried),
-        key=lambda x: (x[0], x[1]),
-    )
-    return v, r, False, grid
+    for bar, why in ((model.slo.target, "slo_target"), (sluice_slo, "sluice_attainment")):
+        ok = [(r.instance_seconds, v, r) for v, r, a in tried if a >= bar]
+        if ok:
+            _, v, r = min(ok, key=lambda x: x[0])
+            return v, r, why, grid
+    _, _, v, r = max(((a, -r.instance_seconds, v, r) for v, r, a in tried), key=lambda x: x[:2])
+    return v, r, "best_attainment", grid
 
 
 def study(
@@ -117,11 +121,12 @@ def study(
     results: dict[str, SimResult] = {}
     for name in POLICIES:
         results[name] = run(work, make_policy(model, name, templates))
-    tuned: dict[str, tuple[float, bool, list[dict[str, float]]]] = {}
+    sluice_slo = results["sluice"].summary()["slo_attainment"]
+    tuned: dict[str, tuple[float, str, list[dict[str, float]]]] = {}
     for name in ("hpa", "kpa"):
-        value, res, reaches, grid = tune(work, model, name, templates)
+        value, res, why, grid = tune(work, model, name, templates, sluice_slo)
         results[f"{name}_tuned"] = res
-        tuned[name] = (value, reaches, grid)
+        tuned[name] = (value, why, grid)
     o = oracle(work)
     if o.best_fixed is not None:
         results["best_fixed"] = o.best_fixed
@@ -130,10 +135,11 @@ def study(
     if "best_fixed" in rows:
         rows["best_fixed"] = {"n": o.best_fixed_n, **rows["best_fixed"]}
     rows["oracle"] = {"plan": o.plan, **rows["oracle"]}
-    for name, (value, reaches, grid) in tuned.items():
+    for name, (value, why, grid) in tuned.items():
         rows[f"{name}_tuned"] = {
             TUNED_KNOB[name]: value,
-            "reaches_target": reaches,
+            "chosen_for": why,
+            "reaches_target": rows[f"{name}_tuned"]["slo_attainment"] >= target,
             **rows[f"{name}_tuned"],
             "grid": grid,
         }
@@ -159,19 +165,30 @@ def study(
         out[f"sluice_cost_vs_{other}_default"] = _ratio(
             sl["instance_seconds"], rows[other]["instance_seconds"]
         )
-        out[f"sluice_slo_at_least_{other}"] = sl["slo_attainment"] >= t_row["slo_attainment"]
+        # "equal SLO": both reach the target (the tuned row is the cheapest that does), or
+        # Sluice does at least as well
+        both = sl["slo_attainment"] >= target and t_row["slo_attainment"] >= target
+        out[f"sluice_slo_at_least_{other}"] = both or (
+            sl["slo_attainment"] >= t_row["slo_attainment"]
+        )
         out[f"sluice_slo_at_least_{other}_default"] = (
             sl["slo_attainment"] >= rows[other]["slo_attainment"]
         )
         knob = f"{other} {TUNED_KNOB[other]}={t_row[TUNED_KNOB[other]]}"
-        if not t_row["reaches_target"]:
+        got = f"{t_row['slo_attainment']:.4f} at {t_row['instance_seconds']:.0f} inst-s"
+        if t_row["chosen_for"] == "slo_target":
+            notes.append(f"tuned {knob} is the cheapest grid setting reaching {target:g}")
+        elif t_row["chosen_for"] == "sluice_attainment":
             notes.append(
-                f"{other.upper()} reaches {target:g} at no grid target (best: {knob}, "
-                f"{t_row['slo_attainment']:.4f} at {t_row['instance_seconds']:.0f} inst-s); "
-                "sluice_cost_vs_" + other + " compares against that best, not at equal SLO"
+                f"{other.upper()} reaches {target:g} at no grid target; {knob} is the cheapest "
+                f"at least as good as sluice ({got}): equal-attainment comparison"
             )
         else:
-            notes.append(f"tuned {knob} is the cheapest grid setting reaching {target:g}")
+            notes.append(
+                f"{other.upper()} reaches neither {target:g} nor sluice's attainment at any "
+                f"grid target (best: {knob}, {got}); sluice_cost_vs_{other} compares "
+                "against that best, sluice serves more requests in SLO"
+            )
     out["comparison"] = notes
     out["meets_slo"] = {k: v["slo_attainment"] >= target for k, v in rows.items()}
     out["targets_met"] = {

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sluice.cli.client import ControlClient
+from sluice.cli.compare import compare
 from sluice.cli.simulate import simulate
 from sluice.config import Settings
 from sluice.core import SluiceError, SpecError
@@ -126,7 +127,11 @@ def validate(file: FileOpt, as_json: JsonOpt = False) -> None:
             "templates": {g.name: g.template() for g in spec.groups},
         }
 
-    _run(as_json, check, lambda r: out.print(f"{r['file']}: valid ({len(r['groups'])} groups)"))
+    def render(r: dict[str, Any]) -> None:
+        n = len(r["groups"])
+        out.print(f"{r['file']}: valid ({n} group{'' if n == 1 else 's'})")
+
+    _run(as_json, check, render)
 
 
 @app.command()
@@ -484,6 +489,7 @@ def explain(
 
 
 app.command("simulate")(simulate)
+app.command("compare")(compare)
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ from sluice.gateway.errors import (
     RateLimited,
     UpstreamTimeout,
 )
+from sluice.gateway.groups import header_value
 from sluice.gateway.metrics import CONTENT_TYPE
 from sluice.gateway.mirror import MirrorRequest
 from sluice.gateway.responses import (
@@ -268,11 +269,21 @@ class Exchange:
         else:
             priority = tenant.priority
         self.priority = priority
-        route = state.resolve(tenant, model, priority, self.headers)
+        snapshot = state.snapshot
+        direct = header_value(self.headers, b"x-sluice-group") if tenant.operator else None
+        if direct is None:
+            route = state.resolve(tenant, model, priority, self.headers)
+        else:
+            route = snapshot.direct(tenant, direct, model)
         self.route = route.tag
         targets = route.targets
         group = targets[0][0] if len(targets) == 1 else route.pick_group(state.rng)
-        snapshot = state.snapshot
+        if snapshot.canaries and direct is None:
+            split = snapshot.canaries.get(group)
+            if split is not None:
+                picked = split.pick(tenant.name, state.rng)
+                if tenant.may_use_group(picked):
+                    group = picked
         if snapshot.redirects:
             group, self.via = snapshot.serving_group(group)
         self.group = group

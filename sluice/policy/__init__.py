@@ -1,6 +1,7 @@
 """Pure decisions shared by live and simulated runs: no I/O, no clock reads, no global random."""
 
 from sluice.policy.admission import AdmissionStats, GroupAdmission, Offer
+from sluice.policy.analysis import Analysis, Criterion, RequestSample, ResourceUse, analyze
 from sluice.policy.backoff import CrashBackoff
 from sluice.policy.balance import pick_affinity, pick_endpoint, slow_start_weight
 from sluice.policy.health import ProbeRecord, record_probe
@@ -19,6 +20,14 @@ from sluice.policy.quota import (
     underused_groups,
 )
 from sluice.policy.ratelimit import TokenBucket
+from sluice.policy.rollout import (
+    CanarySplit,
+    RolloutPhase,
+    RolloutState,
+    StepRecord,
+    Transition,
+    split_for,
+)
 from sluice.policy.routing import (
     PRIORITIES,
     Endpoint,
@@ -39,7 +48,10 @@ __all__ = [
     "Action",
     "AdmissionStats",
     "Allocation",
+    "Analysis",
+    "CanarySplit",
     "CrashBackoff",
+    "Criterion",
     "Drain",
     "Ejection",
     "Endpoint",
@@ -57,14 +69,21 @@ __all__ = [
     "Reclaim",
     "Remove",
     "RequestMeta",
+    "RequestSample",
+    "ResourceUse",
+    "RolloutPhase",
+    "RolloutState",
     "Route",
     "RouteRule",
     "RouteTable",
     "RoutingSnapshot",
     "RunningInstance",
+    "StepRecord",
     "TenantAccess",
     "TokenBucket",
+    "Transition",
     "allocate",
+    "analyze",
     "api_key_digest",
     "build_routing_snapshot",
     "first_match",
@@ -75,5 +94,6 @@ __all__ = [
     "record_probe",
     "route_rules",
     "slow_start_weight",
+    "split_for",
     "underused_groups",
 ]

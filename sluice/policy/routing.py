@@ -23,7 +23,9 @@ from sluice.core.errors import Forbidden, NotFound
 
 __all__ = [
     "ANY",
+    "DIRECT_ROUTE_TAG",
     "PRIORITIES",
+    "CanarySplit",
     "Endpoint",
     "GroupTraffic",
     "RequestMeta",
@@ -216,6 +218,8 @@ class TenantAccess:
     priority_header: bool = False
     rate_limit: tuple[float, int] | None = None
     """(requests per second, burst) for this tenant's token bucket, or no limit."""
+    operator: bool = False
+    """May address a group directly with `x-sluice-group` (compare runs, debugging)."""
 
     def may_use_model(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -228,6 +232,48 @@ class TenantAccess:
         if requested is not None and self.priority_header and requested in PRIORITIES:
             return requested
         return self.priority
+
+
+@dataclass(frozen=True, slots=True)
+class CanarySplit:
+    """How the gateway splits requests its routes sent to `baseline` (percent of them, 0-100,
+    that go to `canary` instead), by the caller's tenant (C4; `sluice.policy.rollout`
+    decides the numbers per step):
+
+    - `early_tenants` get `early_percent`, `late_tenants` get `late_percent` (0 until the
+      rollout reached their step: they stay on the baseline);
+    - everyone else gets `percent`.
+    Requests routed to other groups are untouched."""
+
+    baseline: str
+    canary: str
+    percent: float
+    early_percent: float = 0.0
+    late_percent: float = 0.0
+    early_tenants: frozenset[str] = frozenset()
+    late_tenants: frozenset[str] = frozenset()
+
+    def share_for(self, tenant: str | None) -> float:
+        """Percent (0-100) of this tenant's baseline-bound requests that go to the canary."""
+        if tenant is not None and tenant in self.early_tenants:
+            return self.early_percent
+        if tenant is not None and tenant in self.late_tenants:
+            return self.late_percent
+        return self.percent
+
+    @property
+    def excluded_tenants(self) -> frozenset[str]:
+        """Listed tenants that get no canary traffic at this step."""
+        out = self.late_tenants if self.late_percent <= 0 else frozenset[str]()
+        return out | (self.early_tenants if self.early_percent <= 0 else frozenset())
+
+    def pick(self, tenant: str, rng: Random) -> str:
+        """The group for one baseline-bound request of `tenant`."""
+        return self.canary if rng.random() * 100.0 < self.share_for(tenant) else self.baseline
+
+
+DIRECT_ROUTE_TAG = "operator-direct"
+"""The route tag of requests an operator sent to a group by name (`x-sluice-group`)."""
 
 
 @dataclass(frozen=True)
@@ -246,6 +292,8 @@ class RoutingSnapshot:
     all_models: frozenset[str] = field(default_factory=frozenset)
     redirects: Mapping[str, str] = field(default_factory=dict)
     traffic: Mapping[str, GroupTraffic] = field(default_factory=dict)
+    canaries: Mapping[str, CanarySplit] = field(default_factory=dict)
+    """baseline group -> the rollout split in force for its traffic"""
 
     def tenant_for_key(self, api_key: str) -> TenantAccess | None:
         return self.tenants_by_key.get(api_key_digest(api_key))
@@ -282,6 +330,14 @@ class RoutingSnapshot:
             ):
                 raise Forbidden(f"this API key may not use model {model!r}", model=model)
         return route
+
+    def direct(self, tenant: TenantAccess, group: str, model: str) -> Route:
+        """An operator's request for one named group, bypassing the rules (compare runs)."""
+        if not tenant.operator:
+            raise Forbidden("only operator keys may choose a group with x-sluice-group")
+        if model not in self.group_models.get(group, frozenset()):
+            raise NotFound(f"no group {group!r} serving model {model!r}", model=model)
+        return Route(DIRECT_ROUTE_TAG, -1, ((group, 1),))
 
     def serving_group(self, group: str) -> tuple[str, str | None]:
         """(group that serves `group`'s traffic now, why if it is another one)."""

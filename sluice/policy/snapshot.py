@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sluice.policy.routing import (
+    CanarySplit,
     Endpoint,
     GroupTraffic,
     RouteRule,
@@ -60,6 +61,7 @@ def _tenant(t: TenantSpec) -> TenantAccess:
         groups=None if "*" in t.groups else frozenset(t.groups),
         priority_header=t.priority_header,
         rate_limit=(limit.rps, limit.burst or max(1, int(limit.rps))) if limit else None,
+        operator=t.operator,
     )
 
 
@@ -82,6 +84,7 @@ def build_routing_snapshot(
     ready: Mapping[str, Sequence[Endpoint]],
     version: int,
     redirects: Mapping[str, str] | None = None,
+    canaries: Sequence[CanarySplit] = (),
 ) -> RoutingSnapshot:
     """`ready[group]`: the group's READY endpoints; `redirects[group] = backup`: failovers
     in force; `version` numbers the snapshot."""
@@ -101,4 +104,5 @@ def build_routing_snapshot(
         all_models=frozenset(m for g in spec.groups for m in g.models),
         redirects=dict(redirects or {}),
         traffic={g.name: _traffic(g) for g in spec.groups},
+        canaries={c.baseline: c for c in canaries},
     )

@@ -121,15 +121,19 @@ class PanicSpec(_Strict):
 
 class ReserveSpec(_Strict):
     """Burst reserve: capacity for the busiest `window_s` of arrivals seen within `memory_s`
-    (peak arrival rate x estimated service time at `utilization`), so a burst that recurs
-    finds its instances resident instead of 30 s away. A proposal like the others: it
-    scales up only through the combination rule and is kept by the down rules."""
+    (peak arrival rate x estimated service time, at `utilization` of the slots), so a burst
+    that recurs finds its instances resident instead of a start-up away. A proposal like
+    the others: it scales up only through the combination rule (S4), and the down rules
+    (rolling max, cooldown, steps) then keep and release it."""
 
     enabled: bool = True
     window_s: float = Field(default=10.0, gt=0, le=600, description="arrival-peak window")
-    utilization: float = Field(default=0.75, gt=0, le=1, description="x max_concurrency")
+    utilization: float = Field(default=0.6, gt=0, le=1, description="x max_concurrency")
     memory_s: float | None = Field(
-        default=None, ge=0, le=86_400, description="peak kept this long; None: down.stabilization_s"
+        default=60.0,
+        ge=0,
+        le=86_400,
+        description="peak kept this long, at most down.stabilization_s; None: that window",
     )
 
 

@@ -25,6 +25,7 @@ def check_platform(spec: PlatformSpec) -> list[Problem]:
         *_references(spec),
         *_schedules(spec),
         *_quotas(spec),
+        *_rollouts(spec),
     ]
 
 
@@ -217,6 +218,60 @@ def _budget_covers(
             f"per_month {budget.per_month:g} is below {whose} guaranteed spend for a "
             f"{_MONTH_HOURS} h month ({rate:g}/h x {_MONTH_HOURS} = {rate * _MONTH_HOURS:g})",
         )
+
+
+def _rollouts(spec: PlatformSpec) -> Iterator[Problem]:
+    """Rollouts name two existing groups of one business where the canary serves every
+    model of the baseline (requests move between them unchanged); a group is the baseline
+    (or the canary) of one rollout at most, so the gateway's split is never ambiguous;
+    paced tenants exist; a tenant that may reach the baseline may reach the canary (R7)."""
+    groups = {g.name: g for g in spec.groups}
+    tenants = {t.name: t for t in spec.tenants}
+    names = Counter(r.name for r in spec.rollouts)
+    seen: dict[tuple[str, str], int] = {}
+    for i, r in enumerate(spec.rollouts):
+        path: tuple[str | int, ...] = ("rollouts", i)
+        if names[r.name] > 1:
+            yield (*path, "name"), f"duplicate rollout name {r.name!r}; names must be unique"
+        for role in ("baseline", "canary"):
+            gname = getattr(r, role)
+            first = seen.setdefault((role, gname), i)
+            if first != i:
+                yield (
+                    (*path, role),
+                    f"group {gname!r} is already the {role} of rollouts[{first}] "
+                    f"({spec.rollouts[first].name!r}); remove "
+                    "finished rollouts from the spec",
+                )
+            if gname not in groups:
+                yield (*path, role), f"no group named {gname!r}; groups: {', '.join(groups)}"
+        base, canary = groups.get(r.baseline), groups.get(r.canary)
+        if base is not None and canary is not None:
+            missing = [m for m in base.models if m not in canary.models]
+            if missing:
+                yield (
+                    (*path, "canary"),
+                    f"canary {canary.name!r} does not serve model(s) {', '.join(missing)} of "
+                    f"baseline {base.name!r}; it serves {', '.join(canary.models)}",
+                )
+            if base.business != canary.business:
+                yield (
+                    (*path, "canary"),
+                    f"canary {canary.name!r} serves business {canary.business!r} but baseline "
+                    f"{base.name!r} serves {base.business!r}; they must match (R7)",
+                )
+        for field in ("early", "late"):
+            for j, tname in enumerate(getattr(r.pacing, field)):
+                if tname not in tenants:
+                    yield (*path, "pacing", field, j), f"no tenant named {tname!r}"
+        for j, t in enumerate(spec.tenants):
+            if "*" in t.groups or r.baseline not in t.groups or r.canary in t.groups:
+                continue
+            yield (
+                ("tenants", j, "groups"),
+                f"tenant {t.name!r} may reach baseline {r.baseline!r} of rollout {r.name!r} "
+                f"but not its canary {r.canary!r}; add {r.canary!r} to its groups",
+            )
 
 
 def _route_groups(i: int, route: RouteSpec, groups: dict[str, GroupSpec]) -> Iterator[Problem]:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.spec.autoscaling import AutoscalingSpec, ScheduleEntry, SloSpec
 from sluice.spec.quota import BudgetSpec, QuotaSpec
+from sluice.spec.rollout import RolloutSpec
 
 __all__ = [
     "ControlSpec",
@@ -92,7 +93,16 @@ class SimParams(_Strict):
     service_time: ServiceTime = FixedServiceTime(seconds=0.05)
     memory_gb: float = Field(default=1.0, ge=0, description="declared model memory, GiB")
     output_tokens: int = Field(default=16, ge=1, le=100_000, description="when max_tokens unset")
-    seed: int = 0
+    seed: int = Field(
+        default=0,
+        description="0: text reads 'tok0 tok1 ...'; else words keyed by seed, version, prompt",
+    )
+    error_rate: float = Field(
+        default=0.0, ge=0, le=1, description="share of requests answered HTTP 500 (bad canary)"
+    )
+    empty_rate: float = Field(
+        default=0.0, ge=0, le=1, description="share of generations answered with empty text"
+    )
 
 
 class EmbeddingParams(_Strict):
@@ -227,6 +237,9 @@ class TenantSpec(_Strict):
     rate_limit: RateLimitSpec | None = None
     models: list[str] = Field(default_factory=lambda: ["*"], description="'*' allows all")
     groups: list[str] = Field(default_factory=lambda: ["*"], description="'*' allows all")
+    operator: bool = Field(
+        default=False, description="may send x-sluice-group to reach a group directly"
+    )
 
 
 class RouteMatch(_Strict):
@@ -295,6 +308,9 @@ class PlatformSpec(_Strict):
     budget: BudgetSpec | None = Field(default=None, description="all groups together (Q6)")
     schedule_templates: dict[str, list[ScheduleEntry]] = Field(
         default_factory=dict, description="named scheduled floors groups refer to (S8)"
+    )
+    rollouts: list[RolloutSpec] = Field(
+        default_factory=list, description="canary rollouts, baseline group -> canary group (C1)"
     )
 
     def group(self, name: str) -> GroupSpec | None:

@@ -6,6 +6,7 @@ from sluice.store.records import (
     InstanceRecord,
     Loan,
     Revision,
+    RolloutRecord,
     ScalingDecision,
 )
 from sluice.store.store import Store
@@ -16,6 +17,7 @@ __all__ = [
     "InstanceRecord",
     "Loan",
     "Revision",
+    "RolloutRecord",
     "ScalingDecision",
     "Store",
 ]

@@ -7,7 +7,15 @@ from typing import Any
 
 from sluice.core import InstanceState
 
-__all__ = ["AuditEntry", "Event", "InstanceRecord", "Loan", "Revision", "ScalingDecision"]
+__all__ = [
+    "AuditEntry",
+    "Event",
+    "InstanceRecord",
+    "Loan",
+    "Revision",
+    "RolloutRecord",
+    "ScalingDecision",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +136,29 @@ class Loan:
         """Units x hours lent so far (up to `now` while open)."""
         end = now if self.ended_at is None else self.ended_at
         return self.units * max(0.0, end - self.started_at) / 3600.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRecord:
+    """One archived rollout run: `state` is the state machine's JSON (timeline, per-step
+    analysis), `compare` the compare report's JSON (or None), `conclusion` a sentence."""
+
+    id: int
+    name: str
+    baseline: str
+    canary: str
+    phase: str
+    started_at: float
+    updated_at: float
+    ended_at: float | None
+    started_by: str
+    spec: dict[str, Any]
+    state: dict[str, Any]
+    compare: dict[str, Any] | None
+    conclusion: str
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -149,3 +149,24 @@ controller_state = Table(
 )
 """Small JSON documents the controller keeps across restarts (e.g. the quota allocator's
 grace timers and the month-to-date spend)."""
+
+rollouts = Table(
+    "rollouts",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(255), nullable=False),
+    Column("baseline", String(255), nullable=False),
+    Column("canary", String(255), nullable=False),
+    Column("phase", String(32), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("ended_at", Float, nullable=True),
+    Column("started_by", String(255), nullable=False),
+    Column("spec", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("compare", Text, nullable=True),
+    Column("conclusion", Text, nullable=False),
+    Index(None, "name", "id"),
+)
+"""The rollout archive (C6): each run's spec, its state machine (timeline and every step's
+analysis), the compare report and the conclusion."""

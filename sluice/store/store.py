@@ -38,6 +38,7 @@ from sluice.store.records import (
     InstanceRecord,
     Loan,
     Revision,
+    RolloutRecord,
     ScalingDecision,
 )
 
@@ -257,6 +258,73 @@ class Store:
         with self._engine.connect() as conn:
             text = conn.execute(select(t.c.value).where(t.c.key == key)).scalar_one_or_none()
         return None if text is None else _load(text)
+
+    # -- the rollout archive ------------------------------------------------------------------
+
+    def add_rollout(
+        self,
+        *,
+        name: str,
+        baseline: str,
+        canary: str,
+        phase: str,
+        started_by: str,
+        spec: dict[str, Any],
+        state: dict[str, Any],
+        now: float,
+    ) -> int:
+        values = {
+            "name": name,
+            "baseline": baseline,
+            "canary": canary,
+            "phase": phase,
+            "started_at": now,
+            "updated_at": now,
+            "ended_at": None,
+            "started_by": started_by,
+            "spec": _dump(spec),
+            "state": _dump(state),
+            "compare": None,
+            "conclusion": "",
+        }
+        return self._append(schema.rollouts, values)
+
+    def update_rollout(
+        self,
+        rollout_id: int,
+        *,
+        phase: str,
+        state: dict[str, Any],
+        now: float,
+        ended: bool = False,
+        conclusion: str | None = None,
+        compare: dict[str, Any] | None = None,
+    ) -> None:
+        t = schema.rollouts
+        values: dict[str, Any] = {"phase": phase, "state": _dump(state), "updated_at": now}
+        if ended:
+            values["ended_at"] = now
+        if conclusion is not None:
+            values["conclusion"] = conclusion
+        if compare is not None:
+            values["compare"] = _dump(compare)
+        with self._writer.begin() as conn:
+            done = conn.execute(update(t).where(t.c.id == rollout_id).values(**values))
+            if done.rowcount == 0:
+                raise NotFound(f"rollout run {rollout_id} does not exist", rollout=rollout_id)
+
+    def list_rollouts(
+        self, *, name: str | None = None, active_only: bool = False, limit: int = 50
+    ) -> list[RolloutRecord]:
+        """Newest first."""
+        t = schema.rollouts
+        query = select(t).order_by(t.c.id.desc()).limit(_check_limit(limit))
+        if name is not None:
+            query = query.where(t.c.name == name)
+        if active_only:
+            query = query.where(t.c.ended_at.is_(None))
+        with self._engine.connect() as conn:
+            return [_rollout(row._mapping) for row in conn.execute(query)]
 
     # -- the autoscaler's journal -------------------------------------------------------------
 
@@ -529,4 +597,22 @@ def _decision(row_id: int, m: dict[str, Any]) -> ScalingDecision:
         winner=m["winner"],
         reason=m["reason"],
         detail=_load(m["detail"]),
+    )
+
+
+def _rollout(m: Any) -> RolloutRecord:
+    return RolloutRecord(
+        id=m["id"],
+        name=m["name"],
+        baseline=m["baseline"],
+        canary=m["canary"],
+        phase=m["phase"],
+        started_at=m["started_at"],
+        updated_at=m["updated_at"],
+        ended_at=m["ended_at"],
+        started_by=m["started_by"],
+        spec=_load(m["spec"]),
+        state=_load(m["state"]),
+        compare=None if m["compare"] is None else _load(m["compare"]),
+        conclusion=m["conclusion"],
     )

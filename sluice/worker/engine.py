@@ -2,13 +2,16 @@
 
 The controller decides a draining instance is empty from /stats, so the counters are plain
 integers changed only on the event loop (no sampling, no estimates), and the Prometheus
-gauges read the same integers.
+gauges read the same integers. /stats also reports process CPU time and resident memory, so the
+controller can divide their change over a window by the requests finished in it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import resource
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,6 +21,7 @@ from sluice.core.errors import NotFound
 from sluice.worker.config import WorkerConfig
 from sluice.worker.metrics import WorkerMetrics
 from sluice.worker.runtimes import Runtime, make_runtime
+from sluice.worker.samples import SampleRing
 
 __all__ = ["Worker"]
 
@@ -40,6 +44,9 @@ class Worker:
         self.on_failure: Callable[[], None] | None = None
         """Called once if a model fails to load: the process should stop, not idle unready."""
         self.metrics = WorkerMetrics()
+        self.samples = SampleRing()
+        self.memory_gb = sum(spec.memory_gb for spec in config.models.values())
+        """Declared model memory of the instance (sum over its models), GiB."""
         self.metrics.inflight.set_function(lambda: self.inflight)
         self.metrics.queued.set_function(lambda: self.queued)
         self._loaded: set[str] = set()
@@ -134,4 +141,17 @@ class Worker:
             "queued": self.queued,
             "served": self.served,
             "errors": self.errors,
+            "requests_total": self.served + self.errors,
+            "cpu_s_total": time.process_time(),
+            "rss_bytes": _rss_bytes(),
+            "memory_gb": self.memory_gb,
         }
+
+
+def _rss_bytes() -> int:
+    """Resident memory now, from /proc; where there is none, the peak from getrusage."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -2,7 +2,8 @@
 
 Starlette rather than FastAPI keeps start-up light, since instances are launched often.
 Every POST under /v1/ passes through `_Accounting`, which counts it from arrival to the last
-byte sent (streams included), labels its metrics and stamps `x-sluice-model-version`.
+byte sent (streams included), labels its metrics, stamps `x-sluice-model-version` and records
+one row in the samples ring (GET /sluice/samples) that canary analysis reads.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sluice.worker import protocol
 from sluice.worker.engine import Worker
 from sluice.worker.protocol import BadRequest, ChunkWriter
 from sluice.worker.runtimes import Endpoint, Runtime, TextRequest
+from sluice.worker.samples import SAMPLE_TEXT_CHARS
 
 __all__ = ["build_app"]
 
@@ -38,6 +40,10 @@ _PATHS = {
     Endpoint.EMBEDDINGS: "/v1/embeddings",
 }
 _ROUTED = frozenset(_PATHS.values())
+_BROKE_OFF = 499
+"""Sample status of a request that broke off before its last byte (client gone, stream
+failed), after nginx's "client closed request"; metrics label it 'error'."""
+_SAMPLES_LIMIT = 1000
 
 
 @dataclass(slots=True)
@@ -48,6 +54,12 @@ class _Call:
     version: str | None = None
     status: int | None = None
     broken: bool = False
+    started: float = 0.0
+    """perf_counter at arrival; time to first token counts from here."""
+    ttft_s: float | None = None
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    text: str | None = None
 
 
 class _Accounting:
@@ -61,7 +73,8 @@ class _Accounting:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in _ROUTED:
             await self.app(scope, receive, send)
             return
-        call = _Call()
+        started = time.perf_counter()
+        call = _Call(started=started)
         scope[_CALL] = call
 
         async def send_stamped(message: Message) -> None:
@@ -73,15 +86,26 @@ class _Accounting:
             await send(message)
 
         self.worker.request_started()
-        started = time.perf_counter()
         try:
             await self.app(scope, receive, send_stamped)
         except BaseException:
             call.broken = True
             raise
         finally:
-            status = "error" if call.broken or call.status is None else str(call.status)
-            self.worker.request_finished(call.model, status, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            broken = call.broken or call.status is None
+            self.worker.request_finished(
+                call.model, "error" if broken else str(call.status), seconds
+            )
+            self.worker.samples.record(
+                call.model,
+                _BROKE_OFF if broken or call.status is None else call.status,
+                seconds,
+                call.ttft_s,
+                call.output_tokens,
+                call.finish_reason,
+                call.text,
+            )
 
 
 class _ClosingStreamingResponse(StreamingResponse):
@@ -124,6 +148,12 @@ def build_app(worker: Worker) -> Starlette:
     async def stats(_request: Request) -> Response:
         return JSONResponse(worker.stats())
 
+    async def samples(request: Request) -> Response:
+        """`?after=SEQ&limit=N`: the rows after SEQ, oldest first (see worker/samples.py)."""
+        after = _int_param(request, "after", 0, 0)
+        limit = _int_param(request, "limit", _SAMPLES_LIMIT, 1, worker.samples.capacity)
+        return JSONResponse(worker.samples.page(after, limit))
+
     async def metrics(_request: Request) -> Response:
         return Response(worker.metrics.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
@@ -164,6 +194,7 @@ def build_app(worker: Worker) -> Starlette:
             )
         if not worker.is_loaded(model):
             raise Unavailable(f"model {model!r} is still loading; retry when /ready is 200")
+        runtime.inject_fault()
         return body, runtime
 
     def fingerprint(runtime: Runtime) -> str:
@@ -183,6 +214,9 @@ def build_app(worker: Worker) -> Starlette:
             )
         async with worker.slot():
             result = await runtime.complete(text)
+        call: _Call = request.scope[_CALL]
+        call.output_tokens, call.finish_reason = result.completion_tokens, result.finish_reason
+        call.text = result.text[:SAMPLE_TEXT_CHARS]
         render = protocol.chat_response if chat else protocol.completion_response
         return JSONResponse(render(runtime.model, fingerprint(runtime), result))
 
@@ -191,23 +225,33 @@ def build_app(worker: Worker) -> Starlette:
     ) -> AsyncGenerator[bytes, None]:
         """SSE body. Headers go out at once; the slot is taken before the first token."""
         finished = False
+        produced = 0
+        head: list[str] = []  # the output's first SAMPLE_TEXT_CHARS, for the samples ring
+        kept = 0
         try:
             async with worker.slot():
                 tokens = await runtime.stream(text)
                 opening = writer.opening()
                 if opening is not None:
                     yield opening
-                produced = 0
                 async with aclosing(tokens.pieces) as pieces:
                     async for piece in pieces:
+                        if produced == 0:
+                            call.ttft_s = time.perf_counter() - call.started
                         produced += 1
+                        if kept < SAMPLE_TEXT_CHARS:
+                            head.append(piece)
+                            kept += len(piece)
                         yield writer.piece(piece)
+                call.finish_reason = tokens.finish_reason
                 yield writer.finish(tokens.finish_reason)
                 if writer.include_usage:
                     yield writer.usage(tokens.prompt_tokens, produced)
             yield protocol.SSE_DONE
             finished = True
         finally:
+            call.output_tokens = produced
+            call.text = "".join(head)[:SAMPLE_TEXT_CHARS]
             if not finished:
                 call.broken = True
 
@@ -236,6 +280,7 @@ def build_app(worker: Worker) -> Starlette:
             Route("/ready", ready),
             Route("/stats", stats),
             Route("/metrics", metrics),
+            Route("/sluice/samples", samples),
             Route("/v1/models", models),
             Route(_PATHS[Endpoint.CHAT], chat_completions, methods=["POST"]),
             Route(_PATHS[Endpoint.COMPLETIONS], completions, methods=["POST"]),
@@ -249,6 +294,21 @@ def build_app(worker: Worker) -> Starlette:
         },
         lifespan=lifespan,
     )
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int | None = None) -> int:
+    """A whole-number query parameter within [low, high], or a 400 that names it."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name}: must be a whole number, got {raw!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise BadRequest(f"{name}: must be {bound}, got {value}")
+    return value
 
 
 async def _sluice_error(_request: Request, exc: Exception) -> Response:

@@ -442,3 +442,37 @@ def test_controller_state_round_trips_and_overwrites(tmp_path: Path) -> None:
         store.put_state("quota", {"spent": {"a": 2.5}}, now=2.0)
     with Store.for_home(tmp_path) as store:  # survives a restart
         assert store.get_state("quota") == {"spent": {"a": 2.5}}
+
+
+def test_rollout_runs_are_archived_and_updated(tmp_path: Path) -> None:
+    with Store.for_home(tmp_path) as store:
+        rid = store.add_rollout(
+            name="chat-v2",
+            baseline="chat",
+            canary="chat-v2",
+            phase="stepping",
+            started_by="alice",
+            spec={"steps": [1, 100]},
+            state={"step": 0},
+            now=10.0,
+        )
+        assert [r.name for r in store.list_rollouts(active_only=True)] == ["chat-v2"]
+        store.update_rollout(
+            rid,
+            phase="rolled_back",
+            state={"step": 1},
+            now=20.0,
+            ended=True,
+            conclusion="rolled back: error rate",
+            compare={"exact_match_rate": 0.5},
+        )
+        assert store.list_rollouts(active_only=True) == []
+        (run,) = store.list_rollouts(name="chat-v2")
+    assert (run.phase, run.ended_at, run.conclusion) == (
+        "rolled_back",
+        20.0,
+        "rolled back: error rate",
+    )
+    assert run.state == {"step": 1} and run.compare == {"exact_match_rate": 0.5}
+    with Store.for_home(tmp_path) as store, pytest.raises(NotFound):
+        store.update_rollout(99, phase="x", state={}, now=1.0)

@@ -352,3 +352,156 @@ def test_embedding_runtime_serves_real_sentence_vectors(launch: Launch) -> None:
     )
     assert chat.status_code == 400
     assert "/v1/embeddings" in chat.json()["error"]["message"]
+
+
+# --- Canary analysis: per-request samples, resource counters, bad-canary behaviours -------
+
+
+def _samples(worker: Worker, after: int = 0, limit: int | None = None) -> dict[str, Any]:
+    query = f"?after={after}" + ("" if limit is None else f"&limit={limit}")
+    response = worker.get("/sluice/samples" + query)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_samples_record_each_request_kind(launch: Launch) -> None:
+    fresh = launch({"m": sim(0.4, version="v2", output_tokens=5)})
+    fresh.wait_for("/ready", START_TIMEOUT_S)
+    assert _samples(fresh) == {"next": 0, "samples": []}
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hello there"}]}
+    assert fresh.post("/v1/chat/completions", chat).status_code == 200
+    with httpx.stream(
+        "POST", fresh.url + "/v1/chat/completions", json=chat | {"stream": True}, timeout=10
+    ) as response:
+        assert response.status_code == 200
+        list(response.iter_lines())
+    assert fresh.post("/v1/embeddings", {"model": "m", "input": "a b"}).status_code == 200
+    assert fresh.post("/v1/completions", {"model": "nope", "prompt": "x"}).status_code == 404
+
+    page = _samples(fresh)
+    assert page["next"] == 4
+    plain, streamed, embedded, missing = page["samples"]
+    assert [s["seq"] for s in page["samples"]] == [1, 2, 3, 4]
+    assert set(plain) == {
+        "seq", "at", "model", "status", "latency_s", "ttft_s", "tpot_s",
+        "output_tokens", "finish_reason", "text",
+    }  # fmt: skip
+    assert plain["model"] == "m" and plain["status"] == 200
+    assert plain["ttft_s"] is None and plain["tpot_s"] is None
+    assert (plain["output_tokens"], plain["finish_reason"]) == (5, "stop")
+    assert plain["text"] == "tok0 tok1 tok2 tok3 tok4"
+    assert plain["latency_s"] >= 0.4
+    assert abs(plain["at"] - time.time()) < 30
+
+    # Five tokens paced over 0.4 s: the first after ~0.08 s, then one every ~0.08 s.
+    assert streamed["status"] == 200 and streamed["output_tokens"] == 5
+    assert streamed["text"] == plain["text"] and streamed["finish_reason"] == "stop"
+    assert 0.04 < streamed["ttft_s"] < 0.3
+    assert streamed["tpot_s"] == pytest.approx(
+        (streamed["latency_s"] - streamed["ttft_s"]) / 4, rel=1e-6
+    )
+    assert 0.04 < streamed["tpot_s"] < 0.2
+
+    assert embedded["status"] == 200 and embedded["text"] is None
+    assert embedded["output_tokens"] is None and embedded["finish_reason"] is None
+    assert missing["status"] == 404 and missing["model"] is None
+
+
+def test_samples_page_with_after_and_limit(launch: Launch) -> None:
+    fresh = launch({"m": sim(0.0, output_tokens=2)})
+    fresh.wait_for("/ready", START_TIMEOUT_S)
+    for i in range(5):
+        fresh.post("/v1/completions", {"model": "m", "prompt": f"p{i}"})
+    first = _samples(fresh, after=0, limit=2)
+    assert [s["seq"] for s in first["samples"]] == [1, 2] and first["next"] == 2
+    rest = _samples(fresh, after=first["next"], limit=10)
+    assert [s["seq"] for s in rest["samples"]] == [3, 4, 5] and rest["next"] == 5
+    assert _samples(fresh, after=5) == {"next": 5, "samples": []}
+    # A cursor from before a restart (beyond the last seq) starts over.
+    assert [s["seq"] for s in _samples(fresh, after=99, limit=1)["samples"]] == [1]
+    for query, name in [("?limit=0", "limit"), ("?after=x", "after"), ("?after=-1", "after")]:
+        bad = fresh.get("/sluice/samples" + query)
+        assert bad.status_code == 400 and name in bad.json()["error"]["message"]
+
+
+def test_stats_report_resource_counters(launch: Launch) -> None:
+    fresh = launch({"a": sim(0.0, memory_gb=2.5), "b": sim(0.0, memory_gb=0.5)})
+    fresh.wait_for("/ready", START_TIMEOUT_S)
+    before = fresh.stats()
+    for _ in range(3):
+        fresh.post("/v1/completions", {"model": "a", "prompt": "x"})
+    fresh.post("/v1/completions", {"model": "nope", "prompt": "x"})
+    after = fresh.stats()
+    assert {"inflight", "queued", "served", "errors", "ready"} <= set(after)
+    assert after["requests_total"] - before["requests_total"] == 4
+    assert after["requests_total"] == after["served"] + after["errors"]
+    assert after["cpu_s_total"] >= before["cpu_s_total"] > 0
+    assert 10 * 2**20 < after["rss_bytes"] < 4 * 2**30
+    assert after["memory_gb"] == pytest.approx(3.0)
+
+
+def test_error_rate_answers_500_with_an_openai_error(launch: Launch) -> None:
+    failing = launch({"bad": sim(0.01, error_rate=1.0), "half": sim(0.0, error_rate=0.5)})
+    failing.wait_for("/ready", START_TIMEOUT_S)
+    chat = {"model": "bad", "messages": [{"role": "user", "content": "x"}]}
+    response = failing.post("/v1/chat/completions", chat)
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["code"] == "internal_error" and error["type"] == "server_error"
+    assert "error_rate" in error["message"]
+    streamed = failing.post("/v1/chat/completions", chat | {"stream": True})
+    assert streamed.status_code == 500, "a stream must fail before its 200 goes out"
+    with failing.openai() as client, pytest.raises(openai.InternalServerError):
+        client.embeddings.create(model="bad", input="x")
+
+    statuses = [
+        failing.post("/v1/completions", {"model": "half", "prompt": "x"}).status_code
+        for _ in range(40)
+    ]
+    assert set(statuses) == {200, 500}
+    samples = _samples(failing)["samples"]
+    assert [s["status"] for s in samples[:3]] == [500, 500, 500]
+    assert samples[0]["output_tokens"] is None and samples[0]["text"] is None
+    assert failing.stats()["errors"] == 3 + statuses.count(500)
+
+
+def test_empty_rate_answers_empty_text(launch: Launch) -> None:
+    empty = launch({"m": sim(0.05, empty_rate=1.0)})
+    empty.wait_for("/ready", START_TIMEOUT_S)
+    with empty.openai() as client:
+        answer = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}]
+        )
+        chunks = list(
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}], stream=True
+            )
+        )
+    assert answer.choices[0].message.content == ""
+    assert answer.usage is not None and answer.usage.completion_tokens == 0
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+    plain, streamed = _samples(empty)["samples"]
+    assert (plain["output_tokens"], plain["text"]) == (0, "")
+    assert (streamed["output_tokens"], streamed["text"], streamed["ttft_s"]) == (0, "", None)
+
+
+def test_seeded_text_depends_on_version_and_prompt_not_instance(launch: Launch) -> None:
+    models = {
+        "old": sim(0.0, version="v1", seed=7),
+        "new": sim(0.0, version="v2", seed=7),
+    }
+    first, second = launch(models), launch(models)
+    first.wait_for("/ready", START_TIMEOUT_S)
+    second.wait_for("/ready", START_TIMEOUT_S)
+
+    def text(worker: Worker, model: str, prompt: str) -> str:
+        body = {"model": model, "prompt": prompt, "max_tokens": 12}
+        return worker.post("/v1/completions", body).json()["choices"][0]["text"]
+
+    old = text(first, "old", "tell me a story")
+    assert old == text(second, "old", "tell me a story")
+    assert "tok" not in old and len(old.split()) == 12
+    assert old != text(first, "new", "tell me a story")
+    assert old != text(first, "old", "another prompt")

@@ -464,13 +464,26 @@ def test_service_time_is_littles_law_over_the_service_window() -> None:
     assert abs(dec.signals["rate"] - 4.0) < 0.2
 
 
+def test_service_time_is_unknown_until_enough_requests_finished() -> None:
+    """Under 40 completions in the service window Little's law is noise (one 30 s request
+    reads as a 30 s service time): rate and reserve stay silent until then."""
+    reserve = {"enabled": True}
+    w = World(SluicePolicy(spec(reserve=reserve)), current=2, service_s=1.0)
+    dec = w.run(20, 1)  # ~1 completion per second: 19 so far
+    assert "service_s" not in dec.signals
+    assert "rate" not in dec.proposals and "reserve" not in dec.proposals
+    dec = w.run(40, 1)
+    assert abs(dec.signals["service_s"] - 1.0) < 0.1
+    assert "rate" in dec.proposals and "reserve" in dec.proposals
+
+
 def test_burst_reserve_holds_capacity_for_the_recent_peak_then_lets_go() -> None:
     reserve = {"enabled": True, "window_s": 10, "utilization": 1.0, "memory_s": 120}
     pol = SluicePolicy(
         spec(
             reserve=reserve,
             panic={"enabled": False},
-            down={"cooldown_s": 0, "stabilization_s": 0, "max_step": 0, "max_percent": 0},
+            down={"cooldown_s": 0, "stabilization_s": 120, "max_step": 0, "max_percent": 0},
         )
     )
     w = World(pol, current=2, service_s=1.0)
@@ -481,13 +494,16 @@ def test_burst_reserve_holds_capacity_for_the_recent_peak_then_lets_go() -> None
     assert dec.proposals["reserve"] >= 10  # 40 req/s x 1 s / 4 slots
     assert dec.desired >= 10 and dec.winner == "reserve"
     assert "burst reserve" in dec.reason
-    w.run(110, 1)  # the peak is older than memory_s: the reserve lets go
+    w.run(100, 1)  # the peak is older than memory_s: the reserve lets go ...
+    assert w.decisions[-1].proposals["reserve"] <= 1
+    assert len(w.ready_at) >= 10  # ... and the rolling max keeps its count 120 s more
+    w.run(130, 1)
     assert len(w.ready_at) <= 2
     assert w.decisions[-1].proposals["reserve"] <= 1
 
 
-def test_reserve_memory_follows_down_stabilization_by_default() -> None:
-    """`memory_s: None` keeps the peak as long as the rolling max does, so a short
+def test_reserve_memory_is_capped_by_down_stabilization() -> None:
+    """The reserve never keeps a peak longer than the rolling max would, so a short
     stabilization (the e2e step-down test: 3 s) still steps down soon after the load."""
     pol = SluicePolicy(
         AutoscalingSpec(

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from sluice.core.errors import Forbidden, NotFound
 from sluice.policy.routing import (
+    DIRECT_ROUTE_TAG,
+    CanarySplit,
     RequestMeta,
     RouteRule,
     RouteTable,
@@ -164,3 +166,32 @@ def test_priority_header_only_when_the_tenant_may_set_it() -> None:
     assert TenantAccess("t", "normal").priority_for("high") == "normal"
     assert TenantAccess("t", "normal", priority_header=True).priority_for("high") == "high"
     assert TenantAccess("t", "low", priority_header=True).priority_for("bogus") == "low"
+
+
+def test_operator_may_address_a_group_directly_others_may_not() -> None:
+    route = snapshot().direct(TenantAccess("ops", operator=True), "g2", "m1")
+    assert (route.tag, route.group) == (DIRECT_ROUTE_TAG, "g2")
+    with pytest.raises(Forbidden):
+        snapshot().direct(TenantAccess("t1"), "g2", "m1")
+    with pytest.raises(NotFound):
+        snapshot().direct(TenantAccess("ops", operator=True), "g2", "m2")
+
+
+def test_canary_split_paces_tenants() -> None:
+    split = CanarySplit(
+        "base",
+        "canary",
+        percent=10.0,
+        early_percent=50.0,
+        late_percent=0.0,
+        early_tenants=frozenset({"early"}),
+        late_tenants=frozenset({"late"}),
+    )
+    rng = random.Random(3)
+    share = {
+        t: sum(split.pick(t, rng) == "canary" for _ in range(10_000)) / 10_000
+        for t in ("early", "normal", "late")
+    }
+    assert abs(share["early"] - 0.5) < 0.02
+    assert abs(share["normal"] - 0.1) < 0.02
+    assert share["late"] == 0.0

@@ -69,6 +69,11 @@ class Runtime(ABC):
     async def load(self) -> None:
         """Bring the model into memory; the instance is not ready until this returns."""
 
+    def inject_fault(self) -> None:
+        """Raise a SluiceError to fail this request before any byte goes out (so streams get a
+        real HTTP error too). Real runtimes never do; the sim does for `error_rate`."""
+        return None
+
     async def complete(self, request: TextRequest) -> Completion:
         raise NotImplementedError(f"{type(self).__name__} does not generate text")
 

@@ -4,6 +4,11 @@ It sleeps (asyncio) for its start-up time and for each request's service time, s
 sim workers behaves like real inference under load: queues build, latency grows, draining
 takes time. Service times come from a `random.Random` seeded by the spec's `seed` and the
 instance id, so a run is reproducible and two instances still differ.
+
+Generated text never depends on the instance, so a compare suite sent twice to one behaviour
+matches exactly: with seed 0 it reads "tok0 tok1 ..." (predictable for tests); with any other
+seed it is words drawn from a generator seeded by (seed, version, prompt), so two versions read
+visibly differently. `error_rate` and `empty_rate` make a deliberately bad canary.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import random
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
+from sluice.core.errors import SluiceError
 from sluice.spec.models import (
     FixedServiceTime,
     LinearServiceTime,
@@ -34,12 +40,14 @@ from sluice.worker.runtimes.base import (
 
 __all__ = [
     "EMBEDDING_DIM",
+    "SimFailure",
     "SimPlan",
     "SimRuntime",
     "count_tokens",
     "pseudo_vector",
     "service_seconds",
     "token_text",
+    "word_pieces",
 ]
 
 EMBEDDING_DIM = 384
@@ -54,6 +62,34 @@ def count_tokens(text: str) -> int:
 def token_text(index: int) -> str:
     """The `index`-th generated piece; joined, the pieces read "tok0 tok1 tok2 ..."."""
     return f"tok{index}" if index == 0 else f" tok{index}"
+
+
+_VOCABULARY = (
+    "the a of to and in is it that for on with as was at by this be from or an are not but "
+    "have all one can will more when up out so what about into than them its only time new "
+    "some could these two may first then do any like now over such our make way even most "
+    "model river stone quiet bright answer system simple green window number signal"
+)
+_WORDS = tuple(_VOCABULARY.split())
+
+
+def word_pieces(seed: int, version: str, prompt: str, count: int) -> list[str]:
+    """`count` pieces of text for one generation. Seed 0 gives the counter text; any other
+    seed draws words from a generator keyed by (seed, version, prompt): the same request to
+    the same behaviour reads the same on every instance, and another version reads otherwise."""
+    if seed == 0:
+        return [token_text(i) for i in range(count)]
+    key = hashlib.sha256(f"{seed}\0{version}\0{prompt}".encode()).digest()
+    rng = random.Random(key)
+    words = rng.choices(_WORDS, k=count)
+    return [word if i == 0 else f" {word}" for i, word in enumerate(words)]
+
+
+class SimFailure(SluiceError):
+    """A failure the sim answers on purpose (`error_rate`), like a broken model server."""
+
+    http_status = 500
+    code = "internal_error"
 
 
 def service_seconds(
@@ -86,6 +122,8 @@ class SimPlan:
     output_tokens: int
     seconds: float
     finish_reason: str
+    empty: bool = False
+    """An `empty_rate` draw: the model answers nothing (0 tokens, finish "stop")."""
 
 
 class SimRuntime(Runtime):
@@ -99,6 +137,21 @@ class SimRuntime(Runtime):
     async def load(self) -> None:
         await asyncio.sleep(self.params.startup_s)
 
+    def inject_fault(self) -> None:
+        """Fail a share `error_rate` of requests with HTTP 500; draws only when it is > 0, so
+        the service-time sequence of a spec without faults is unchanged."""
+        rate = self.params.error_rate
+        if rate > 0 and self._rng.random() < rate:
+            raise SimFailure(
+                f"simulated failure of model {self.model!r} (sim error_rate {rate})",
+                type="server_error",
+            )
+
+    def pieces(self, request: TextRequest, plan: SimPlan) -> list[str]:
+        if plan.empty:
+            return []
+        return word_pieces(self.params.seed, self.spec.version, request.prompt, plan.output_tokens)
+
     def plan(self, request: TextRequest) -> SimPlan:
         """Token counts and service time for `request`; draws from the seeded generator."""
         input_tokens = count_tokens(request.prompt)
@@ -107,17 +160,21 @@ class SimRuntime(Runtime):
         else:
             output_tokens, finish_reason = self.params.output_tokens, "stop"
         seconds = service_seconds(self.params.service_time, self._rng, input_tokens, output_tokens)
+        rate = self.params.empty_rate
+        if rate > 0 and self._rng.random() < rate:
+            return SimPlan(input_tokens, 0, seconds, "stop", empty=True)
         return SimPlan(input_tokens, output_tokens, seconds, finish_reason)
 
     async def complete(self, request: TextRequest) -> Completion:
         plan = self.plan(request)
         await asyncio.sleep(plan.seconds)
-        text = "".join(token_text(i) for i in range(plan.output_tokens))
+        text = "".join(self.pieces(request, plan))
         return Completion(text, plan.input_tokens, plan.output_tokens, plan.finish_reason)
 
     async def stream(self, request: TextRequest) -> TokenStream:
         plan = self.plan(request)
-        return TokenStream(plan.input_tokens, plan.finish_reason, _paced_tokens(plan))
+        pieces = self.pieces(request, plan)
+        return TokenStream(plan.input_tokens, plan.finish_reason, _paced_tokens(plan, pieces))
 
     async def embed(self, inputs: list[str]) -> Embeddings:
         input_tokens = sum(count_tokens(text) for text in inputs)
@@ -125,11 +182,14 @@ class SimRuntime(Runtime):
         return Embeddings([pseudo_vector(self.model, text) for text in inputs], input_tokens)
 
 
-async def _paced_tokens(plan: SimPlan) -> AsyncGenerator[str, None]:
-    """Yield the plan's tokens evenly over its service time (deadlines, so no drift)."""
+async def _paced_tokens(plan: SimPlan, pieces: list[str]) -> AsyncGenerator[str, None]:
+    """Yield the pieces evenly over the plan's service time (deadlines, so no drift)."""
     loop = asyncio.get_running_loop()
     start = loop.time()
-    step = plan.seconds / plan.output_tokens
-    for index in range(plan.output_tokens):
+    if not pieces:
+        await asyncio.sleep(plan.seconds)
+        return
+    step = plan.seconds / len(pieces)
+    for index, piece in enumerate(pieces):
         await asyncio.sleep(max(0.0, start + (index + 1) * step - loop.time()))
-        yield token_text(index)
+        yield piece

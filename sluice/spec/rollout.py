@@ -1,0 +1,194 @@
+"""How a new version reaches traffic (C1-C6): steps, hold, pacing by tenant, analysis gates.
+
+A rollout names two existing groups: `baseline` (the running version, kept scaled for its
+full traffic the whole time so a rollback is one route-table swap) and `canary` (the new
+version in its own group). The state machine is `sluice.policy.rollout`; the statistics are
+`sluice.policy.analysis`. Defaults are argued in the field descriptions.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "CRITERIA",
+    "DEFAULT_STEPS",
+    "AnalysisSpec",
+    "CompareSpec",
+    "CriterionName",
+    "PacingSpec",
+    "RolloutSpec",
+]
+
+Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
+
+DEFAULT_STEPS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 50, 70, 85, 95, 100)
+"""Doubling while the canary is small (a bad version hurts few requests, so move fast),
+then +20/+15/+10/+5 near the end, where each step moves many requests (C2)."""
+
+CriterionName = Literal[
+    "error_rate",
+    "latency_p50",
+    "latency_p95",
+    "ttft_p95",
+    "tpot_p50",
+    "output_length",
+    "empty_rate",
+    "truncated_rate",
+    "cpu_per_request",
+    "memory",
+    "style_drift",
+]
+CRITERIA: tuple[CriterionName, ...] = get_args(CriterionName)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AnalysisSpec(_Strict):
+    """Canary-vs-baseline gates over the same window (C3). A criterion fails only when the
+    difference is both larger than its threshold AND (for rates and distributions)
+    statistically significant at `alpha`; a large but not yet significant difference
+    waits for more data instead of passing. Too few samples always waits, never passes."""
+
+    min_samples: int = Field(
+        default=100,
+        ge=1,
+        le=1_000_000,
+        description="per side per step; 100 leaves 5 samples above p95 and lets the "
+        "output-length KS test detect D >= 0.23 at alpha 0.01",
+    )
+    alpha: float = Field(
+        default=0.01,
+        gt=0,
+        lt=0.5,
+        description="significance of every test; 0.01 rather than 0.05 because the "
+        "controller looks again every second",
+    )
+    error_rate_max_increase: float = Field(
+        default=0.01, ge=0, le=1, description="canary - baseline share of 5xx answers"
+    )
+    latency_p50_max_ratio: float = Field(default=1.2, ge=1, le=100)
+    latency_p95_max_ratio: float = Field(
+        default=1.3, ge=1, le=100, description="looser than p50: tails are noisier"
+    )
+    ttft_p95_max_ratio: float = Field(default=1.3, ge=1, le=100, description="streaming only")
+    tpot_p50_max_ratio: float = Field(default=1.2, ge=1, le=100, description="streaming only")
+    latency_min_delta_s: float = Field(
+        default=0.005,
+        ge=0,
+        description="latency/TTFT growth below this never fails (timer and scheduling noise)",
+    )
+    tpot_min_delta_s: float = Field(default=0.0005, ge=0, description="per output token")
+    output_length_max_ks: float = Field(
+        default=0.15, gt=0, le=1, description="two-sample KS statistic D of output tokens"
+    )
+    empty_rate_max_increase: float = Field(default=0.01, ge=0, le=1)
+    truncated_rate_max_increase: float = Field(
+        default=0.02, ge=0, le=1, description="finish_reason == 'length'"
+    )
+    cpu_per_request_max_ratio: float = Field(default=1.25, ge=1, le=100)
+    cpu_min_delta_s: float = Field(default=0.001, ge=0, description="CPU seconds per request")
+    memory_max_ratio: float = Field(
+        default=1.15, ge=1, le=100, description="accelerator memory of one instance"
+    )
+    memory_min_delta_gb: float = Field(default=0.25, ge=0)
+    style_drift_max_ks: float = Field(
+        default=0.2, gt=0, le=1, description="largest KS statistic over the style features"
+    )
+    disable: list[CriterionName] = Field(default_factory=list)
+
+
+class PacingSpec(_Strict):
+    """Who sees the canary when (C4). At a step of `p` percent, of the requests routed to
+    the baseline group, the canary gets: from `early` tenants min(100, p x `early_factor`);
+    from unlisted tenants p once p >= `normal_from_percent`, else none; from `late` tenants
+    p once p >= `late_from_percent`, else none."""
+
+    early: list[Name] = Field(default_factory=list)
+    early_factor: float = Field(
+        default=4.0,
+        ge=1,
+        le=100,
+        description="early tenants' share multiplier: 1% -> 4%, full canary from 25%",
+    )
+    normal_from_percent: float = Field(default=0.0, ge=0, le=100)
+    late: list[Name] = Field(default_factory=list)
+    late_from_percent: float = Field(default=50.0, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PacingSpec:
+        both = sorted(set(self.early) & set(self.late))
+        if both:
+            raise ValueError(f"tenant(s) {', '.join(both)} are both early and late")
+        if self.late_from_percent < self.normal_from_percent:
+            raise ValueError(
+                f"late_from_percent = {self.late_from_percent:g} must be >= "
+                f"normal_from_percent = {self.normal_from_percent:g}"
+            )
+        return self
+
+
+class CompareSpec(_Strict):
+    """The fixed comparison suite (C5): the same JSONL requests sent to both versions."""
+
+    suite: str = Field(min_length=1, description="path of a JSONL file, one request a line")
+    timeout_s: float = Field(default=300.0, gt=0, le=86_400, description="whole suite")
+
+
+class RolloutSpec(_Strict):
+    """One rollout: `baseline` keeps full capacity; `canary` gets `steps` percent of the
+    baseline's traffic, each held at least `hold_s` and passing `analysis` before the next."""
+
+    name: Name
+    baseline: Name
+    canary: Name
+    description: str = ""
+    steps: list[float] = Field(default_factory=lambda: list(DEFAULT_STEPS))
+    hold_s: float = Field(
+        default=60.0, ge=0, le=86_400, description="minimum time on each step, seconds"
+    )
+    max_wait_s: float | None = Field(
+        default=1800.0,
+        gt=0,
+        le=7 * 86_400,
+        description="a step still short of data this long after it began triggers "
+        "`on_no_data`; None waits forever",
+    )
+    on_no_data: Literal["pause", "rollback"] = Field(
+        default="pause",
+        description="lack of data is no evidence against the canary, so by default an "
+        "operator decides (resume, promote or abort)",
+    )
+    pacing: PacingSpec = PacingSpec()
+    analysis: AnalysisSpec = AnalysisSpec()
+    compare: CompareSpec | None = None
+
+    @field_validator("steps")
+    @classmethod
+    def _steps_climb_to_100(cls, steps: list[float]) -> list[float]:
+        if not steps:
+            raise ValueError("steps needs at least one percent; the last must be 100")
+        for i, p in enumerate(steps):
+            if not 0 < p <= 100:
+                raise ValueError(f"steps[{i}] = {p:g}, must be > 0 and <= 100")
+            if i and p <= steps[i - 1]:
+                raise ValueError(
+                    f"steps[{i}] = {p:g} must be greater than steps[{i - 1}] = {steps[i - 1]:g}"
+                )
+        if steps[-1] != 100:
+            raise ValueError(f"the last step is {steps[-1]:g}; it must be 100")
+        return steps
+
+    @model_validator(mode="after")
+    def _groups_and_wait(self) -> RolloutSpec:
+        if self.baseline == self.canary:
+            raise ValueError(f"baseline and canary are both {self.baseline!r}; they must differ")
+        if self.max_wait_s is not None and self.max_wait_s < self.hold_s:
+            raise ValueError(
+                f"max_wait_s = {self.max_wait_s:g} must be >= hold_s = {self.hold_s:g}"
+            )
+        return self
