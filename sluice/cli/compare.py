@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
+from sluice.cli.common import out, run
+
 __all__ = ["compare"]
 
 
@@ -53,7 +55,6 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """Send one suite to two targets and report exact matches, similarity, lengths, latency."""
-    from sluice.cli.main import _run, out
     from sluice.tools import CompareOptions, parse_target, write_compare_report
     from sluice.tools import compare as run_compare
 
@@ -108,7 +109,7 @@ def compare(
         if "report" in r:
             out.print(f"report: {r['report']}")
 
-    _run(as_json, do, render)
+    run(as_json, do, render)
 
 
 def _num(x: float | None) -> str:

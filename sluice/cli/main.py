@@ -6,21 +6,31 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import uvloop
-from rich.console import Console
 from rich.table import Table
 
-from sluice.cli.client import ControlClient
+from sluice.cli.common import (
+    ControlOpt,
+    FileOpt,
+    HomeOpt,
+    JsonOpt,
+    ReasonOpt,
+    client_for,
+    out,
+    post_as_actor,
+    print_error,
+    run,
+    ts,
+)
 from sluice.cli.compare import compare
+from sluice.cli.rollout import rollout_app
 from sluice.cli.simulate import simulate
 from sluice.config import Settings
-from sluice.core import SluiceError, SpecError
+from sluice.core import SluiceError
 from sluice.spec import load_spec_file
 
 __all__ = ["app", "main"]
@@ -35,58 +45,7 @@ get_app = typer.Typer(no_args_is_help=True, help="List groups, instances or rout
 app.add_typer(get_app, name="get")
 route_app = typer.Typer(no_args_is_help=True, help="The escape hatch: failover and restore.")
 app.add_typer(route_app, name="route")
-
-out = Console()
-err = Console(stderr=True)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document")]
-HomeOpt = Annotated[str | None, typer.Option("--home", help="state directory ($SLUICE_HOME)")]
-ControlOpt = Annotated[str | None, typer.Option("--control", help="control API URL")]
-FileOpt = Annotated[Path, typer.Option("-f", "--file", help="spec YAML")]
-ReasonOpt = Annotated[str, typer.Option("--reason", help="why; recorded in the audit log")]
-
-
-def _run(as_json: bool, fn: Callable[[], Any], render: Callable[[Any], None]) -> None:
-    """Run a command; print its result as JSON or via `render`; map errors to exit codes."""
-    try:
-        result = fn()
-    except SluiceError as exc:
-        if as_json:
-            print(json.dumps(exc.to_json()))
-        else:
-            _print_error(exc)
-        raise typer.Exit(exc.exit_code) from None
-    if as_json:
-        print(json.dumps(result, default=str))
-    else:
-        render(result)
-
-
-def _print_error(exc: SluiceError) -> None:
-    """One line per problem, never wrapped: `file:line: field: message` must stay greppable."""
-    if isinstance(exc, SpecError):
-        err.print(f"[red]error:[/red] the spec has {len(exc.issues)} problem(s):")
-        for issue in exc.issues:
-            err.print(f"  {issue}", markup=False, highlight=False, soft_wrap=True)
-    else:
-        err.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
-
-
-def _client(home: str | None, control: str | None) -> tuple[Settings, ControlClient]:
-    settings = Settings.from_env(home, control)
-    return settings, ControlClient(settings)
-
-
-def _post_as_actor(
-    home: str | None, control: str | None, path: str, body: dict[str, Any], field: str = "actor"
-) -> Any:
-    """POST a change to the control API, signed with who makes it (for the audit log)."""
-    settings, client = _client(home, control)
-    return client.post(path, {**body, field: settings.actor})
-
-
-def _ts(t: float | None) -> str:
-    return "-" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+app.add_typer(rollout_app, name="rollout")
 
 
 @app.command()
@@ -110,7 +69,7 @@ def up(
         loaded = load_spec_file(file) if file is not None else None
         uvloop.run(serve(Settings.from_env(home), loaded, port))
     except SluiceError as exc:
-        _print_error(exc)
+        print_error(exc)
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -131,7 +90,7 @@ def validate(file: FileOpt, as_json: JsonOpt = False) -> None:
         n = len(r["groups"])
         out.print(f"{r['file']}: valid ({n} group{'' if n == 1 else 's'})")
 
-    _run(as_json, check, render)
+    run(as_json, check, render)
 
 
 @app.command()
@@ -147,7 +106,7 @@ def apply(
     def do() -> Any:
         loaded = load_spec_file(file)
         body = {"yaml": loaded.text, "source": str(file), "reason": reason}
-        return _post_as_actor(home, control, "/v1/revisions", body, field="author")
+        return post_as_actor(home, control, "/v1/revisions", body, field="author")
 
     def render(r: dict[str, Any]) -> None:
         if not r["changed"]:
@@ -156,7 +115,7 @@ def apply(
         out.print(f"applied revision {r['revision']}")
         out.print(r["diff"], markup=False, highlight=False)
 
-    _run(as_json, do, render)
+    run(as_json, do, render)
 
 
 @app.command()
@@ -172,9 +131,9 @@ def scale(
 
     def do() -> Any:
         body = {"replicas": replicas, "reason": reason}
-        return _post_as_actor(home, control, f"/v1/groups/{group}/scale", body)
+        return post_as_actor(home, control, f"/v1/groups/{group}/scale", body)
 
-    _run(as_json, do, lambda r: out.print(f"{r['group']}: {r['from']} -> {r['to']} replicas"))
+    run(as_json, do, lambda r: out.print(f"{r['group']}: {r['from']} -> {r['to']} replicas"))
 
 
 @route_app.command("failover")
@@ -190,9 +149,9 @@ def route_failover(
 
     def do() -> Any:
         body = {"to": to, "reason": reason}
-        return _post_as_actor(home, control, f"/v1/groups/{group}/failover", body)
+        return post_as_actor(home, control, f"/v1/groups/{group}/failover", body)
 
-    _run(as_json, do, lambda r: out.print(f"{r['group']}: all traffic -> {r['to']}"))
+    run(as_json, do, lambda r: out.print(f"{r['group']}: all traffic -> {r['to']}"))
 
 
 @route_app.command("restore")
@@ -207,7 +166,7 @@ def route_restore(
 
     def do() -> Any:
         body = {"reason": reason}
-        return _post_as_actor(home, control, f"/v1/groups/{group}/restore", body)
+        return post_as_actor(home, control, f"/v1/groups/{group}/restore", body)
 
     def render(r: dict[str, Any]) -> None:
         if r["changed"]:
@@ -215,7 +174,7 @@ def route_restore(
         else:
             out.print(f"{r['group']}: no failover was in force")
 
-    _run(as_json, do, render)
+    run(as_json, do, render)
 
 
 @get_app.command("routes")
@@ -247,7 +206,7 @@ def get_routes(as_json: JsonOpt = False, home: HomeOpt = None, control: ControlO
         for group, backup in r["failovers"].items():
             out.print(f"[yellow]failover in force:[/yellow] {group} -> {backup}")
 
-    _run(as_json, lambda: _client(home, control)[1].get("/v1/routes"), render)
+    run(as_json, lambda: client_for(home, control)[1].get("/v1/routes"), render)
 
 
 @get_app.command("dataplane")
@@ -278,7 +237,7 @@ def get_dataplane(
         out.print(t)
         out.print(f"routing snapshot version {r.get('version')}")
 
-    _run(as_json, lambda: _client(home, control)[1].get("/v1/dataplane"), render)
+    run(as_json, lambda: client_for(home, control)[1].get("/v1/dataplane"), render)
 
 
 @get_app.command("groups")
@@ -300,7 +259,7 @@ def get_groups(as_json: JsonOpt = False, home: HomeOpt = None, control: ControlO
             )
         out.print(t)
 
-    _run(as_json, lambda: _client(home, control)[1].get("/v1/groups"), render)
+    run(as_json, lambda: client_for(home, control)[1].get("/v1/groups"), render)
 
 
 @get_app.command("instances")
@@ -321,12 +280,12 @@ def get_instances(
                 i["state"],
                 i["url"] or "-",
                 str(i["pid"] or "-"),
-                _ts(i["created_at"]),
+                ts(i["created_at"]),
                 i["reason"],
             )
         out.print(t)
 
-    _run(as_json, lambda: _client(home, control)[1].get("/v1/instances", group=group), render)
+    run(as_json, lambda: client_for(home, control)[1].get("/v1/instances", group=group), render)
 
 
 @app.command()
@@ -343,7 +302,7 @@ def audit(
         t = Table("WHEN", "ACTOR", "ACTION", "TARGET", "REASON", "DETAIL")
         for a in items:
             t.add_row(
-                _ts(a["at"]),
+                ts(a["at"]),
                 a["actor"],
                 a["action"],
                 a["target"],
@@ -352,9 +311,9 @@ def audit(
             )
         out.print(t)
 
-    _run(
+    run(
         as_json,
-        lambda: _client(home, control)[1].get("/v1/audit", target=target, limit=limit),
+        lambda: client_for(home, control)[1].get("/v1/audit", target=target, limit=limit),
         render,
     )
 
@@ -372,12 +331,12 @@ def events(
     def render(items: list[dict[str, Any]]) -> None:
         t = Table("WHEN", "GROUP", "INSTANCE", "KIND", "MESSAGE")
         for e in items:
-            t.add_row(_ts(e["at"]), e["group"], e["instance"] or "-", e["kind"], e["message"])
+            t.add_row(ts(e["at"]), e["group"], e["instance"] or "-", e["kind"], e["message"])
         out.print(t)
 
-    _run(
+    run(
         as_json,
-        lambda: _client(home, control)[1].get("/v1/events", group=group, limit=limit),
+        lambda: client_for(home, control)[1].get("/v1/events", group=group, limit=limit),
         render,
     )
 
@@ -427,8 +386,8 @@ def quota(
                 loan["lender"] or "(pool)",
                 loan["borrower"],
                 str(loan["units"]),
-                _ts(loan["started_at"]),
-                _ts(loan["ended_at"]) if loan["ended_at"] else "open",
+                ts(loan["started_at"]),
+                ts(loan["ended_at"]) if loan["ended_at"] else "open",
                 "-" if latency is None else f"{latency:.1f}s",
             )
         out.print(t)
@@ -436,9 +395,9 @@ def quota(
         for u in q["underused"]:
             out.print(f"under-used: {u['group']}: {u['reason']}")
 
-    _run(
+    run(
         as_json,
-        lambda: _client(home, control)[1].get("/v1/quota", window_s=window, below=below),
+        lambda: client_for(home, control)[1].get("/v1/quota", window_s=window, below=below),
         render,
     )
 
@@ -471,7 +430,7 @@ def explain(
                 for i in d["launched"]
             )
             t.add_row(
-                _ts(d["at"]),
+                ts(d["at"]),
                 str(d["current"]),
                 str(d["desired"]),
                 d["winner"] or "-",
@@ -481,9 +440,9 @@ def explain(
             )
         out.print(t)
 
-    _run(
+    run(
         as_json,
-        lambda: _client(home, control)[1].get(f"/v1/groups/{group}/explain", limit=limit),
+        lambda: client_for(home, control)[1].get(f"/v1/groups/{group}/explain", limit=limit),
         render,
     )
 

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from sluice.cli.common import out, run
+
 __all__ = ["simulate"]
 
 
@@ -48,7 +50,6 @@ def simulate(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """What would happen with this spec on that traffic? (trace-driven simulation)"""
-    from sluice.cli.main import _run, out
     from sluice.core.errors import SpecError, SpecIssue
     from sluice.sim import SimOptions
     from sluice.sim.study import TraceShape, simulate_spec
@@ -85,4 +86,4 @@ def simulate(
         if "report" in r:
             out.print(f"report: {r['report']}")
 
-    _run(as_json, do, render)
+    run(as_json, do, render)

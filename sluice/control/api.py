@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from sluice.control.controller import Controller
 from sluice.control.explain import explain_decisions
 from sluice.control.supervisor import InstanceSupervisor
-from sluice.core import InstanceState, SluiceError
+from sluice.core import InstanceState, NotFound, SluiceError
 from sluice.policy import route_rules
 from sluice.spec import load_spec_text
 from sluice.store import Store
@@ -39,6 +39,11 @@ class FailoverRequest(BaseModel):
 
 class RestoreRequest(BaseModel):
     reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+
+
+class RolloutRequest(BaseModel):
+    reason: str = Field(min_length=1, description="why; recorded in the audit log")
     actor: str = Field(min_length=1)
 
 
@@ -152,6 +157,47 @@ def build_control_api(
         served = (data_plane() if data_plane is not None else {}).get("served", {})
         recent = [e for e in found if e.at >= oldest]
         return {"group": group, **state, "decisions": explain_decisions(decisions, recent, served)}
+
+    @app.post("/v1/rollouts/{name}/{action}")
+    async def rollout_action(name: str, action: str, body: RolloutRequest) -> dict[str, Any]:
+        """start | pause | resume | promote | abort, audited."""
+        return await controller.rollout(name, action, body.actor, body.reason)
+
+    @app.get("/v1/rollouts")
+    async def rollouts() -> list[dict[str, Any]]:
+        """Every rollout in the spec with its latest run (phase, step, percent)."""
+        out = []
+        for rs in controller.spec.rollouts:
+            runs = await asyncio.to_thread(store.list_rollouts, name=rs.name, limit=1)
+            live = controller.rollout_live(rs.name)
+            state = live if live is not None else (runs[0].state if runs else None)
+            out.append(
+                {
+                    "name": rs.name,
+                    "baseline": rs.baseline,
+                    "canary": rs.canary,
+                    "run": runs[0].id if runs else None,
+                    "phase": state["phase"] if state else "not started",
+                    "percent": state["percent"] if state else 0.0,
+                    "conclusion": runs[0].conclusion if runs else "",
+                }
+            )
+        return out
+
+    @app.get("/v1/rollouts/{name}")
+    async def rollout_report(name: str, run: int | None = None) -> dict[str, Any]:
+        """The archived run (newest, or `run`), with the live state of a running one: its
+        timeline, every step's analysis numbers, the compare report, the conclusion."""
+        runs = await asyncio.to_thread(store.list_rollouts, name=name, limit=200)
+        chosen = next((r for r in runs if run is None or r.id == run), None)
+        if chosen is None:
+            raise NotFound(f"rollout {name!r} has no run" + (f" {run}" if run else ""))
+        report = chosen.to_json()
+        live = controller.rollout_live(name)
+        if live is not None and run in (None, chosen.id):
+            report["state"] = live
+        report["runs"] = [{"id": r.id, "phase": r.phase, "started_at": r.started_at} for r in runs]
+        return report
 
     @app.get("/v1/quota")
     async def quota(

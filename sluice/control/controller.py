@@ -15,6 +15,8 @@ from typing import Any
 from sluice.control.autoscaling import GroupStep, LiveAutoscaling, TrafficSource
 from sluice.control.events import EventLog
 from sluice.control.quota import LiveQuota, QuotaRound
+from sluice.control.rollouts import ACTIONS, RolloutRunner
+from sluice.control.samples import SampleCollector
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.core import Clock, Conflict, InstanceState, InstanceStatus, NotFound
 from sluice.policy import (
@@ -71,6 +73,10 @@ class Controller:
         a restart)."""
         self._journaled: dict[str, tuple[object, float]] = {}
         self._quota = LiveQuota(store, events)
+        self._rollouts = RolloutRunner(
+            store, events, SampleCollector(), on_change=lambda: self._publish_routing(self.spec)
+        )
+        self._rollouts.point_at(self._ready_url)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -103,6 +109,38 @@ class Controller:
     async def close(self) -> None:
         """Keep what must survive a restart (quota timers, month-to-date spend)."""
         await self._quota.close(self._clock.now())
+        await self._rollouts.aclose()
+
+    async def rollout(self, name: str, action: str, actor: str, reason: str) -> dict[str, Any]:
+        """`sluice rollout start|pause|resume|promote|abort NAME`, audited; the new split is
+        published at once (a rollback or abort reaches the gateway in this call)."""
+        now = self._clock.now()
+        if action == "start":
+            rs = next((r for r in self.spec.rollouts if r.name == name), None)
+            count = self.desired_replicas(rs.baseline) if rs is not None else 0
+            state = await self._rollouts.start(self.spec, name, count, actor, reason, now)
+        elif action in ACTIONS:
+            state = await self._rollouts.act(name, action, actor, reason, now)
+        else:
+            raise NotFound(f"no rollout action {action!r}; actions: start, {', '.join(ACTIONS)}")
+        detail = {"phase": state.phase.value, "percent": state.percent}
+        await self._audit(actor, f"rollout-{action}", f"rollout/{name}", reason, detail)
+        self._wake.set()
+        return state.to_json()
+
+    def _ready_url(self, group: str) -> str | None:
+        return next(
+            (
+                i.url
+                for i in self._supervisor.statuses()
+                if i.group == group and i.state is InstanceState.READY and i.url
+            ),
+            None,
+        )
+
+    def rollout_live(self, name: str) -> dict[str, Any] | None:
+        state = self._rollouts.live_state(name)
+        return state.to_json() if state is not None else None
 
     async def quota_report(self, window_s: float, below: float) -> dict[str, Any]:
         """`sluice quota`: pools, guarantees, use, loans, spend, under-used groups."""
@@ -131,6 +169,8 @@ class Controller:
         self._overrides = await asyncio.to_thread(self._store.replicas_overrides)
         self._failovers = await asyncio.to_thread(self._store.failovers)
         await self._quota.load()
+        if self._spec is not None:
+            await self._rollouts.load(self._spec)
         if self._spec is not None:
             for g in self._spec.groups:
                 if g.autoscaling is None:
@@ -319,13 +359,16 @@ class Controller:
         # 2. Decide: the autoscalers' wishes, then the quota allocator's grants (no instance
         #    starts without its units), then the planner.
         steps = self._autoscaling.step(spec, observed, self.desired_replicas, now)
+        floors = self._rollouts.baseline_floors()
         wanted = {g.name: self._instances_wanted(g) for g in spec.groups}
         for step in steps:
-            wanted[step.group.name] = step.decision.desired + _standby(step.group)
+            want = max(step.decision.desired, floors.get(step.group.name, 0))
+            wanted[step.group.name] = want + _standby(step.group)
         quota = await self._quota.round(spec, observed, wanted, now)
         grants = quota.allocation.grants
         for step in steps:
-            await self._settle(step, grants[step.group.name].instances, quota, now)
+            floor = floors.get(step.group.name, 0)
+            await self._settle(step, grants[step.group.name].instances, floor, quota, now)
         if quota.allocation.reclaims:  # serving-aware: out of routing, drained, then released
             for r in quota.allocation.reclaims:
                 for iid in r.instance_ids:
@@ -350,18 +393,28 @@ class Controller:
                 self._supervisor.drain(action.instance_id, action.reason)
             elif isinstance(action, Remove):
                 self._supervisor.remove(action.instance_id, action.reason)
-        # 4. Publish the routing snapshot when the ready set or the spec changed.
+        # 4. Canary analysis of running rollouts, then publish the routing snapshot when the
+        #    ready set, a split or the spec changed (a rollback reaches the gateway here).
+        names = {r.name for r in spec.rollouts}
+        await self._rollouts.tick(observed, now, names.__contains__)
         self._publish_routing(spec)
 
-    async def _settle(self, step: GroupStep, granted: int, quota: QuotaRound, now: float) -> None:
+    async def _settle(
+        self, step: GroupStep, granted: int, floor: int, quota: QuotaRound, now: float
+    ) -> None:
         """Journal an autoscaler decision with what quota allowed of it, and make that the
-        group's count (S11: a quota or budget refusal shows as the guard that clipped it)."""
+        group's count (S11: a quota or budget refusal shows as the guard that clipped it).
+        `floor`: a rollout's baseline keeps its count until the rollout ends (C2)."""
         g, decision = step.group, step.decision
         before = step.load.current
-        desired = min(decision.desired, max(0, granted - _standby(g)))
+        want = max(decision.desired, floor)
+        desired = min(want, max(0, granted - _standby(g)))
         clipped, reason = decision.clipped_by, decision.reason
+        if want > decision.desired:
+            clipped += ("rollout",)
+            reason += f"; kept at {floor}: baseline of a running rollout"
         refusal = quota.allocation.refusals.get(g.name)
-        if desired < decision.desired and refusal:
+        if desired < want and refusal:
             clipped += ("budget" if refusal.startswith("budget") else "quota",)
             reason += f"; {refusal}"
         await self._journal(step, before, desired, clipped, reason, now)
@@ -448,6 +501,7 @@ class Controller:
 
     def _publish_routing(self, spec: PlatformSpec) -> None:
         ready = self._supervisor.ready_endpoints()
+        splits = self._rollouts.splits(spec)
         for g in spec.groups:  # warm standby: the newest ready instances stay out of rotation
             if g.autoscaling is not None and g.autoscaling.warm_standby and g.name in ready:
                 by_age = sorted(ready[g.name], key=lambda e: e.ready_at)
@@ -456,11 +510,16 @@ class Controller:
             self._revision,
             tuple(sorted(self._failovers.items())),
             tuple(sorted((g, tuple(e)) for g, e in ready.items())),
+            tuple(splits),
         )
         if key == self._published_key:
             return
         self._routing_version += 1
-        self._publish(build_routing_snapshot(spec, ready, self._routing_version, self._failovers))
+        self._publish(
+            build_routing_snapshot(
+                spec, ready, self._routing_version, self._failovers, canaries=splits
+            )
+        )
         self._published_key = key
 
 

@@ -149,8 +149,10 @@ class RolloutState:
 
     @property
     def conclusion(self) -> str | None:
-        """The reason of the final transition, or None while the rollout is open."""
-        return self.transitions[-1].reason if self.final and self.transitions else None
+        """'<phase>: <reason of the final transition>', or None while the rollout is open."""
+        if not self.final or not self.transitions:
+            return None
+        return f"{self.phase.value.replace('_', ' ')}: {self.transitions[-1].reason}"
 
     def to_json(self) -> dict[str, Any]:
         return {

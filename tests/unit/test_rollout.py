@@ -89,7 +89,7 @@ def test_any_failed_criterion_rolls_back_at_once(criterion: str) -> None:
     assert last.reason.startswith("step 4/11 (8%):") and criterion in last.reason
     assert state.steps[-1].outcome == "failed"
     assert state.steps[-1].analysis is not None and state.steps[-1].analysis.verdict == "fail"
-    assert state.conclusion == last.reason
+    assert state.conclusion == f"rolled back: {last.reason}"
     # final: later analyses change nothing, manual actions are refused
     assert evaluate(SPEC, state, CLEAN, clock.now() + 100) == state
     with pytest.raises(Conflict):
@@ -165,7 +165,10 @@ def test_manual_promote_skips_the_remaining_steps_and_abort_rolls_back() -> None
     state = drive(SPEC, state, clock, CLEAN, 65)
     promoted = promote(SPEC, state, clock.now(), "urgent fix", by="carol")
     assert promoted.phase is RolloutPhase.PROMOTED and promoted.percent == 100.0
-    assert promoted.transitions[-1].reason == "urgent fix" and promoted.conclusion == "urgent fix"
+    assert (
+        promoted.transitions[-1].reason == "urgent fix"
+        and promoted.conclusion == "promoted: urgent fix"
+    )
     assert promoted.steps[-1].outcome == "promoted"
     split = split_for(SPEC, promoted)
     assert split is not None and split.share_for(None) == 100.0

@@ -1,0 +1,149 @@
+"""`sluice rollout start|status|pause|resume|promote|abort|report NAME` (C1-C6), all audited."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from sluice.cli.common import (
+    ControlOpt,
+    HomeOpt,
+    JsonOpt,
+    ReasonOpt,
+    client_for,
+    out,
+    post_as_actor,
+    run,
+    ts,
+)
+
+__all__ = ["rollout_app"]
+
+rollout_app = typer.Typer(
+    no_args_is_help=True, help="Canary rollouts: steps, analysis, rollback, archive."
+)
+NameArg = Annotated[str, typer.Argument(help="the rollout's name in the spec")]
+
+
+def _act(action: str, help_text: str) -> None:
+    def command(
+        name: NameArg,
+        reason: ReasonOpt,
+        as_json: JsonOpt = False,
+        home: HomeOpt = None,
+        control: ControlOpt = None,
+    ) -> None:
+        def do() -> Any:
+            return post_as_actor(home, control, f"/v1/rollouts/{name}/{action}", {"reason": reason})
+
+        def render(state: dict[str, Any]) -> None:
+            last = state["transitions"][-1] if state["transitions"] else {"reason": ""}
+            out.print(f"{name}: {state['phase']} at {state['percent']:g}% ({last['reason']})")
+
+        run(as_json, do, render)
+
+    command.__doc__ = help_text
+    rollout_app.command(action)(command)
+
+
+_act("start", "Start NAME: the canary gets the first step's share of the baseline's traffic.")
+_act("pause", "Hold NAME at its current step (analysis still rolls back on failure).")
+_act("resume", "Resume a paused NAME; the step's hold and analysis window restart.")
+_act("promote", "Send all of the baseline's traffic to the canary now, skipping steps left.")
+_act("abort", "Roll NAME back now: all traffic to the baseline; the canary keeps running.")
+
+
+@rollout_app.command("status")
+def status(as_json: JsonOpt = False, home: HomeOpt = None, control: ControlOpt = None) -> None:
+    """Every rollout in the spec with its latest run."""
+
+    def render(items: list[dict[str, Any]]) -> None:
+        t = Table("ROLLOUT", "BASELINE", "CANARY", "RUN", "PHASE", "CANARY %", "CONCLUSION")
+        for r in items:
+            t.add_row(
+                r["name"],
+                r["baseline"],
+                r["canary"],
+                str(r["run"] or "-"),
+                r["phase"],
+                f"{r['percent']:g}",
+                r["conclusion"] or "",
+            )
+        out.print(t)
+
+    run(as_json, lambda: client_for(home, control)[1].get("/v1/rollouts"), render)
+
+
+@rollout_app.command("report")
+def report(
+    name: NameArg,
+    run_id: Annotated[int | None, typer.Option("--run", help="an older run's id")] = None,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """The archived record of a run: timeline, each step's analysis, compare, conclusion."""
+
+    def render(r: dict[str, Any]) -> None:
+        state = r["state"]
+        out.print(
+            f"[bold]{r['name']}[/bold] run {r['id']}: {r['baseline']} -> {r['canary']}, "
+            f"started {ts(r['started_at'])} by {r['started_by']}; {r['phase']}"
+        )
+        if r["conclusion"]:
+            out.print(f"conclusion: {r['conclusion']}", highlight=False)
+        t = Table("WHEN", "FROM", "TO", "STEP", "%", "BY", "REASON")
+        for x in state["transitions"]:
+            t.add_row(
+                ts(x["at"]),
+                x["from_phase"],
+                x["to_phase"],
+                str(x["step"] + 1),
+                f"{x['percent']:g}",
+                x["by"],
+                x["reason"],
+            )
+        out.print(t)
+        for step in state["steps"]:
+            analysis = step.get("analysis")
+            head = f"step {step['step'] + 1} ({step['percent']:g}%): {step['outcome']}"
+            if not analysis:
+                out.print(head + ", no analysis")
+                continue
+            out.print(
+                f"{head}, {analysis['baseline_samples']} vs {analysis['canary_samples']} "
+                f"samples: {analysis['verdict']}"
+            )
+            t = Table("CRITERION", "VERDICT", "BASELINE", "CANARY", "STAT", "LIMIT", "WHY")
+            for c in analysis["criteria"]:
+                t.add_row(
+                    c["name"],
+                    c["verdict"],
+                    _num(c["baseline"]),
+                    _num(c["canary"]),
+                    _num(c["statistic"]),
+                    _num(c["threshold"]),
+                    c["reason"],
+                )
+            out.print(t)
+        cmp = r.get("compare")
+        if cmp and "summary" in cmp:
+            s = cmp["summary"]
+            out.print(
+                f"compare ({cmp['suite']['items']} items): exact match "
+                f"{_num(s.get('exact_match_rate'))}, errors {s.get('errors')}"
+            )
+        elif cmp:
+            out.print(f"compare: {cmp.get('error')}")
+
+    run(
+        as_json,
+        lambda: client_for(home, control)[1].get(f"/v1/rollouts/{name}", run=run_id),
+        render,
+    )
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
