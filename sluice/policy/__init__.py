@@ -5,6 +5,7 @@ from sluice.policy.analysis import Analysis, Criterion, RequestSample, ResourceU
 from sluice.policy.backoff import CrashBackoff
 from sluice.policy.balance import pick_affinity, pick_endpoint, slow_start_weight
 from sluice.policy.health import ProbeRecord, record_probe
+from sluice.policy.impact import Impact, LoggedRequest, Move, route_impact
 from sluice.policy.outlier import Ejection, OutlierDetector
 from sluice.policy.plan import Action, Drain, GroupTarget, Launch, Remove, plan_group
 from sluice.policy.quota import (
@@ -60,7 +61,10 @@ __all__ = [
     "GroupClaim",
     "GroupTarget",
     "GroupTraffic",
+    "Impact",
     "Launch",
+    "LoggedRequest",
+    "Move",
     "Offer",
     "OutlierDetector",
     "PoolState",
@@ -92,6 +96,7 @@ __all__ = [
     "pick_endpoint",
     "plan_group",
     "record_probe",
+    "route_impact",
     "route_rules",
     "slow_start_weight",
     "split_for",

@@ -31,6 +31,7 @@ __all__ = [
     "QueueSpec",
     "RateLimitSpec",
     "ResourcesSpec",
+    "ReviewSpec",
     "RouteMatch",
     "RouteSpec",
     "ServiceTime",
@@ -291,9 +292,19 @@ class GatewaySpec(_Strict):
     port: int = Field(default=8080, ge=0, le=65535)
 
 
+class ReviewSpec(_Strict):
+    """R5: which changes need a second person (`sluice propose` then `sluice approve`)."""
+
+    routes: bool = Field(
+        default=False,
+        description="routes, tenants and rollouts change only through an approved proposal",
+    )
+
+
 class ControlSpec(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535, description="0: any free port")
+    review: ReviewSpec = ReviewSpec()
 
 
 class PlatformSpec(_Strict):

@@ -12,6 +12,7 @@ __all__ = [
     "Event",
     "InstanceRecord",
     "Loan",
+    "Proposal",
     "Revision",
     "RolloutRecord",
     "ScalingDecision",
@@ -159,6 +160,30 @@ class RolloutRecord:
     state: dict[str, Any]
     compare: dict[str, Any] | None
     conclusion: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """A spec change waiting for review (R5): `state` is pending, approved or rejected;
+    `base_revision` the revision its `diff` is against (0: none yet); `revision` the one
+    its approval applied; `preview` the impact preview (see `sluice.policy.route_impact`)."""
+
+    id: int
+    created_at: float
+    author: str
+    reason: str
+    base_revision: int
+    yaml_text: str
+    diff: str
+    preview: dict[str, Any]
+    state: str
+    reviewer: str | None = None
+    reviewed_at: float | None = None
+    review_reason: str | None = None
+    revision: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,6 +14,7 @@ __all__ = [
     "failovers",
     "instances",
     "metadata",
+    "proposals",
     "quota_loans",
     "replica_overrides",
     "revisions",
@@ -170,3 +171,24 @@ rollouts = Table(
 )
 """The rollout archive (C6): each run's spec, its state machine (timeline and every step's
 analysis), the compare report and the conclusion."""
+
+proposals = Table(
+    "proposals",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("created_at", Float, nullable=False),
+    Column("author", String(255), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("base_revision", Integer, nullable=False),
+    Column("yaml_text", Text, nullable=False),
+    Column("diff", Text, nullable=False),
+    Column("preview", Text, nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("reviewer", String(255), nullable=True),
+    Column("reviewed_at", Float, nullable=True),
+    Column("review_reason", Text, nullable=True),
+    Column("revision", Integer, nullable=True),
+    Index(None, "state", "id"),
+)
+"""Reviewed spec changes (R5): proposed by one person, approved (then applied as `revision`)
+or rejected by another; `preview` is the impact preview's JSON."""

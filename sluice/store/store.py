@@ -30,13 +30,14 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
-from sluice.core import InstanceState, NotFound
+from sluice.core import Conflict, InstanceState, NotFound
 from sluice.store import schema
 from sluice.store.records import (
     AuditEntry,
     Event,
     InstanceRecord,
     Loan,
+    Proposal,
     Revision,
     RolloutRecord,
     ScalingDecision,
@@ -508,6 +509,88 @@ class Store:
             rows = conn.execute(select(t.c.group_name, t.c.backup).order_by(t.c.group_name))
             return {group: backup for group, backup in rows}
 
+    # -- proposals (R5: reviewed spec changes) -----------------------------------------------
+
+    def add_proposal(
+        self,
+        *,
+        author: str,
+        reason: str,
+        base_revision: int,
+        yaml_text: str,
+        diff: str,
+        preview: dict[str, Any],
+        now: float,
+    ) -> Proposal:
+        """Record a pending proposal; its id is its number."""
+        values = {
+            "created_at": now,
+            "author": author,
+            "reason": reason,
+            "base_revision": base_revision,
+            "yaml_text": yaml_text,
+            "diff": diff,
+            "preview": _dump(preview),
+            "state": "pending",
+        }
+        new_id = self._append(schema.proposals, values)
+        return _proposal({**values, "id": new_id})
+
+    def get_proposal(self, proposal_id: int) -> Proposal:
+        t = schema.proposals
+        with self._engine.connect() as conn:
+            row = conn.execute(select(t).where(t.c.id == proposal_id)).one_or_none()
+        if row is None:
+            raise NotFound(f"proposal {proposal_id} does not exist", proposal=proposal_id)
+        return _proposal(row._mapping)
+
+    def list_proposals(self, *, state: str | None = "pending", limit: int = 50) -> list[Proposal]:
+        """Newest first; `state` None lists every state."""
+        t = schema.proposals
+        query = select(t).order_by(t.c.id.desc()).limit(_check_limit(limit))
+        if state is not None:
+            query = query.where(t.c.state == state)
+        with self._engine.connect() as conn:
+            return [_proposal(row._mapping) for row in conn.execute(query)]
+
+    def review_proposal(
+        self,
+        proposal_id: int,
+        *,
+        state: str,
+        reviewer: str,
+        reason: str,
+        now: float,
+        revision: int | None = None,
+    ) -> Proposal:
+        """Close a pending proposal as approved or rejected; a closed one is a Conflict (only
+        one review wins, even between processes)."""
+        if state not in ("approved", "rejected"):
+            raise ValueError(f"review_proposal(state={state!r}): approved or rejected")
+        t = schema.proposals
+        values = {
+            "state": state,
+            "reviewer": reviewer,
+            "reviewed_at": now,
+            "review_reason": reason,
+            "revision": revision,
+        }
+        with self._writer.begin() as conn:
+            done = conn.execute(
+                update(t).where(t.c.id == proposal_id, t.c.state == "pending").values(values)
+            )
+            row = conn.execute(select(t).where(t.c.id == proposal_id)).one_or_none()
+        if row is None:
+            raise NotFound(f"proposal {proposal_id} does not exist", proposal=proposal_id)
+        found = _proposal(row._mapping)
+        if done.rowcount == 0:
+            raise Conflict(
+                f"proposal {proposal_id} is already {found.state} (by {found.reviewer})",
+                proposal=proposal_id,
+                state=found.state,
+            )
+        return found
+
 
 def _install_sqlite_hooks(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
@@ -615,4 +698,22 @@ def _rollout(m: Any) -> RolloutRecord:
         state=_load(m["state"]),
         compare=None if m["compare"] is None else _load(m["compare"]),
         conclusion=m["conclusion"],
+    )
+
+
+def _proposal(m: Any) -> Proposal:
+    return Proposal(
+        id=m["id"],
+        created_at=m["created_at"],
+        author=m["author"],
+        reason=m["reason"],
+        base_revision=m["base_revision"],
+        yaml_text=m["yaml_text"],
+        diff=m["diff"],
+        preview=_load(m["preview"]),
+        state=m["state"],
+        reviewer=m.get("reviewer"),
+        reviewed_at=m.get("reviewed_at"),
+        review_reason=m.get("review_reason"),
+        revision=m.get("revision"),
     )

@@ -421,8 +421,8 @@ def test_a_queue_the_ready_instances_drain_within_the_lead_time_adds_nothing() -
     assert dec.signals["queue"] > 0 and dec.signals["backlog_at_ready"] == 0
     assert dec.proposals["queue"] == 0
     # a lasting surge over capacity leaves a backlog at ready time: scale up on it
-    w2 = World(SluicePolicy(spec(panic={"enabled": False})), current=5, startup_s=30)
-    w2.run(60, 10)
+    w2 = World(SluicePolicy(spec(panic={"enabled": False})), current=4, startup_s=30)
+    w2.run(60, 10)  # 4 instances: what 10 busy slots need at the 0.7 target
     dec = w2.run(5, 60)
     assert dec.signals["backlog_at_ready"] > 0
     assert dec.proposals["queue"] > 5 and dec.desired > 5
@@ -547,3 +547,12 @@ def test_reserve_is_vetoed_like_the_other_load_signals_when_latency_is_fine() ->
     dec2 = w2.run(12, 10, p95_s=0.2)  # 10 in flight on 12 slots: reserve asks 5, no queue
     assert dec2.proposals["reserve"] > 3 and dec2.signals["queue"] == 0
     assert dec2.desired == 3 and "S4" in dec2.reason
+
+
+def test_a_new_group_is_not_shrunk_before_its_stabilization_window_saw_load() -> None:
+    """The starting count is the first recommendation: instances just launched (not even
+    ready) are not stopped on the first idle second."""
+    w = World(SluicePolicy(spec(down={"stabilization_s": 60, "cooldown_s": 0})), current=4)
+    assert all(w.tick(0).desired == 4 for _ in range(55))
+    w.run(10, 0)
+    assert w.tick(0).desired < 4

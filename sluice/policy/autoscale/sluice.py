@@ -157,6 +157,7 @@ class SluicePolicy:
         self._busy_at: float | None = None
         self._last_up_at: float | None = None
         self._last_out: int | None = None
+        self._seeded = False
         self._panic_over_at: float | None = None
         self._panic_max = 0
 
@@ -167,6 +168,9 @@ class SluicePolicy:
         spec = self.spec
         floor, floor_by = self._floor(now)
         current = load.current
+        if not self._seeded:  # the starting count is the first recommendation: a new (or
+            self._seeded = True  # restarted) group is not shrunk before the window has seen load
+            self._down_max.add(now, current)
         if not load.fresh or now - load.at > spec.metrics_max_age_s:
             return self._hold_missing(load, now, floor, floor_by)
         arrived = self._observe(load, now)
