@@ -27,6 +27,7 @@ from sluice.cli.common import (
     ts,
 )
 from sluice.cli.compare import compare
+from sluice.cli.review import approve, proposal_app, proposals, propose, reject
 from sluice.cli.rollout import rollout_app
 from sluice.cli.simulate import simulate
 from sluice.config import Settings
@@ -46,6 +47,7 @@ app.add_typer(get_app, name="get")
 route_app = typer.Typer(no_args_is_help=True, help="The escape hatch: failover and restore.")
 app.add_typer(route_app, name="route")
 app.add_typer(rollout_app, name="rollout")
+app.add_typer(proposal_app, name="proposal")
 
 
 @app.command()
@@ -449,6 +451,8 @@ def explain(
 
 app.command("simulate")(simulate)
 app.command("compare")(compare)
+for _review_command in (propose, proposals, approve, reject):
+    app.command()(_review_command)
 
 
 def main() -> None:

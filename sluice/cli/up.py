@@ -18,7 +18,13 @@ from typing import TextIO
 import uvicorn
 
 from sluice.config import Settings
-from sluice.control import Controller, EventLog, InstanceSupervisor, build_control_api
+from sluice.control import (
+    Controller,
+    EventLog,
+    InstanceSupervisor,
+    ReviewBoard,
+    build_control_api,
+)
 from sluice.core import Conflict, NotFound, SystemClock
 from sluice.gateway import Gateway
 from sluice.runtime import LocalRuntime
@@ -105,7 +111,8 @@ async def _run(
         ) from None
     control_sock = socket.create_server((spec.control.host, spec.control.port))
     control_port = control_sock.getsockname()[1]
-    api = build_control_api(controller, supervisor, store, data_plane=gateway.status)
+    review = ReviewBoard(controller, store, clock, access_log=settings.access_log)
+    api = build_control_api(controller, supervisor, store, data_plane=gateway.status, review=review)
     server = _ControlServer(
         uvicorn.Config(api, log_level="warning", lifespan="off", access_log=False)
     )

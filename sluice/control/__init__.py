@@ -3,6 +3,7 @@
 from sluice.control.api import build_control_api
 from sluice.control.controller import Controller
 from sluice.control.events import EventLog
+from sluice.control.review import ReviewBoard
 from sluice.control.supervisor import InstanceSupervisor
 
-__all__ = ["Controller", "EventLog", "InstanceSupervisor", "build_control_api"]
+__all__ = ["Controller", "EventLog", "InstanceSupervisor", "ReviewBoard", "build_control_api"]

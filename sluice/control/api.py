@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from sluice.control.controller import Controller
 from sluice.control.explain import explain_decisions
+from sluice.control.review import ReviewBoard
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.core import InstanceState, NotFound, SluiceError
 from sluice.policy import route_rules
@@ -54,13 +55,27 @@ class ApplyRequest(BaseModel):
     author: str = Field(min_length=1)
 
 
+class ProposeRequest(BaseModel):
+    yaml: str
+    source: str = "<api>"
+    reason: str = Field(min_length=1, description="why; recorded with the proposal")
+    author: str = Field(min_length=1)
+
+
+class ReviewRequest(BaseModel):
+    reason: str = Field(min_length=1, description="why; recorded in the audit log")
+    actor: str = Field(min_length=1)
+
+
 def build_control_api(
     controller: Controller,
     supervisor: InstanceSupervisor,
     store: Store,
     data_plane: Callable[[], dict[str, Any]] | None = None,
+    review: ReviewBoard | None = None,
 ) -> FastAPI:
-    """`data_plane`, if given, reports the gateway's live state (queues, ejections)."""
+    """`data_plane`, if given, reports the gateway's live state (queues, ejections);
+    `review`, the proposal workflow (R5)."""
     app = FastAPI(title="Sluice control API", version="1")
 
     @app.exception_handler(SluiceError)
@@ -198,6 +213,35 @@ def build_control_api(
             report["state"] = live
         report["runs"] = [{"id": r.id, "phase": r.phase, "started_at": r.started_at} for r in runs]
         return report
+
+    def board() -> ReviewBoard:
+        if review is None:
+            raise NotFound("this control API has no review workflow configured")
+        return review
+
+    @app.post("/v1/proposals")
+    async def propose(body: ProposeRequest) -> dict[str, Any]:
+        """R5: record a spec change for review, with its diff and impact preview."""
+        loaded = load_spec_text(body.yaml, body.source)
+        return (await board().propose(loaded, body.author, body.reason)).to_json()
+
+    @app.get("/v1/proposals")
+    async def proposals(all: bool = False, limit: int = 50) -> list[dict[str, Any]]:
+        """Pending proposals (every one with `all`), newest first."""
+        return [p.to_json() for p in await board().proposals(all, limit)]
+
+    @app.get("/v1/proposals/{proposal_id}")
+    async def proposal(proposal_id: int) -> dict[str, Any]:
+        return (await board().get(proposal_id)).to_json()
+
+    @app.post("/v1/proposals/{proposal_id}/approve")
+    async def approve(proposal_id: int, body: ReviewRequest) -> dict[str, Any]:
+        """Apply it as a new revision; 409 for its author or if it is stale."""
+        return (await board().approve(proposal_id, body.actor, body.reason)).to_json()
+
+    @app.post("/v1/proposals/{proposal_id}/reject")
+    async def reject(proposal_id: int, body: ReviewRequest) -> dict[str, Any]:
+        return (await board().reject(proposal_id, body.actor, body.reason)).to_json()
 
     @app.get("/v1/quota")
     async def quota(

@@ -15,6 +15,7 @@ from typing import Any
 from sluice.control.autoscaling import GroupStep, LiveAutoscaling, TrafficSource
 from sluice.control.events import EventLog
 from sluice.control.quota import LiveQuota, QuotaRound
+from sluice.control.review import gated_changes
 from sluice.control.rollouts import ACTIONS, RolloutRunner
 from sluice.control.samples import SampleCollector
 from sluice.control.supervisor import InstanceSupervisor
@@ -183,15 +184,27 @@ class Controller:
 
     # --- operator actions ----------------------------------------------------------------
 
-    async def apply(self, loaded: LoadedSpec, author: str, reason: str) -> Revision | None:
+    async def apply(
+        self, loaded: LoadedSpec, author: str, reason: str, reviewed: bool = False
+    ) -> Revision | None:
         """Record a new numbered revision (with its diff) and reconcile toward it.
 
         Returns None when the YAML is identical to the current revision (nothing to do).
         A group whose `replicas` changed in the spec drops its manual override.
+        With `control.review.routes` on, a change to the gated sections is a Conflict unless
+        `reviewed` (an approved proposal, `ReviewBoard.approve`).
         """
         latest = await asyncio.to_thread(self._store.latest_revision)
         if latest is not None and latest.yaml_text == loaded.text:
             return None
+        gated = [] if reviewed else gated_changes(self._spec, loaded.spec)
+        if gated:
+            raise Conflict(
+                f"this change touches {', '.join(gated)}, which need review "
+                "(control.review.routes is on): run `sluice propose -f "
+                f"{loaded.source} --reason ...` and have another person `sluice approve` it",
+                sections=gated,
+            )
         number = (latest.number if latest else 0) + 1
         diff = revision_diff(latest.yaml_text if latest else None, loaded.text, number)
         rev = await asyncio.to_thread(

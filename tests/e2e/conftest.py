@@ -268,3 +268,21 @@ class OpenLoop:
         self.pool.shutdown()
         self.client.close()
         return out
+
+
+@contextlib.contextmanager
+def running(
+    home: Path, spec_text: str, what: str, ready: Callable[[Sluice], bool], timeout: float = 90
+) -> Iterator[Sluice]:
+    """`sluice up` on `spec_text` in `home` until `ready(s)` holds; killed (with every worker
+    it started) on the way out, whatever happened."""
+    spec = home / "platform.yaml"
+    spec.write_text(spec_text)
+    s = Sluice(home, spec)
+    s.start()
+    try:
+        s.wait_for(what, lambda: ready(s), timeout=timeout)
+        yield s
+    finally:
+        s.kill()
+        kill_workers_of(home)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import OpenLoop, Sluice, kill_workers_of
+from tests.e2e.conftest import OpenLoop, Sluice, running
 
 SPEC = """
 gateway: {host: 127.0.0.1, port: 0}
@@ -68,20 +68,14 @@ tenants:
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
     home = tmp_path_factory.mktemp("autoscale")
-    spec = home / "platform.yaml"
-    spec.write_text(SPEC)
-    s = Sluice(home, spec)
-    s.start()
-    try:
-        s.wait_for(
-            "chat 1 ready, standby 2 ready",
-            lambda: len(s.ready("chat")) == 1 and len(s.ready("standby")) == 2,
-            timeout=60,
-        )
+    with running(
+        home,
+        SPEC,
+        "chat 1 ready, standby 2 ready",
+        lambda s: len(s.ready("chat")) == 1 and len(s.ready("standby")) == 2,
+        timeout=60,
+    ) as s:
         yield s
-    finally:
-        s.kill()
-        kill_workers_of(home)
 
 
 def test_step_load_grows_then_shrinks_step_by_step_without_loss(platform: Sluice) -> None:

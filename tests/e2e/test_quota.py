@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import OpenLoop, Sluice, kill_workers_of
+from tests.e2e.conftest import OpenLoop, Sluice, running
 
 SPEC = """
 gateway: {host: 127.0.0.1, port: 0}
@@ -53,16 +53,10 @@ tenants:
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
     home = tmp_path_factory.mktemp("quota")
-    spec = home / "platform.yaml"
-    spec.write_text(SPEC)
-    s = Sluice(home, spec)
-    s.start()
-    try:
-        s.wait_for("b has one ready instance", lambda: len(s.ready("b")) == 1, timeout=60)
+    with running(
+        home, SPEC, "b has one ready instance", lambda s: len(s.ready("b")) == 1, timeout=60
+    ) as s:
         yield s
-    finally:
-        s.kill()
-        kill_workers_of(home)
 
 
 def test_borrowed_units_are_reclaimed_by_draining_without_loss(platform: Sluice) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import OpenLoop, Sluice, kill_workers_of
+from tests.e2e.conftest import OpenLoop, Sluice, running
 
 SIM = "{startup_s: 0.2, service_time: {kind: fixed, seconds: 0.02}, seed: 5, memory_gb: 1}"
 BAD = (
@@ -70,7 +70,6 @@ rollouts:
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
     home = tmp_path_factory.mktemp("rollout")
-    spec = home / "platform.yaml"
     suite = home / "suite.jsonl"
     suite.write_text(
         "".join(
@@ -79,19 +78,14 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
             for i in range(8)
         )
     )
-    spec.write_text(SPEC.replace("SUITE", str(suite)))
-    s = Sluice(home, spec)
-    s.start()
-    try:
-        s.wait_for(
-            "all four groups ready",
-            lambda: len({i["group"] for i in s.instances() if i["state"] == "ready"}) == 4,
-            timeout=90,
-        )
+    with running(
+        home,
+        SPEC.replace("SUITE", str(suite)),
+        "all four groups ready",
+        lambda s: len({i["group"] for i in s.instances() if i["state"] == "ready"}) == 4,
+        timeout=90,
+    ) as s:
         yield s
-    finally:
-        s.kill()
-        kill_workers_of(home)
 
 
 def wait_phase(s: Sluice, name: str, phases: set[str], timeout: float) -> dict[str, Any]:

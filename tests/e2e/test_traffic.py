@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import Sluice, kill_workers_of
+from tests.e2e.conftest import Sluice, running
 
 SIM = "{startup_s: 0.2, service_time: {kind: fixed, seconds: 0.01}, memory_gb: 1}"
 GROUP = """
@@ -59,23 +59,17 @@ routes:
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
     home = tmp_path_factory.mktemp("traffic")
-    spec = home / "platform.yaml"
-    spec.write_text(SPEC)
-    s = Sluice(home, spec)
-    s.start()
-    try:
-        s.wait_for(
-            "all four groups ready",
-            lambda: (
-                {i["group"] for i in s.instances() if i["state"] == "ready"}
-                == {"chat", "chat-canary", "chat-backup", "risk"}
-            ),
-            timeout=120,
-        )
+    with running(
+        home,
+        SPEC,
+        "all four groups ready",
+        lambda s: (
+            {i["group"] for i in s.instances() if i["state"] == "ready"}
+            == {"chat", "chat-canary", "chat-backup", "risk"}
+        ),
+        timeout=120,
+    ) as s:
         yield s
-    finally:
-        s.kill()
-        kill_workers_of(home)
 
 
 def call(client: httpx.Client, key: str, model: str) -> httpx.Response:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sqlalchemy import create_engine, inspect, text
 
 import sluice.store
-from sluice.core import InstanceState, NotFound
+from sluice.core import Conflict, InstanceState, NotFound
 from sluice.store import AuditEntry, Event, InstanceRecord, Revision, Store
 from sluice.store.schema import metadata
 
@@ -476,3 +476,34 @@ def test_rollout_runs_are_archived_and_updated(tmp_path: Path) -> None:
     assert run.state == {"step": 1} and run.compare == {"exact_match_rate": 0.5}
     with Store.for_home(tmp_path) as store, pytest.raises(NotFound):
         store.update_rollout(99, phase="x", state={}, now=1.0)
+
+
+def test_proposals_are_reviewed_once_and_persist(tmp_path: Path) -> None:
+    with Store.for_home(tmp_path) as store:
+        kw = {"base_revision": 3, "yaml_text": "pools: []\n", "diff": "-a\n+b\n", "now": 10.0}
+        p1 = store.add_proposal(author="alice", reason="vip", preview={"moved": 5}, **kw)
+        p2 = store.add_proposal(author="carol", reason="typo", preview={}, **kw)
+        assert (p1.id, p1.state, p1.preview, p1.reviewer) == (1, "pending", {"moved": 5}, None)
+        assert [p.id for p in store.list_proposals()] == [2, 1]
+        done = store.review_proposal(
+            1, state="approved", reviewer="bob", reason="ok", now=20.0, revision=4
+        )
+        assert (done.state, done.reviewer, done.reviewed_at, done.revision) == (
+            "approved",
+            "bob",
+            20.0,
+            4,
+        )
+        with pytest.raises(Conflict, match="already approved"):
+            store.review_proposal(1, state="rejected", reviewer="carol", reason="no", now=21.0)
+        store.review_proposal(p2.id, state="rejected", reviewer="carol", reason="wd", now=22.0)
+        with pytest.raises(NotFound):
+            store.review_proposal(9, state="rejected", reviewer="x", reason="y", now=1.0)
+        with pytest.raises(ValueError):
+            store.review_proposal(1, state="pending", reviewer="x", reason="y", now=1.0)
+        assert store.list_proposals() == []
+    with Store.for_home(tmp_path) as store:
+        assert [p.state for p in store.list_proposals(state=None)] == ["rejected", "approved"]
+        assert store.get_proposal(1).review_reason == "ok"
+        with pytest.raises(NotFound):
+            store.get_proposal(7)
