@@ -387,10 +387,7 @@ class Controller:
                 for iid in r.instance_ids:
                     self._supervisor.drain(iid, r.reason)
             observed = self._supervisor.statuses()
-        targets = [
-            GroupTarget(g.name, g.template(), grants[g.name].instances, g.max_surge)
-            for g in spec.groups
-        ]
+        targets = [self._target(g, grants[g.name].instances) for g in spec.groups]
         known = {g.name for g in spec.groups}
         targets += [GroupTarget(name, "", 0) for name in {i.group for i in observed} - known]
         await self._track_crash_loops(observed, now)
@@ -411,6 +408,14 @@ class Controller:
         names = {r.name for r in spec.rollouts}
         await self._rollouts.tick(observed, now, names.__contains__)
         self._publish_routing(spec)
+
+    def _target(self, g: GroupSpec, instances: int) -> GroupTarget:
+        """A rolling update surges only into units the pool has spare; with none, it replaces
+        one instance at a time instead of starting one the quota has no unit for."""
+        spare = self._quota.spare_units(g.resources.pool) // g.resources.accelerators
+        if min(g.max_surge, spare) > 0:
+            return GroupTarget(g.name, g.template(), instances, min(g.max_surge, spare))
+        return GroupTarget(g.name, g.template(), instances, max_surge=0, max_unavailable=1)
 
     async def _settle(
         self, step: GroupStep, granted: int, floor: int, quota: QuotaRound, now: float

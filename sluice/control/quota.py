@@ -71,6 +71,7 @@ class LiveQuota:
         self._usage_at = 0.0
         self._held: dict[str, int] = {}
         """Units each group holds now (running and draining instances)."""
+        self._spare: dict[str, int] = {}
         self.last: Allocation | None = None
 
     async def load(self) -> None:
@@ -102,6 +103,10 @@ class LiveQuota:
         self._held = {
             c.name: len(c.running) * c.units_per_instance + c.draining_units for c in claims
         }
+        self._spare = {p.name: p.count for p in pools}
+        for c in claims:
+            granted = alloc.grants[c.name].instances * c.units_per_instance
+            self._spare[c.pool] -= max(self._held[c.name], granted)
         loans_changed = alloc.loans != self._state.loans or alloc.reclaims
         self._state = alloc.state
         self._rate = {name: grant.spend_per_hour for name, grant in alloc.grants.items()}
@@ -119,6 +124,10 @@ class LiveQuota:
             await self._persist(now)
         self.last = alloc
         return QuotaRound(alloc, fresh)
+
+    def spare_units(self, pool: str) -> int:
+        """Units of `pool` neither held nor granted after the last round: room to surge."""
+        return max(0, self._spare.get(pool, 0))
 
     async def _persist(self, now: float) -> None:
         self._persisted_at = now

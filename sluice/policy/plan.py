@@ -2,7 +2,9 @@
 
 The rolling rule is Kubernetes' Deployment with maxUnavailable=0: new instances (of the
 desired `template`) start first, at most `max_surge` beyond `replicas`, and an old instance
-drains only once the READY count stays >= `replicas` without it (S2). Failed instances are
+drains only once the READY count stays >= `replicas` without it (S2). With no room to surge
+(max_surge 0, max_unavailable 1) one old instance drains first and its replacement starts
+in its place. Failed instances are
 removed, and the count shortfall starts their replacements (S10). Scale-down drains READY
 instances (S6) but stops not-yet-ready ones at once, newest first.
 
@@ -33,6 +35,9 @@ class GroupTarget:
     template: str
     replicas: int
     max_surge: int = 1
+    max_unavailable: int = 0
+    """Ready instances a rolling update may take away before their replacements are up;
+    used when there is no room to surge (a full pool): max_surge 0, max_unavailable 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +117,8 @@ def plan_group(target: GroupTarget, observed: Sequence[InstanceStatus]) -> list[
             actions.append(Drain(target.group, inst.id, why))
 
     ready_current = sum(1 for i in current if i.state is InstanceState.READY)
-    retire = min(len(old_ready), ready_current + len(old_ready) - target.replicas)
+    floor = target.replicas - target.max_unavailable
+    retire = min(len(old_ready), ready_current + len(old_ready) - floor)
     for inst in old_ready[: max(retire, 0)]:
         actions.append(Drain(target.group, inst.id, f"replaced by template {target.template}"))
     return actions

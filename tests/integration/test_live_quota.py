@@ -51,8 +51,11 @@ def test_loan_reclaim_and_return_are_in_the_ledger(tmp_path: Path) -> None:
 
         async def scenario() -> None:
             now = clock.now()
+            await quota.round(spec, ready("b", 2), {"a": 0, "b": 2}, now - 1)
+            assert quota.spare_units("gpu") == 2  # a's idle guarantee is still unassigned
             r = await quota.round(spec, ready("b", 2), {"a": 0, "b": 4}, now)
             assert r.allocation.grants["b"].instances == 4  # 2 own + 2 of a's idle units
+            assert quota.spare_units("gpu") == 0  # granted in full: no room to surge a roll
             b4 = ready("b", 4)
             await quota.round(spec, b4, {"a": 0, "b": 5}, now + 1)  # over its limit
             await quota.round(spec, b4, {"a": 0, "b": 5}, now + 2)

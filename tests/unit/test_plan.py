@@ -54,6 +54,21 @@ def test_rolling_update_keeps_ready_count_and_respects_surge() -> None:
     ]  # the oldest old one goes once the new one is ready
 
 
+def test_rolling_update_without_room_to_surge_replaces_one_at_a_time() -> None:
+    target = GroupTarget("g", "new", 2, max_surge=0, max_unavailable=1)
+    old = [inst(1, template="old"), inst(2, template="old")]
+    first = plan_group(target, old)
+    assert [(type(a).__name__, getattr(a, "instance_id", None)) for a in first] == [
+        ("Drain", "g-1")
+    ]  # no launch: there is no unit for a third instance
+    draining = [replace(old[0], state=InstanceState.DRAINING), old[1]]
+    assert kinds(plan_group(target, draining)) == ["Launch"]  # its replacement, in its place
+    starting = [*draining, inst(3, InstanceState.STARTING, template="new")]
+    assert plan_group(target, starting) == []  # never two down at once
+    up = [old[1], inst(3, template="new")]
+    assert [getattr(a, "instance_id", None) for a in plan_group(target, up)] == ["g-2"]
+
+
 def test_other_groups_are_ignored() -> None:
     other = replace(inst(1), group="h")
     assert kinds(plan_group(GroupTarget("g", "t1", 1), [other])) == ["Launch"]
