@@ -11,7 +11,7 @@ lint:
 	$(PY) -m ruff format --check sluice tests bench
 
 typecheck:
-	$(PY) -m mypy sluice/core sluice/spec sluice/policy sluice/sim
+	$(PY) -m mypy sluice/core sluice/spec sluice/policy sluice/sim sluice/store
 
 imports:
 	lint-imports

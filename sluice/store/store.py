@@ -1,4 +1,5 @@
-"""The durable memory of a fleet: spec revisions, audit log, events, instances, overrides.
+"""The durable memory of a fleet: spec revisions, audit log, events, instances, overrides
+(and, via `JournalStore`, the decision journals).
 
 SQLAlchemy Core over one SQLite file under the Sluice home needs no server, and the same
 portable SQL runs on PostgreSQL. Every call is one short transaction, so a `Store` is safe to
@@ -8,10 +9,8 @@ Time is always passed in; the store never reads a clock.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -19,46 +18,34 @@ from sqlalchemy import (
     Connection,
     Engine,
     Row,
-    Table,
     create_engine,
     delete,
     event,
     func,
     select,
-    update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
 
-from sluice.core import Conflict, InstanceState, NotFound
+from sluice.core import InstanceState, NotFound
 from sluice.store import schema
+from sluice.store.base import WRITER, check_limit, dump, load
+from sluice.store.journals import JournalStore
 from sluice.store.records import (
     AuditEntry,
     Event,
     InstanceRecord,
-    Loan,
-    Proposal,
     Revision,
-    RolloutRecord,
-    ScalingDecision,
 )
 
 __all__ = ["Store"]
 
-T = TypeVar("T")
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 _SQLITE_PRAGMAS = ("PRAGMA busy_timeout=5000", "PRAGMA journal_mode=WAL", "PRAGMA foreign_keys=ON")
-# Execution option marking the writer engine; on SQLite its transactions begin IMMEDIATE.
-_WRITER = "sluice_writer"
 
 
-class Store:
+class Store(JournalStore):
     """Synchronous access to the state database; open with `Store.open` or `Store.for_home`."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._writer = engine.execution_options(**{_WRITER: True})
 
     @classmethod
     def open(cls, url: str) -> Store:
@@ -104,34 +91,6 @@ class Store:
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
 
-    def _write(self, work: Callable[[Connection], T]) -> T:
-        """Run `work` in one write transaction, retrying once if a concurrent insert won a key."""
-        try:
-            with self._writer.begin() as conn:
-                return work(conn)
-        except IntegrityError:
-            with self._writer.begin() as conn:
-                return work(conn)
-
-    def _upsert(self, table: Table, key: dict[str, Any], values: dict[str, Any]) -> None:
-        """UPDATE-then-INSERT is portable; a racing insert of the same key retries via _write."""
-        ((column, value),) = key.items()
-
-        def work(conn: Connection) -> None:
-            match = table.c[column] == value
-            if not conn.execute(update(table).where(match).values(values)).rowcount:
-                conn.execute(table.insert().values(**values, **key))
-
-        self._write(work)
-
-    def _append(self, table: Table, values: dict[str, Any]) -> int:
-        """Insert one row into an append-only table; return the id the database assigned."""
-        with self._writer.begin() as conn:
-            key = conn.execute(table.insert().values(values)).inserted_primary_key
-        assert key is not None  # single-row INSERT without RETURNING always reports it
-        new_id: int = key[0]
-        return new_id
-
     # -- spec revisions ------------------------------------------------------------------
 
     def add_revision(
@@ -170,7 +129,7 @@ class Store:
     def list_revisions(self, limit: int = 50) -> list[Revision]:
         """Newest first."""
         t = schema.revisions
-        query = select(t).order_by(t.c.number.desc()).limit(_check_limit(limit))
+        query = select(t).order_by(t.c.number.desc()).limit(check_limit(limit))
         with self._engine.connect() as conn:
             return [Revision(**row._asdict()) for row in conn.execute(query)]
 
@@ -186,7 +145,7 @@ class Store:
         detail: dict[str, Any],
         now: float,
     ) -> AuditEntry:
-        text = _dump(detail)
+        text = dump(detail)
         values = {"at": now, "actor": actor, "action": action, "target": target, "reason": reason}
         new_id = self._append(schema.audit_log, {**values, "detail": text})
         # Returned as it will read back: the JSON round trip turns tuples into lists and so on.
@@ -197,13 +156,13 @@ class Store:
             action=action,
             target=target,
             reason=reason,
-            detail=_load(text),
+            detail=load(text),
         )
 
     def list_audit(self, *, target: str | None = None, limit: int = 100) -> list[AuditEntry]:
         """Newest first, optionally only the entries about `target`."""
         t = schema.audit_log
-        query = select(t).order_by(t.c.id.desc()).limit(_check_limit(limit))
+        query = select(t).order_by(t.c.id.desc()).limit(check_limit(limit))
         if target is not None:
             query = query.where(t.c.target == target)
         with self._engine.connect() as conn:
@@ -221,7 +180,7 @@ class Store:
         detail: dict[str, Any],
         now: float,
     ) -> Event:
-        text = _dump(detail)
+        text = dump(detail)
         values = {"at": now, "group_name": group, "instance": instance, "kind": kind}
         new_id = self._append(schema.events, {**values, "message": message, "detail": text})
         return Event(
@@ -231,7 +190,7 @@ class Store:
             instance=instance,
             kind=kind,
             message=message,
-            detail=_load(text),
+            detail=load(text),
         )
 
     def list_events(
@@ -239,9 +198,7 @@ class Store:
     ) -> list[Event]:
         """Newest first: the latest `limit` events with id above `since_id`."""
         t = schema.events
-        query = (
-            select(t).where(t.c.id > since_id).order_by(t.c.id.desc()).limit(_check_limit(limit))
-        )
+        query = select(t).where(t.c.id > since_id).order_by(t.c.id.desc()).limit(check_limit(limit))
         if group is not None:
             query = query.where(t.c.group_name == group)
         with self._engine.connect() as conn:
@@ -251,200 +208,14 @@ class Store:
 
     def put_state(self, key: str, value: dict[str, Any], now: float) -> None:
         self._upsert(
-            schema.controller_state, {"key": key}, {"value": _dump(value), "updated_at": now}
+            schema.controller_state, {"key": key}, {"value": dump(value), "updated_at": now}
         )
 
     def get_state(self, key: str) -> dict[str, Any] | None:
         t = schema.controller_state
         with self._engine.connect() as conn:
             text = conn.execute(select(t.c.value).where(t.c.key == key)).scalar_one_or_none()
-        return None if text is None else _load(text)
-
-    # -- the rollout archive ------------------------------------------------------------------
-
-    def add_rollout(
-        self,
-        *,
-        name: str,
-        baseline: str,
-        canary: str,
-        phase: str,
-        started_by: str,
-        spec: dict[str, Any],
-        state: dict[str, Any],
-        now: float,
-    ) -> int:
-        values = {
-            "name": name,
-            "baseline": baseline,
-            "canary": canary,
-            "phase": phase,
-            "started_at": now,
-            "updated_at": now,
-            "ended_at": None,
-            "started_by": started_by,
-            "spec": _dump(spec),
-            "state": _dump(state),
-            "compare": None,
-            "conclusion": "",
-        }
-        return self._append(schema.rollouts, values)
-
-    def update_rollout(
-        self,
-        rollout_id: int,
-        *,
-        phase: str,
-        state: dict[str, Any],
-        now: float,
-        ended: bool = False,
-        conclusion: str | None = None,
-        compare: dict[str, Any] | None = None,
-    ) -> None:
-        t = schema.rollouts
-        values: dict[str, Any] = {"phase": phase, "state": _dump(state), "updated_at": now}
-        if ended:
-            values["ended_at"] = now
-        if conclusion is not None:
-            values["conclusion"] = conclusion
-        if compare is not None:
-            values["compare"] = _dump(compare)
-        with self._writer.begin() as conn:
-            done = conn.execute(update(t).where(t.c.id == rollout_id).values(**values))
-            if done.rowcount == 0:
-                raise NotFound(f"rollout run {rollout_id} does not exist", rollout=rollout_id)
-
-    def list_rollouts(
-        self, *, name: str | None = None, active_only: bool = False, limit: int = 50
-    ) -> list[RolloutRecord]:
-        """Newest first."""
-        t = schema.rollouts
-        query = select(t).order_by(t.c.id.desc()).limit(_check_limit(limit))
-        if name is not None:
-            query = query.where(t.c.name == name)
-        if active_only:
-            query = query.where(t.c.ended_at.is_(None))
-        with self._engine.connect() as conn:
-            return [_rollout(row._mapping) for row in conn.execute(query)]
-
-    # -- the autoscaler's journal -------------------------------------------------------------
-
-    def append_decision(
-        self,
-        *,
-        group: str,
-        policy: str,
-        current: int,
-        desired: int,
-        winner: str | None,
-        reason: str,
-        detail: dict[str, Any],
-        now: float,
-    ) -> ScalingDecision:
-        text = _dump(detail)
-        values = {
-            "at": now,
-            "group_name": group,
-            "policy": policy,
-            "current": current,
-            "desired": desired,
-            "winner": winner,
-            "reason": reason,
-            "detail": text,
-        }
-        new_id = self._append(schema.scaling_decisions, values)
-        return _decision(new_id, values)
-
-    def list_decisions(self, *, group: str, limit: int = 20) -> list[ScalingDecision]:
-        """Newest first."""
-        t = schema.scaling_decisions
-        query = (
-            select(t)
-            .where(t.c.group_name == group)
-            .order_by(t.c.id.desc())
-            .limit(_check_limit(limit))
-        )
-        with self._engine.connect() as conn:
-            return [_decision(row.id, dict(row._mapping)) for row in conn.execute(query)]
-
-    # -- the borrow ledger (Q4) -------------------------------------------------------------
-
-    def open_loan(
-        self,
-        *,
-        lender: str | None,
-        borrower: str,
-        pool: str,
-        units: int,
-        reason: str,
-        now: float,
-    ) -> int:
-        """Record that `borrower` now holds `units` lent by `lender` (None: the pool's
-        unassigned units); return the loan id."""
-        if units < 1:
-            raise ValueError(f"open_loan(units={units}): must be >= 1")
-        values = {
-            "lender": lender,
-            "borrower": borrower,
-            "pool": pool,
-            "units": units,
-            "started_at": now,
-            "reclaim_requested_at": None,
-            "ended_at": None,
-            "reason": reason,
-            "end_reason": "",
-            "reclaim_latency_s": None,
-        }
-        return self._append(schema.quota_loans, values)
-
-    def request_reclaim(self, loan_id: int, now: float) -> None:
-        """The lender asked for the units back; the first request of an open loan counts."""
-        t = schema.quota_loans
-        with self._writer.begin() as conn:
-            row = conn.execute(select(t.c.id).where(t.c.id == loan_id)).one_or_none()
-            if row is None:
-                raise NotFound(f"loan {loan_id} does not exist", loan=loan_id)
-            conn.execute(
-                update(t)
-                .where(t.c.id == loan_id, t.c.ended_at.is_(None))
-                .where(t.c.reclaim_requested_at.is_(None))
-                .values(reclaim_requested_at=now)
-            )
-
-    def close_loan(self, loan_id: int, now: float, end_reason: str) -> Loan:
-        """The units went back; after a reclaim request the latency (now - request) is kept.
-        Closing a closed loan changes nothing and returns it as it was."""
-        t = schema.quota_loans
-
-        def work(conn: Connection) -> Loan:
-            row = conn.execute(select(t).where(t.c.id == loan_id)).one_or_none()
-            if row is None:
-                raise NotFound(f"loan {loan_id} does not exist", loan=loan_id)
-            m = dict(row._mapping)
-            if m["ended_at"] is None:
-                asked = m["reclaim_requested_at"]
-                m["ended_at"] = now
-                m["end_reason"] = end_reason
-                m["reclaim_latency_s"] = None if asked is None else max(0.0, now - asked)
-                keys = ("ended_at", "end_reason", "reclaim_latency_s")
-                conn.execute(update(t).where(t.c.id == loan_id).values({k: m[k] for k in keys}))
-            return Loan(**m)
-
-        with self._writer.begin() as conn:
-            return work(conn)
-
-    def list_loans(
-        self, *, open_only: bool = False, group: str | None = None, limit: int = 100
-    ) -> list[Loan]:
-        """Newest first; `group` matches the lender or the borrower."""
-        t = schema.quota_loans
-        query = select(t).order_by(t.c.id.desc()).limit(_check_limit(limit))
-        if open_only:
-            query = query.where(t.c.ended_at.is_(None))
-        if group is not None:
-            query = query.where((t.c.lender == group) | (t.c.borrower == group))
-        with self._engine.connect() as conn:
-            return [Loan(**row._mapping) for row in conn.execute(query)]
+        return None if text is None else load(text)
 
     # -- instance registry -----------------------------------------------------------------
 
@@ -509,88 +280,6 @@ class Store:
             rows = conn.execute(select(t.c.group_name, t.c.backup).order_by(t.c.group_name))
             return {group: backup for group, backup in rows}
 
-    # -- proposals (R5: reviewed spec changes) -----------------------------------------------
-
-    def add_proposal(
-        self,
-        *,
-        author: str,
-        reason: str,
-        base_revision: int,
-        yaml_text: str,
-        diff: str,
-        preview: dict[str, Any],
-        now: float,
-    ) -> Proposal:
-        """Record a pending proposal; its id is its number."""
-        values = {
-            "created_at": now,
-            "author": author,
-            "reason": reason,
-            "base_revision": base_revision,
-            "yaml_text": yaml_text,
-            "diff": diff,
-            "preview": _dump(preview),
-            "state": "pending",
-        }
-        new_id = self._append(schema.proposals, values)
-        return _proposal({**values, "id": new_id})
-
-    def get_proposal(self, proposal_id: int) -> Proposal:
-        t = schema.proposals
-        with self._engine.connect() as conn:
-            row = conn.execute(select(t).where(t.c.id == proposal_id)).one_or_none()
-        if row is None:
-            raise NotFound(f"proposal {proposal_id} does not exist", proposal=proposal_id)
-        return _proposal(row._mapping)
-
-    def list_proposals(self, *, state: str | None = "pending", limit: int = 50) -> list[Proposal]:
-        """Newest first; `state` None lists every state."""
-        t = schema.proposals
-        query = select(t).order_by(t.c.id.desc()).limit(_check_limit(limit))
-        if state is not None:
-            query = query.where(t.c.state == state)
-        with self._engine.connect() as conn:
-            return [_proposal(row._mapping) for row in conn.execute(query)]
-
-    def review_proposal(
-        self,
-        proposal_id: int,
-        *,
-        state: str,
-        reviewer: str,
-        reason: str,
-        now: float,
-        revision: int | None = None,
-    ) -> Proposal:
-        """Close a pending proposal as approved or rejected; a closed one is a Conflict (only
-        one review wins, even between processes)."""
-        if state not in ("approved", "rejected"):
-            raise ValueError(f"review_proposal(state={state!r}): approved or rejected")
-        t = schema.proposals
-        values = {
-            "state": state,
-            "reviewer": reviewer,
-            "reviewed_at": now,
-            "review_reason": reason,
-            "revision": revision,
-        }
-        with self._writer.begin() as conn:
-            done = conn.execute(
-                update(t).where(t.c.id == proposal_id, t.c.state == "pending").values(values)
-            )
-            row = conn.execute(select(t).where(t.c.id == proposal_id)).one_or_none()
-        if row is None:
-            raise NotFound(f"proposal {proposal_id} does not exist", proposal=proposal_id)
-        found = _proposal(row._mapping)
-        if done.rowcount == 0:
-            raise Conflict(
-                f"proposal {proposal_id} is already {found.state} (by {found.reviewer})",
-                proposal=proposal_id,
-                state=found.state,
-            )
-        return found
-
 
 def _install_sqlite_hooks(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
@@ -608,23 +297,8 @@ def _install_sqlite_hooks(engine: Engine) -> None:
     def _on_begin(conn: Connection) -> None:
         # Writers take the write lock up front, so max+1 numbering and migrations cannot race
         # and a read-then-write transaction never fails on a stale snapshot.
-        writer = conn.get_execution_options().get(_WRITER, False)
+        writer = conn.get_execution_options().get(WRITER, False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
-
-
-def _check_limit(limit: int) -> int:
-    if limit < 1:
-        raise ValueError(f"limit={limit}: must be >= 1")
-    return limit
-
-
-def _dump(detail: dict[str, Any]) -> str:
-    return json.dumps(detail, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def _load(text: str) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(text)
-    return loaded
 
 
 def _audit(row: Row[Any]) -> AuditEntry:
@@ -636,7 +310,7 @@ def _audit(row: Row[Any]) -> AuditEntry:
         action=m["action"],
         target=m["target"],
         reason=m["reason"],
-        detail=_load(m["detail"]),
+        detail=load(m["detail"]),
     )
 
 
@@ -649,7 +323,7 @@ def _event(row: Row[Any]) -> Event:
         instance=m["instance"],
         kind=m["kind"],
         message=m["message"],
-        detail=_load(m["detail"]),
+        detail=load(m["detail"]),
     )
 
 
@@ -666,54 +340,4 @@ def _instance(row: Row[Any]) -> InstanceRecord:
         created_at=m["created_at"],
         updated_at=m["updated_at"],
         reason=m["reason"],
-    )
-
-
-def _decision(row_id: int, m: dict[str, Any]) -> ScalingDecision:
-    return ScalingDecision(
-        id=row_id,
-        at=m["at"],
-        group=m["group_name"],
-        policy=m["policy"],
-        current=m["current"],
-        desired=m["desired"],
-        winner=m["winner"],
-        reason=m["reason"],
-        detail=_load(m["detail"]),
-    )
-
-
-def _rollout(m: Any) -> RolloutRecord:
-    return RolloutRecord(
-        id=m["id"],
-        name=m["name"],
-        baseline=m["baseline"],
-        canary=m["canary"],
-        phase=m["phase"],
-        started_at=m["started_at"],
-        updated_at=m["updated_at"],
-        ended_at=m["ended_at"],
-        started_by=m["started_by"],
-        spec=_load(m["spec"]),
-        state=_load(m["state"]),
-        compare=None if m["compare"] is None else _load(m["compare"]),
-        conclusion=m["conclusion"],
-    )
-
-
-def _proposal(m: Any) -> Proposal:
-    return Proposal(
-        id=m["id"],
-        created_at=m["created_at"],
-        author=m["author"],
-        reason=m["reason"],
-        base_revision=m["base_revision"],
-        yaml_text=m["yaml_text"],
-        diff=m["diff"],
-        preview=_load(m["preview"]),
-        state=m["state"],
-        reviewer=m.get("reviewer"),
-        reviewed_at=m.get("reviewed_at"),
-        review_reason=m.get("review_reason"),
-        revision=m.get("revision"),
     )

@@ -1,0 +1,67 @@
+"""What every part of the `Store` shares: the engines and the three ways it writes (one
+transaction each), and the JSON encoding of detail columns."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, Table, update
+from sqlalchemy.exc import IntegrityError
+
+__all__ = ["WRITER", "StoreBase", "check_limit", "dump", "load"]
+
+T = TypeVar("T")
+
+WRITER = "sluice_writer"
+"""Execution option marking the writer engine; on SQLite its transactions begin IMMEDIATE."""
+
+
+class StoreBase:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._writer = engine.execution_options(**{WRITER: True})
+
+    def _write(self, work: Callable[[Connection], T]) -> T:
+        """Run `work` in one write transaction, retrying once if a concurrent insert won a key."""
+        try:
+            with self._writer.begin() as conn:
+                return work(conn)
+        except IntegrityError:
+            with self._writer.begin() as conn:
+                return work(conn)
+
+    def _upsert(self, table: Table, key: dict[str, Any], values: dict[str, Any]) -> None:
+        """UPDATE-then-INSERT is portable; a racing insert of the same key retries via _write."""
+        ((column, value),) = key.items()
+
+        def work(conn: Connection) -> None:
+            match = table.c[column] == value
+            if not conn.execute(update(table).where(match).values(values)).rowcount:
+                conn.execute(table.insert().values(**values, **key))
+
+        self._write(work)
+
+    def _append(self, table: Table, values: dict[str, Any]) -> int:
+        """Insert one row into an append-only table; return the id the database assigned."""
+        with self._writer.begin() as conn:
+            key = conn.execute(table.insert().values(values)).inserted_primary_key
+        assert key is not None  # single-row INSERT without RETURNING always reports it
+        new_id: int = key[0]
+        return new_id
+
+
+def check_limit(limit: int) -> int:
+    if limit < 1:
+        raise ValueError(f"limit={limit}: must be >= 1")
+    return limit
+
+
+def dump(detail: dict[str, Any]) -> str:
+    return json.dumps(detail, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def load(text: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
