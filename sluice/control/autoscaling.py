@@ -39,7 +39,6 @@ class GroupScaling:
     timed: set[str] = field(default_factory=set)
     """instances whose launch -> ready time is already in `startup_s`"""
     next_at: float = 0.0
-    last: Decision | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +88,6 @@ class LiveAutoscaling:
             self._time_startups(st, mine)
             load = self._load(g, st, traffic.get(g.name), mine, target(g.name), now)
             decision = st.policy.decide(load, now)
-            st.last = decision
             steps.append(GroupStep(g, load, decision, st.policy.name))
         return steps
 

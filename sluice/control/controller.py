@@ -14,7 +14,7 @@ from typing import Any
 
 from sluice.control.autoscaling import GroupStep, LiveAutoscaling, TrafficSource
 from sluice.control.events import EventLog
-from sluice.control.quota import LiveQuota, QuotaRound
+from sluice.control.quota import LiveQuota
 from sluice.control.review import gated_changes
 from sluice.control.rollouts import ACTIONS, RolloutRunner
 from sluice.control.samples import SampleCollector
@@ -30,6 +30,7 @@ from sluice.policy import (
     build_routing_snapshot,
     plan_group,
 )
+from sluice.policy.quota import Allocation
 from sluice.spec import GroupSpec, LoadedSpec, PlatformSpec, load_spec_text, revision_diff
 from sluice.store import Revision, Store
 
@@ -377,13 +378,13 @@ class Controller:
         for step in steps:
             want = max(step.decision.desired, floors.get(step.group.name, 0))
             wanted[step.group.name] = want + _standby(step.group)
-        quota = await self._quota.round(spec, observed, wanted, now)
-        grants = quota.allocation.grants
+        allocation = await self._quota.round(spec, observed, wanted, now)
+        grants = allocation.grants
         for step in steps:
             floor = floors.get(step.group.name, 0)
-            await self._settle(step, grants[step.group.name].instances, floor, quota, now)
-        if quota.allocation.reclaims:  # serving-aware: out of routing, drained, then released
-            for r in quota.allocation.reclaims:
+            await self._settle(step, grants[step.group.name].instances, floor, allocation, now)
+        if allocation.reclaims:  # serving-aware: out of routing, drained, then released
+            for r in allocation.reclaims:
                 for iid in r.instance_ids:
                     self._supervisor.drain(iid, r.reason)
             observed = self._supervisor.statuses()
@@ -418,7 +419,7 @@ class Controller:
         return GroupTarget(g.name, g.template(), instances, max_surge=0, max_unavailable=1)
 
     async def _settle(
-        self, step: GroupStep, granted: int, floor: int, quota: QuotaRound, now: float
+        self, step: GroupStep, granted: int, floor: int, allocation: Allocation, now: float
     ) -> None:
         """Journal an autoscaler decision with what quota allowed of it, and make that the
         group's count (S11: a quota or budget refusal shows as the guard that clipped it).
@@ -431,7 +432,7 @@ class Controller:
         if want > decision.desired:
             clipped += ("rollout",)
             reason += f"; kept at {floor}: baseline of a running rollout"
-        refusal = quota.allocation.refusals.get(g.name)
+        refusal = allocation.refusals.get(g.name)
         if desired < want and refusal:
             clipped += ("budget" if refusal.startswith("budget") else "quota",)
             reason += f"; {refusal}"

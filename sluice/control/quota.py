@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,7 +33,7 @@ from sluice.policy.quota import (
 from sluice.spec import PlatformSpec
 from sluice.store import Loan, Store
 
-__all__ = ["LiveQuota", "QuotaRound"]
+__all__ = ["LiveQuota"]
 
 STATE_KEY = "quota"
 PERSIST_EVERY_S = 10.0
@@ -45,14 +44,6 @@ USAGE_KEEP_S = 24 * 3600.0
 _RUNNING = frozenset(
     {InstanceState.PENDING, InstanceState.STARTING, InstanceState.WARMING, InstanceState.READY}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaRound:
-    """One tick's allocation, plus the refusals that are new since the last tick."""
-
-    allocation: Allocation
-    new_refusals: Mapping[str, str]
 
 
 class LiveQuota:
@@ -87,7 +78,7 @@ class LiveQuota:
         observed: Sequence[InstanceStatus],
         wanted: Mapping[str, int],
         now: float,
-    ) -> QuotaRound:
+    ) -> Allocation:
         """Allocate for `wanted` (instances per group), then record what follows from it."""
         self._meter(now)
         claims = [self._claim(spec, g.name, observed, wanted.get(g.name, 0)) for g in spec.groups]
@@ -115,7 +106,9 @@ class LiveQuota:
             await asyncio.to_thread(self._sync_ledger, alloc, now)
         for r in alloc.reclaims:
             await self._events.emit(r.borrower, None, "reclaim", r.reason, instances=r.instance_ids)
-        fresh = {g: why for g, why in alloc.refusals.items() if self._refused.get(g) != why}
+        fresh = {
+            g: why for g, why in alloc.refusals.items() if self._refused.get(g) != why
+        }  # said once
         self._refused = dict(alloc.refusals)
         for group, why in fresh.items():
             await self._events.emit(group, None, "quota", why)
@@ -123,7 +116,7 @@ class LiveQuota:
         if now - self._persisted_at >= PERSIST_EVERY_S:
             await self._persist(now)
         self.last = alloc
-        return QuotaRound(alloc, fresh)
+        return alloc
 
     def spare_units(self, pool: str) -> int:
         """Units of `pool` neither held nor granted after the last round: room to surge."""

@@ -49,7 +49,6 @@ __all__ = [
     "resume",
     "split_for",
     "start",
-    "wake_at",
 ]
 
 
@@ -437,15 +436,3 @@ def split_for(spec: RolloutSpec, state: RolloutState) -> CanarySplit | None:
         early_tenants=early,
         late_tenants=late,
     )
-
-
-def wake_at(spec: RolloutSpec, state: RolloutState, now: float) -> float | None:
-    """The next time (s) a decision can change without a new verdict: the end of the hold,
-    then the end of `max_wait_s`; None when not stepping or nothing is due."""
-    if state.phase is not RolloutPhase.STEPPING or state.step_started_at is None:
-        return None
-    deadlines = [state.step_started_at + spec.hold_s]
-    if spec.max_wait_s is not None:
-        deadlines.append(state.step_started_at + spec.max_wait_s)
-    due = [t for t in deadlines if t > now]
-    return min(due) if due else None

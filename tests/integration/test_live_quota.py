@@ -54,7 +54,7 @@ def test_loan_reclaim_and_return_are_in_the_ledger(tmp_path: Path) -> None:
             await quota.round(spec, ready("b", 2), {"a": 0, "b": 2}, now - 1)
             assert quota.spare_units("gpu") == 2  # a's idle guarantee is still unassigned
             r = await quota.round(spec, ready("b", 2), {"a": 0, "b": 4}, now)
-            assert r.allocation.grants["b"].instances == 4  # 2 own + 2 of a's idle units
+            assert r.grants["b"].instances == 4  # 2 own + 2 of a's idle units
             assert quota.spare_units("gpu") == 0  # granted in full: no room to surge a roll
             b4 = ready("b", 4)
             await quota.round(spec, b4, {"a": 0, "b": 5}, now + 1)  # over its limit
@@ -65,18 +65,18 @@ def test_loan_reclaim_and_return_are_in_the_ledger(tmp_path: Path) -> None:
             assert len(refusals) == 1, refusals  # said once, not every tick
 
             r = await quota.round(spec, b4, {"a": 2, "b": 4}, now + 3)  # a wants its units
-            assert r.allocation.reclaims == ()  # not before the grace period
+            assert r.reclaims == ()  # not before the grace period
             r = await quota.round(spec, b4, {"a": 2, "b": 4}, now + 6)
-            (reclaim,) = r.allocation.reclaims
+            (reclaim,) = r.reclaims
             assert reclaim.borrower == "b" and set(reclaim.instance_ids) == {"b-2", "b-3"}
-            assert r.allocation.grants["a"].instances == 0  # only once the units are back
+            assert r.grants["a"].instances == 0  # only once the units are back
             assert store.list_loans(open_only=True)[0].reclaim_requested_at == now + 6
             draining = [
                 InstanceStatus(i.id, "b", "t", InstanceState.DRAINING, i.created_at) for i in b4[2:]
             ]
             await quota.round(spec, b4[:2] + draining, {"a": 2, "b": 4}, now + 8)
             r = await quota.round(spec, b4[:2], {"a": 2, "b": 4}, now + 9.5)  # drained
-            assert r.allocation.grants["a"].instances == 2
+            assert r.grants["a"].instances == 2
             (loan,) = store.list_loans()
             assert loan.ended_at == now + 9.5 and loan.reclaim_latency_s == 3.5
             report = quota.report(spec, store.list_loans(), now + 10, 3600, 0.5)

@@ -13,7 +13,7 @@ import pytest
 from sluice.core import Conflict, ManualClock
 from sluice.policy import CanarySplit, RolloutPhase, RolloutState, split_for
 from sluice.policy.analysis import Analysis, analyze
-from sluice.policy.rollout import abort, evaluate, pause, promote, resume, start, wake_at
+from sluice.policy.rollout import abort, evaluate, pause, promote, resume, start
 from sluice.spec.rollout import DEFAULT_STEPS, PacingSpec, RolloutSpec
 from tests.unit.test_analysis import REGRESSIONS, clean, use
 
@@ -248,11 +248,3 @@ def test_state_round_trips_through_json_for_the_archive() -> None:
     assert data["phase"] == "rolled_back" and "memory" in data["conclusion"]
     assert data["steps"][-1]["analysis"]["criteria"][9]["name"] == "memory"
     assert RolloutState.from_json(data) == done
-
-
-def test_wake_at_names_the_end_of_the_hold_then_of_the_wait() -> None:
-    state, _ = started()
-    assert wake_at(SPEC, state, 1000.0) == 1060.0
-    assert wake_at(SPEC, state, 1060.0) == 1000.0 + 1800.0
-    assert wake_at(SPEC, state, 2800.0) is None
-    assert wake_at(SPEC, pause(state, 1001.0), 1001.0) is None
