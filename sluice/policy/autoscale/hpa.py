@@ -172,15 +172,15 @@ class HpaPolicy:
     def _rate_limit(self, now: float, current: int, desired: int) -> tuple[int, str]:
         """Clamp to [minReplicas, maxReplicas] and the behavior policies' limits."""
         if desired > current:
-            limit = _scale_up_limit(
-                now, current, self._up_events, self._down_events, self.spec.scale_up
+            limit = _policy_limit(
+                now, current, self._up_events, self._down_events, self.spec.scale_up, up=True
             )
             limit = max(limit, current)
             allowed, why = (limit, "scale-up limit") if self.max > limit else (self.max, "max")
             return (allowed, why) if desired > allowed else (desired, "")
         if desired < current:
-            limit = _scale_down_limit(
-                now, current, self._up_events, self._down_events, self.spec.scale_down
+            limit = _policy_limit(
+                now, current, self._up_events, self._down_events, self.spec.scale_down, up=False
             )
             limit = min(limit, current)
             allowed, why = (limit, "scale-down limit") if self.min < limit else (self.min, "min")
@@ -203,16 +203,23 @@ def _changed_in_period(now: float, period_s: float, events: deque[tuple[float, i
     return sum(n for t, n in events if t > cutoff)
 
 
-def _scale_up_limit(
+def _policy_limit(
     now: float,
     current: int,
     ups: deque[tuple[float, int]],
     downs: deque[tuple[float, int]],
     rule: HpaBehaviorRule,
+    *,
+    up: bool,
 ) -> int:
+    """calculateScaleUpLimitWithScalingRules / calculateScaleDownLimitWithBehaviors: each
+    policy bounds the count from the one at the start of its period (the current count minus
+    the changes made since); `selectPolicy: Max` picks the largest change (the highest count
+    up, the lowest down), `Min` the smallest. Percent rounds up when growing and truncates
+    when shrinking, as upstream."""
     if rule.select_policy == "Disabled":
         return current
-    pick = min if rule.select_policy == "Min" else max
+    pick = max if up == (rule.select_policy == "Max") else min
     result: int | None = None
     for p in rule.policies:
         start = (
@@ -220,31 +227,11 @@ def _scale_up_limit(
             - _changed_in_period(now, p.period_s, ups)
             + _changed_in_period(now, p.period_s, downs)
         )
-        grown = math.ceil(start * (1 + p.value / 100))
-        proposed = start + p.value if p.type == "Pods" else grown
-        result = proposed if result is None else pick(result, proposed)
-    return current if result is None else result
-
-
-def _scale_down_limit(
-    now: float,
-    current: int,
-    ups: deque[tuple[float, int]],
-    downs: deque[tuple[float, int]],
-    rule: HpaBehaviorRule,
-) -> int:
-    if rule.select_policy == "Disabled":
-        return current
-    # the largest change ('Max') is the lowest count; 'Min' change is the highest count
-    pick = max if rule.select_policy == "Min" else min
-    result: int | None = None
-    for p in rule.policies:
-        start = (
-            current
-            - _changed_in_period(now, p.period_s, ups)
-            + _changed_in_period(now, p.period_s, downs)
-        )
-        shrunk = int(start * (1 - p.value / 100))
-        proposed = start - p.value if p.type == "Pods" else shrunk
+        if up:
+            proposed = (
+                start + p.value if p.type == "Pods" else math.ceil(start * (1 + p.value / 100))
+            )
+        else:
+            proposed = start - p.value if p.type == "Pods" else int(start * (1 - p.value / 100))
         result = proposed if result is None else pick(result, proposed)
     return current if result is None else result
