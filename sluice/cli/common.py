@@ -15,6 +15,7 @@ from rich.console import Console
 from sluice.cli.client import ControlClient
 from sluice.config import Settings
 from sluice.core import SluiceError, SpecError
+from sluice.spec import load_spec_file
 
 __all__ = [
     "ControlOpt",
@@ -26,6 +27,7 @@ __all__ = [
     "err",
     "out",
     "post_as_actor",
+    "post_spec",
     "print_error",
     "run",
     "ts",
@@ -78,6 +80,13 @@ def post_as_actor(
     """POST a change to the control API, signed with who makes it (for the audit log)."""
     settings, client = client_for(home, control)
     return client.post(path, {**body, field: settings.actor})
+
+
+def post_spec(home: str | None, control: str | None, path: str, file: Path, reason: str) -> Any:
+    """POST a spec file (validated here first, so its errors name file:line) as its author."""
+    loaded = load_spec_file(file)
+    body = {"yaml": loaded.text, "source": str(file), "reason": reason}
+    return post_as_actor(home, control, path, body, field="author")
 
 
 def ts(t: float | None) -> str:

@@ -22,6 +22,7 @@ from sluice.cli.common import (
     client_for,
     out,
     post_as_actor,
+    post_spec,
     print_error,
     run,
     ts,
@@ -106,9 +107,7 @@ def apply(
     """Record a new spec revision (with its diff) and reconcile toward it."""
 
     def do() -> Any:
-        loaded = load_spec_file(file)
-        body = {"yaml": loaded.text, "source": str(file), "reason": reason}
-        return post_as_actor(home, control, "/v1/revisions", body, field="author")
+        return post_spec(home, control, "/v1/revisions", file, reason)
 
     def render(r: dict[str, Any]) -> None:
         if not r["changed"]:

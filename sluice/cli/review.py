@@ -20,10 +20,10 @@ from sluice.cli.common import (
     client_for,
     out,
     post_as_actor,
+    post_spec,
     run,
     ts,
 )
-from sluice.spec import load_spec_file
 
 __all__ = ["approve", "proposal_app", "proposals", "propose", "reject"]
 
@@ -41,9 +41,7 @@ def propose(
     """Propose a spec change for review: diff and impact preview, applied once approved."""
 
     def do() -> Any:
-        loaded = load_spec_file(file)
-        body = {"yaml": loaded.text, "source": str(file), "reason": reason}
-        return post_as_actor(home, control, "/v1/proposals", body, field="author")
+        return post_spec(home, control, "/v1/proposals", file, reason)
 
     def render(p: dict[str, Any]) -> None:
         out.print(
