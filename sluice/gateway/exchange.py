@@ -1,8 +1,9 @@
 """One request from parsed to last byte sent: route it, admit it, proxy it (retrying once),
 mirror it, log it (R4, R6).
 
-An `Exchange` is also the `ResponseSink` of the upstream connection serving it, so response
-bytes flow from the upstream parser to the client transport without queues or tasks. It is
+An `Exchange` is also the `ResponseSink` of the upstream connection serving it (that half
+lives in `relay.UpstreamRelay`), so response bytes flow from the upstream parser to the
+client transport without queues or tasks. It is
 also its own admission ticket: a queued request is parked in its group's `GroupAdmission`
 and resumed (or refused) by the gateway state, with no task or future per request.
 
@@ -20,23 +21,20 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from sluice.core.errors import NotFound, SluiceError, Unauthorized, Unavailable, UpstreamError
+from sluice.core.errors import NotFound, SluiceError, Unauthorized, Unavailable
 from sluice.gateway.errors import (
     BadRequest,
     MethodNotAllowed,
     Overloaded,
     RateLimited,
-    UpstreamTimeout,
 )
 from sluice.gateway.groups import header_value
 from sluice.gateway.metrics import CONTENT_TYPE
 from sluice.gateway.mirror import MirrorRequest
+from sluice.gateway.relay import UpstreamRelay
 from sluice.gateway.responses import (
-    CHUNK_END,
-    STATUS_LINES,
     json_body,
     json_response,
-    status_line,
     text_response,
 )
 from sluice.gateway.upstream import UpstreamConnection
@@ -75,7 +73,7 @@ def parse_json(data: bytes) -> object:
     return value
 
 
-class Exchange:
+class Exchange(UpstreamRelay):
     """State of one request; `start()` runs it, and it reports back via `client.exchange_done`.
 
     `__slots__`: the hot path reads and writes about fifty fields per request, and slot
@@ -419,183 +417,7 @@ class Exchange:
             if woken:
                 self.state.wake(g, woken, time.monotonic())
 
-    # -- upstream attempts ------------------------------------------------------------------
-
-    def _attempt(self, endpoint: Endpoint, *, reuse: bool) -> None:
-        state = self.state
-        self.endpoint = endpoint
-        iid = self.instance = self.slot = endpoint.instance_id
-        outstanding = state.outstanding  # `state.take_slot`, inlined
-        outstanding[iid] = outstanding.get(iid, 0) + 1
-        served = state.served
-        served[iid] = served.get(iid, 0) + 1
-        pool = state.pool
-        host = pool.host(endpoint.host, endpoint.port)
-        idle = host.idle
-        conn = idle.popitem()[0] if reuse and idle else None  # `pool.take_idle(host)`, inlined
-        if conn is None:
-            self.reused = False
-            pool.connect(host, self._connected)
-        else:
-            self.reused = True
-            self._send(conn)
-
-    def _connected(self, conn: UpstreamConnection | None, exc: BaseException | None) -> None:
-        if self.finished:  # the client left while we were connecting
-            if conn is not None:
-                self.state.pool.release(conn)
-            return
-        if conn is None:  # refused, unreachable or timed out: nothing was sent, so retry
-            self._release_slot()
-            self._instance_failed(f"connect: {exc!r}")
-            self._retry()
-        else:
-            self._send(conn)
-
-    def _send(self, conn: UpstreamConnection) -> None:
-        self.conn = conn
-        body = self.body
-        # One `%` (a quarter cheaper than a list of pieces and a join, measured).
-        wire = b"%s %s HTTP/1.1\r\n%s%scontent-length: %d\r\n\r\n%s" % (
-            self.method,
-            self.url,
-            conn.host.host_header,
-            b"".join(self.headers),
-            len(body),
-            body,
-        )
-        g = self.grp
-        timeout = g.timeout_s if g is not None else self.state.default_traffic.timeout_s
-        if not conn.request(wire, self, timeout):  # closed since opened: a refusal
-            self.conn = None
-            self._release_slot()
-            self._retry()
-        elif self.client.write_paused:
-            conn.pause_reading()
-
-    def _release_slot(self) -> None:
-        if self.slot is not None:
-            self.state.drop_slot(self.slot)
-            self.slot = None
-
-    def _instance_failed(self, reason: str) -> None:
-        """Count a failure of the instance tried against it (outlier ejection)."""
-        g = self.grp
-        if g is not None and self.instance is not None:
-            now = time.monotonic()
-            woken = g.failure(self.instance, reason, now)
-            if woken:
-                self.state.wake(g, woken, now)
-
-    # -- ResponseSink -----------------------------------------------------------------------
-
-    def upstream_head(self, status: int, headers: list[bytes], has_length: bool) -> None:
-        self.status = status
-        g = self.grp
-        if status >= 500:
-            self._instance_failed(f"HTTP {status}")
-        elif g is not None and self.instance is not None:
-            g.outlier.record_success(self.instance)
-        keep_alive = self.keep_alive and not self.client.closing
-        chunked = False
-        if has_length or status in (204, 304):
-            pass
-        elif self.http11:
-            chunked = True  # re-chunk so each piece reaches the client as it arrives
-        else:
-            keep_alive = False  # HTTP/1.0 client: the end of the body is the end of the connection
-        self.chunked = chunked
-        self.keep_alive = keep_alive
-        out = self._out
-        line = STATUS_LINES.get(status)
-        out.append(line if line is not None else status_line(status))
-        out += headers
-        out += (
-            b"x-request-id: ",
-            self.request_id,
-            b"\r\n",
-            self.state.route_headers(self.route, self.group, self.instance),
-            _CHUNKED if chunked else b"",
-            b"\r\n" if keep_alive else b"connection: close\r\n\r\n",
-        )
-        self.head_sent = True
-
-    def upstream_body(self, data: bytes) -> None:
-        self.bytes_out += len(data)
-        if self.chunked:
-            self._out.extend((b"%x\r\n" % len(data), data, b"\r\n"))
-        else:
-            self._out.append(data)
-
-    def upstream_flush(self) -> None:
-        if self._out:  # one buffer: uvloop writes it with one send(), cheaper than writelines
-            self.client.write(b"".join(self._out))
-            self._out.clear()
-
-    def upstream_done(self) -> None:
-        self.conn = None
-        iid = self.slot
-        if iid is not None:  # `_release_slot()`, inlined
-            self.slot = None
-            outstanding = self.state.outstanding
-            left = outstanding[iid] - 1
-            if left:
-                outstanding[iid] = left
-            else:
-                del outstanding[iid]
-        if self.finished:
-            return
-        out = self._out
-        if self.chunked:
-            out.append(CHUNK_END)
-        if out:  # `upstream_flush()`, inlined
-            self.client.write(b"".join(out))
-            out.clear()
-        self._finish()
-
-    def upstream_failed(self, exc: BaseException, received: bool) -> None:
-        self.conn = None
-        self._release_slot()
-        if self.finished:
-            return
-        if received or not self.reused:  # a stale pooled connection is not the instance's fault
-            self._instance_failed(repr(exc))
-        if self.head_sent:  # the client already has part of the answer: cut it off visibly
-            self.upstream_flush()
-            self.error_code = UpstreamError.code
-            self.keep_alive = False
-            self.client.abort()
-            self._finish()
-        elif isinstance(exc, TimeoutError):
-            self._fail(UpstreamTimeout("the instance did not answer in time"))
-        elif received:
-            self._fail(UpstreamError("the instance sent a broken response"))
-        else:
-            self._retry()
-
-    def _retry(self) -> None:
-        """The instance got nothing or answered nothing: try again where it is safe to."""
-        endpoint = self.endpoint
-        g = self.grp
-        assert endpoint is not None
-        if self.reused:  # a stale pooled connection: the same instance, on a fresh one
-            self._attempt(endpoint, reuse=False)
-        elif not self.retried and g is not None:
-            self.retried = True
-            state = self.state
-            self._attempt(g.pick_other(endpoint, state.outstanding, state.rng), reuse=True)
-        else:
-            self._fail(UpstreamError("no instance could take the request"))
-
     # -- client side ------------------------------------------------------------------------
-
-    def pause_upstream(self) -> None:
-        if self.conn is not None:
-            self.conn.pause_reading()
-
-    def resume_upstream(self) -> None:
-        if self.conn is not None:
-            self.conn.resume_reading()
 
     def client_gone(self) -> None:
         """The client disconnected: stop the upstream side, free its slot, log what happened."""
