@@ -130,37 +130,26 @@ class LiveAutoscaling:
         startup = g.autoscaling.lead_time_s
         if startup is None:
             startup = st.startup_s if st.startup_s is not None else _declared_startup(g)
-        if sample is None:  # no counters: the newest we have, marked as not fresh
-            last = st.samples[-1] if st.samples else None
-            return GroupLoad(
-                at=last.at if last else now,
-                current=current,
-                ready=ready,
-                slots_per_instance=g.max_concurrency,
-                in_flight=last.in_flight if last else 0,
-                queued=last.queued if last else 0,
-                arrivals=last.arrivals if last else 0,
-                completions=last.completions if last else 0,
-                startup_s=startup,
-                draining=draining,
-                fresh=False,
-            )
         samples = st.samples
-        samples.append(sample)
-        while len(samples) > 2 and samples[1].at <= sample.at - LATENCY_WINDOW_S:
-            samples.popleft()
+        if sample is not None:
+            samples.append(sample)
+            while len(samples) > 2 and samples[1].at <= sample.at - LATENCY_WINDOW_S:
+                samples.popleft()
+        # no counters this tick: the newest we have, marked as not fresh (never read as zero)
+        src = sample or (samples[-1] if samples else TrafficSample(now, 0, 0, 0, 0, (), ()))
         return GroupLoad(
-            at=sample.at,
+            at=src.at,
             current=current,
             ready=ready,
             slots_per_instance=g.max_concurrency,
-            in_flight=sample.in_flight,
-            queued=sample.queued,
-            arrivals=sample.arrivals,
-            completions=sample.completions,
-            latency_p95_s=window_quantile(samples[0], sample, 0.95),
+            in_flight=src.in_flight,
+            queued=src.queued,
+            arrivals=src.arrivals,
+            completions=src.completions,
+            latency_p95_s=window_quantile(samples[0], sample, 0.95) if sample else None,
             startup_s=startup,
             draining=draining,
+            fresh=sample is not None,
         )
 
 

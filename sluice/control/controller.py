@@ -118,9 +118,9 @@ class Controller:
         published at once (a rollback or abort reaches the gateway in this call)."""
         now = self._clock.now()
         if action == "start":
-            rs = next((r for r in self.spec.rollouts if r.name == name), None)
-            count = self.desired_replicas(rs.baseline) if rs is not None else 0
-            state = await self._rollouts.start(self.spec, name, count, actor, reason, now)
+            state = await self._rollouts.start(
+                self.spec, name, self.desired_replicas, actor, reason, now
+            )
         elif action in ACTIONS:
             state = await self._rollouts.act(name, action, actor, reason, now)
         else:
@@ -150,7 +150,8 @@ class Controller:
         return self._quota.report(self.spec, loans, self._clock.now(), window_s, below)
 
     def explain_state(self, group: str) -> dict[str, Any]:
-        """The autoscaler's live view of `group` (its last decision and load), for explain."""
+        """What explain shows besides the journal: the policy, the count it holds now, and
+        the measured start-up time."""
         spec = self.spec.group(group)
         if spec is None:
             raise NotFound(f"no group named {group!r}")
@@ -406,8 +407,7 @@ class Controller:
                 self._supervisor.remove(action.instance_id, action.reason)
         # 4. Canary analysis of running rollouts, then publish the routing snapshot when the
         #    ready set, a split or the spec changed (a rollback reaches the gateway here).
-        names = {r.name for r in spec.rollouts}
-        await self._rollouts.tick(observed, now, names.__contains__)
+        await self._rollouts.tick(spec, observed, now)
         self._publish_routing(spec)
 
     def _target(self, g: GroupSpec, instances: int) -> GroupTarget:

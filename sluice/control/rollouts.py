@@ -101,7 +101,7 @@ class RolloutRunner:
         self,
         spec: PlatformSpec,
         name: str,
-        baseline_count: int,
+        baseline_count: Callable[[str], int],
         actor: str,
         reason: str,
         now: float,
@@ -114,6 +114,7 @@ class RolloutRunner:
         if running is not None and not running.state.final:
             raise Conflict(f"rollout {name!r} is already {running.state.phase}", rollout=name)
         state = machine.start(rs, now, reason=reason, by=actor)
+        floor = baseline_count(rs.baseline)
         run_id = await asyncio.to_thread(
             self._store.add_rollout,
             name=name,
@@ -121,11 +122,11 @@ class RolloutRunner:
             canary=rs.canary,
             phase=state.phase.value,
             started_by=actor,
-            spec={**rs.model_dump(mode="json"), "baseline_floor": baseline_count},
+            spec={**rs.model_dump(mode="json"), "baseline_floor": floor},
             state=state.to_json(),
             now=now,
         )
-        run = self._runs[name] = _Run(run_id, rs, state, baseline_count)
+        run = self._runs[name] = _Run(run_id, rs, state, floor)
         self._on_change()
         if rs.compare is not None:
             run.compare_task = asyncio.create_task(self._compare(run), name=f"compare-{name}")
@@ -155,10 +156,11 @@ class RolloutRunner:
         return state
 
     async def tick(
-        self, observed: Sequence[InstanceStatus], now: float, has_spec: Callable[[str], bool]
+        self, spec: PlatformSpec, observed: Sequence[InstanceStatus], now: float
     ) -> None:
         """Poll the instances of every running rollout's groups, analyse the current step's
-        window, and move each state machine on."""
+        window, and move each state machine on (a rollout that left `spec` holds still)."""
+        names = {r.name for r in spec.rollouts}
         stepping = [r for r in self._runs.values() if not r.state.final]
         if not stepping:
             return
@@ -169,7 +171,7 @@ class RolloutRunner:
             if i.group in groups and i.state is InstanceState.READY and i.url
         )
         for run in stepping:
-            if not has_spec(run.spec.name):
+            if run.spec.name not in names:
                 continue  # the rollout left the spec; its state holds until it is back
             self._roll_window(run)
             base = self._collector.window(run.spec.baseline)
