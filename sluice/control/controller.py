@@ -126,7 +126,7 @@ class Controller:
         else:
             raise NotFound(f"no rollout action {action!r}; actions: start, {', '.join(ACTIONS)}")
         detail = {"phase": state.phase.value, "percent": state.percent}
-        await self._audit(actor, f"rollout-{action}", f"rollout/{name}", reason, detail)
+        await self.audit(actor, f"rollout-{action}", f"rollout/{name}", reason, detail)
         self._wake.set()
         return state.to_json()
 
@@ -225,7 +225,7 @@ class Controller:
             ):
                 await asyncio.to_thread(self._store.clear_replicas_override, group.name)
                 self._overrides.pop(group.name)
-        await self._audit(
+        await self.audit(
             author, "apply", f"revision/{rev.number}", reason, {"lines_changed": diff.count("\n")}
         )
         self._spec, self._revision = loaded.spec, rev.number
@@ -267,9 +267,7 @@ class Controller:
             reason=reason,
             now=self._clock.now(),
         )
-        await self._audit(
-            actor, "scale", f"group/{group}", reason, {"from": before, "to": replicas}
-        )
+        await self.audit(actor, "scale", f"group/{group}", reason, {"from": before, "to": replicas})
         self._overrides[group] = replicas
         await self._events.emit(
             group, None, "scale", f"manual scale {before} -> {replicas} by {actor}: {reason}"
@@ -321,7 +319,7 @@ class Controller:
             reason=reason,
             now=self._clock.now(),
         )
-        await self._audit(actor, "failover", f"group/{group}", reason, {"to": target_name})
+        await self.audit(actor, "failover", f"group/{group}", reason, {"to": target_name})
         self._failovers[group] = target_name
         self._publish_routing(spec)
         await self._events.emit(group, None, "failover", f"all traffic -> {target_name}: {reason}")
@@ -335,13 +333,13 @@ class Controller:
         if backup is None:
             return None
         await asyncio.to_thread(self._store.clear_failover, group)
-        await self._audit(actor, "restore", f"group/{group}", reason, {"from": backup})
+        await self.audit(actor, "restore", f"group/{group}", reason, {"from": backup})
         del self._failovers[group]
         self._publish_routing(self.spec)
         await self._events.emit(group, None, "restore", f"traffic back from {backup}: {reason}")
         return backup
 
-    async def _audit(
+    async def audit(
         self, actor: str, action: str, target: str, reason: str, detail: dict[str, Any]
     ) -> None:
         """Every operator change lands in the append-only audit log: who, what, why, when."""

@@ -104,7 +104,7 @@ class ReviewBoard:
             "moved": preview["routes"]["moved"],
             "lines_changed": diff.count("\n"),
         }
-        await self._audit(author, "propose", proposal.id, reason, detail)
+        await self._controller.audit(author, "propose", f"proposal/{proposal.id}", reason, detail)
         return proposal
 
     async def proposals(self, include_closed: bool = False, limit: int = 50) -> list[Proposal]:
@@ -155,7 +155,7 @@ class ReviewBoard:
                 revision=rev.number,
             )
             detail = {"author": p.author, "revision": rev.number, "base_revision": current}
-            await self._audit(reviewer, "approve", p.id, reason, detail)
+            await self._controller.audit(reviewer, "approve", f"proposal/{p.id}", reason, detail)
             return done
 
     async def reject(self, proposal_id: int, actor: str, reason: str) -> Proposal:
@@ -170,21 +170,8 @@ class ReviewBoard:
                 now=self._clock.now(),
             )
             detail = {"author": done.author, "base_revision": done.base_revision}
-            await self._audit(actor, "reject", proposal_id, reason, detail)
+            await self._controller.audit(actor, "reject", f"proposal/{proposal_id}", reason, detail)
             return done
-
-    async def _audit(
-        self, actor: str, action: str, proposal_id: int, reason: str, detail: dict[str, Any]
-    ) -> None:
-        await asyncio.to_thread(
-            self._store.append_audit,
-            actor=actor,
-            action=action,
-            target=f"proposal/{proposal_id}",
-            reason=reason,
-            detail=detail,
-            now=self._clock.now(),
-        )
 
     # --- the preview (runs in a worker thread: it reads the log) ---------------------------
 

@@ -426,16 +426,7 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
         r = i
         i += 1
         if try_acquire():
-            for lvl in range(c):
-                b = buckets[lvl]
-                if b:
-                    break
-            k = next(iter(b))
-            b.remove(k)
-            inflight[k] = lvl + 1
-            if lvl + 1 < c:
-                buckets[lvl + 1].add(k)
-            push(heap, (ta + svc[r], k, r))
+            start(r, ta)
         else:
             res, evicted = offer(r, prio[r], ta)
             if res is shed_offer:

@@ -94,7 +94,7 @@ from collections import deque
 
 from sluice.policy.autoscale.base import Decision, GroupLoad
 from sluice.policy.autoscale.schedule import ScheduleFloors
-from sluice.policy.autoscale.windows import RollingExtreme, RollingMax, SlidingMean, Trend
+from sluice.policy.autoscale.windows import RollingExtreme, SlidingMean, Trend
 from sluice.spec.autoscaling import AutoscalingSpec
 
 __all__ = ["SluicePolicy"]
@@ -148,9 +148,9 @@ class SluicePolicy:
         memory = spec.down.stabilization_s
         if r.memory_s is not None:
             memory = min(r.memory_s, memory)  # never held longer than the down rules would
-        self._reserve_peak = RollingMax(memory)
-        self._down_max = RollingExtreme(spec.down.stabilization_s, largest=True)
-        self._up_min = RollingExtreme(spec.up.stabilization_s, largest=False)
+        self._reserve_peak: RollingExtreme[float] = RollingExtreme(memory)
+        self._down_max: RollingExtreme[int] = RollingExtreme(spec.down.stabilization_s)
+        self._up_min: RollingExtreme[int] = RollingExtreme(spec.up.stabilization_s, largest=False)
         self._ups: deque[tuple[float, int]] = deque()
         self._downs: deque[tuple[float, int]] = deque()
         self._prev: tuple[float, int] | None = None  # last sample: at, arrivals

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Generic, TypeVar
 
-__all__ = ["RollingExtreme", "RollingMax", "SlidingMean", "Trend"]
+N = TypeVar("N", int, float)
+
+__all__ = ["RollingExtreme", "SlidingMean", "Trend"]
 
 _RESUM_EVERY = 4096
 """evictions between exact re-sums of running float sums (drift stays ~1e-12)"""
@@ -58,7 +61,7 @@ class SlidingMean:
         self._sum = 0.0
 
 
-class RollingExtreme:
+class RollingExtreme(Generic[N]):
     """Rolling max (or min) of values recorded within the last `window_s` seconds.
 
     A window of 0 keeps only the latest value. Monotonic deque: amortised O(1).
@@ -69,38 +72,13 @@ class RollingExtreme:
     def __init__(self, window_s: float, *, largest: bool = True) -> None:
         self.window_s = window_s
         self._sign = 1 if largest else -1
-        self._items: deque[tuple[float, int]] = deque()
+        self._items: deque[tuple[float, N]] = deque()
 
-    def add(self, t: float, value: int) -> int:
+    def add(self, t: float, value: N) -> N:
         """Record `value` at `t`; return the extreme over (t - window_s, t]."""
         key = self._sign * value
         items = self._items
         while items and self._sign * items[-1][1] <= key:
-            items.pop()
-        items.append((t, value))
-        cutoff = t - self.window_s
-        while items[0][0] <= cutoff and len(items) > 1:
-            items.popleft()
-        return items[0][1]
-
-    def clear(self) -> None:
-        self._items.clear()
-
-
-class RollingMax:
-    """Rolling max of float values recorded within the last `window_s` seconds (monotonic
-    deque, amortised O(1)); a window of 0 keeps only the latest value."""
-
-    __slots__ = ("_items", "window_s")
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self._items: deque[tuple[float, float]] = deque()
-
-    def add(self, t: float, value: float) -> float:
-        """Record `value` at `t`; return the max over (t - window_s, t]."""
-        items = self._items
-        while items and items[-1][1] <= value:
             items.pop()
         items.append((t, value))
         cutoff = t - self.window_s
