@@ -54,11 +54,19 @@ app.add_typer(proposal_app, name="proposal")
 @app.command()
 def up(
     file: Annotated[Path | None, typer.Option("-f", "--file", help="spec YAML")] = None,
+    reason: Annotated[
+        str | None,
+        typer.Option(help="apply a FILE that differs from the live revision, saying why"),
+    ] = None,
     port: Annotated[int | None, typer.Option(help="gateway port (overrides spec)")] = None,
     home: HomeOpt = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
-    """Run controller, gateway and control API in one process until Ctrl-C."""
+    """Run controller, gateway and control API in one process until Ctrl-C.
+
+    `up -f FILE` starts from FILE on an empty state directory; later, FILE must match the
+    live revision or come with --reason (it then becomes a new revision). `up` alone
+    resumes the live revision."""
     from sluice.cli.up import serve
 
     logging.basicConfig(
@@ -70,7 +78,7 @@ def up(
         logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         loaded = load_spec_file(file) if file is not None else None
-        uvloop.run(serve(Settings.from_env(home), loaded, port))
+        uvloop.run(serve(Settings.from_env(home), loaded, port, reason))
     except SluiceError as exc:
         print_error(exc)
         raise typer.Exit(exc.exit_code) from None
@@ -411,7 +419,7 @@ def explain(
     home: HomeOpt = None,
     control: ControlOpt = None,
 ) -> None:
-    """Why a group has the instances it has: the autoscaler's latest decisions (S11)."""
+    """Why a group has the instances it has: the autoscaler's latest decisions."""
 
     def render(x: dict[str, Any]) -> None:
         if not x["autoscaled"]:

@@ -98,8 +98,8 @@ def report(
         for x in state["transitions"]:
             t.add_row(
                 ts(x["at"]),
-                x["from_phase"],
-                x["to_phase"],
+                x["from"],
+                x["to"],
                 str(x["step"] + 1),
                 f"{x['percent']:g}",
                 x["by"],

@@ -82,6 +82,12 @@ def build_control_api(
     async def _sluice_error(_: Request, exc: SluiceError) -> JSONResponse:
         return JSONResponse(exc.to_json(), status_code=exc.http_status)
 
+    def require_group(group: str | None) -> None:
+        """An unknown group name is a 404 everywhere, never an empty answer."""
+        if group is not None and controller.spec.group(group) is None:
+            known = ", ".join(g.name for g in controller.spec.groups)
+            raise NotFound(f"no group named {group!r} (groups: {known})", group=group)
+
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         return {"status": "ok", "revision": controller.revision}
@@ -113,6 +119,7 @@ def build_control_api(
 
     @app.get("/v1/instances")
     async def instances(group: str | None = None) -> list[dict[str, Any]]:
+        require_group(group)
         return [
             {
                 "id": s.id,
@@ -276,6 +283,8 @@ def build_control_api(
     @app.get("/v1/events")
     async def events(group: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         found = await asyncio.to_thread(store.list_events, group=group, limit=limit)
+        if not found:  # a group removed from the spec keeps its history
+            require_group(group)
         return [e.to_json() for e in found]
 
     return app

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from sluice.control.events import EventLog
-from sluice.core import Clock, InstanceState, InstanceStatus
+from sluice.core import Clock, InstanceState, InstanceStatus, SluiceError
 from sluice.policy import Endpoint, ProbeRecord, record_probe
 from sluice.runtime import InstanceHandle, LaunchRequest, Runtime
 from sluice.spec import GroupSpec
@@ -206,7 +206,7 @@ class InstanceSupervisor:
                 spec.name, inst.id, "ready", f"ready {took:.1f}s after launch", startup_s=took
             )
             await self._watch(inst)
-        except _Failed as exc:
+        except (_Failed, SluiceError) as exc:
             await self._fail(inst, str(exc))
 
     async def _wait_ready(self, inst: _Instance) -> None:

@@ -14,7 +14,8 @@ __all__ = ["InstanceHandle", "LaunchRequest", "Runtime"]
 
 @dataclass(frozen=True, slots=True)
 class LaunchRequest:
-    """`worker_config` is the worker's JSON config without host/port (the runtime picks)."""
+    """`worker_config` is the worker's JSON config without host/port/port_file: the runtime
+    sets those (locally: the host, and port 0 so the worker binds a free port itself)."""
 
     instance_id: str
     group: str
@@ -36,7 +37,9 @@ class InstanceHandle:
 
 class Runtime(Protocol):
     async def launch(self, req: LaunchRequest) -> InstanceHandle:
-        """Start the instance; returns once the process exists (not once it is ready)."""
+        """Start the instance; returns once its process listens on the handle's port (not
+        once it is ready: models may still load). Raises SluiceError if the process exits,
+        or does not listen in time, first; then nothing of it is left running."""
         ...
 
     async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:

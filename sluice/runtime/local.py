@@ -1,5 +1,10 @@
 """Instances as local subprocesses on free 127.0.0.1 ports (the embedded default).
 
+The worker binds its own socket on port 0 and writes the port the kernel gave it to
+`<home>/instances/<id>.port`; `launch` waits for that file, so no other process can take the
+port between its choice and its use. A worker that exits first, or does not report a port
+within `port_timeout_s`, is a failed launch (`SluiceError`), and nothing of it is left running.
+
 Each worker runs in its own session (process group) so a Ctrl-C on `sluice up` reaches only
 Sluice, which then drains instances in order instead of having them die mid-request. Output
 goes to `<home>/instances/<id>.log`. After a crash of Sluice, `adopt` recognises a surviving
@@ -13,27 +18,45 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from sluice.core import SluiceError
 from sluice.runtime.base import InstanceHandle, LaunchRequest
 
-__all__ = ["LocalRuntime", "pid_runs_instance"]
+__all__ = ["PORT_TIMEOUT_S", "LocalRuntime", "pid_runs_instance"]
+
+PORT_TIMEOUT_S = 30.0
+"""How long a new worker may take to bind its socket and report the port (normally < 1 s)."""
+_PORT_POLL_S = 0.02
 
 
 class LocalRuntime:
-    def __init__(self, home: Path, host: str = "127.0.0.1", python: str = sys.executable):
+    def __init__(
+        self,
+        home: Path,
+        host: str = "127.0.0.1",
+        python: str = sys.executable,
+        port_timeout_s: float = PORT_TIMEOUT_S,
+    ):
         self._dir = home / "instances"
         self._host = host
         self._python = python
+        self._port_timeout_s = port_timeout_s
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     async def launch(self, req: LaunchRequest) -> InstanceHandle:
+        """Start the worker and return once it listens; SluiceError if it never does."""
         self._dir.mkdir(parents=True, exist_ok=True)
-        port = _free_port(self._host)
-        config = {**req.worker_config, "host": self._host, "port": port}
+        port_file = self._dir / f"{req.instance_id}.port"
+        port_file.unlink(missing_ok=True)  # a stale one from an earlier run must not be read
+        config = {
+            **req.worker_config,
+            "host": self._host,
+            "port": 0,
+            "port_file": str(port_file),
+        }
         cmd = [self._python, "-m", "sluice.worker", "--config-json", json.dumps(config)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **req.env}
         log_path = self._dir / f"{req.instance_id}.log"
@@ -48,7 +71,50 @@ class LocalRuntime:
                 close_fds=True,
             )
         self._children[req.instance_id] = proc
+        try:
+            port = await self._wait_for_port(req.instance_id, proc, port_file, log_path)
+        except BaseException:  # a failure, or the launch was cancelled: leave nothing running
+            self._kill(req.instance_id, proc)
+            raise
+        finally:
+            port_file.unlink(missing_ok=True)
         return InstanceHandle(req.instance_id, self._host, port, proc.pid)
+
+    async def _wait_for_port(
+        self, instance_id: str, proc: subprocess.Popen[bytes], port_file: Path, log_path: Path
+    ) -> int:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._port_timeout_s
+        while True:
+            port = _read_port(port_file)
+            if port is not None:
+                return port
+            code = proc.poll()
+            if code is not None:
+                raise SluiceError(
+                    f"worker {instance_id} exited with code {code} before it listened on a "
+                    f"port; see {log_path}",
+                    instance_id=instance_id,
+                    exit_code=code,
+                    log=str(log_path),
+                )
+            if loop.time() >= deadline:
+                raise SluiceError(
+                    f"worker {instance_id} did not report a listening port within "
+                    f"{self._port_timeout_s:g}s; killed it; see {log_path}",
+                    instance_id=instance_id,
+                    log=str(log_path),
+                )
+            await asyncio.sleep(_PORT_POLL_S)
+
+    def _kill(self, instance_id: str, proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the worker's whole process group and reap it (it is our child)."""
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        self._children.pop(instance_id, None)
 
     async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:
         if handle.pid is None:
@@ -102,7 +168,10 @@ def pid_runs_instance(pid: int, instance_id: str) -> bool:
     return b"sluice.worker" in cmdline and f'"instance_id": "{instance_id}"'.encode() in cmdline
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def _read_port(path: Path) -> int | None:
+    """The port in a worker's port file; None while it is not there (or not yet whole)."""
+    try:
+        port = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return port if 0 < port < 65536 else None

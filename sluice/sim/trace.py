@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from sluice.core.errors import SpecError, SpecIssue
+from sluice.core.errors import NotFound, SpecError, SpecIssue
 from sluice.policy.routing import PRIORITIES
 
 __all__ = ["REQUIRED_COLUMNS", "Trace", "load_trace", "trace_from_rows"]
@@ -123,6 +123,8 @@ def load_trace(path: str | Path) -> Trace:
     src = str(p)
     try:
         fh = p.open(newline="", encoding="utf-8")
+    except FileNotFoundError:
+        raise NotFound(f"trace file not found: {p}", file=str(p)) from None
     except OSError as exc:
         raise SpecError([SpecIssue("", f"cannot read trace: {exc.strerror}", src)]) from None
     with fh:

@@ -15,7 +15,7 @@ from typing import Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sluice.core.errors import SpecError, SpecIssue
+from sluice.core.errors import NotFound, SpecError, SpecIssue
 from sluice.spec.checks import check_platform
 from sluice.spec.models import PlatformSpec
 
@@ -39,6 +39,8 @@ def load_spec_file(path: str | Path) -> LoadedSpec:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise NotFound(f"spec file not found: {p}", file=str(p)) from None
     except OSError as exc:
         raise SpecError([SpecIssue("", f"cannot read spec: {exc.strerror}", str(p))]) from None
     return load_spec_text(text, str(p))

@@ -81,16 +81,23 @@ class Sluice:
             self.proc.stdout.close()
 
     def cli(self, *args: str, check: bool = True) -> Any:
+        return json.loads(self._run(*args, "--json", check=check))
+
+    def show(self, *args: str) -> str:
+        """A command's output as a person sees it (no --json), wide enough not to wrap."""
+        return self._run(*args, check=True, COLUMNS="200")
+
+    def _run(self, *args: str, check: bool, **env: str) -> str:
         r = subprocess.run(
-            [sys.executable, "-m", "sluice", *args, "--json"],
+            [sys.executable, "-m", "sluice", *args],
             capture_output=True,
             text=True,
-            env=self.env(),
+            env={**self.env(), **env},
             timeout=60,
         )
         if check and r.returncode != 0:
             raise AssertionError(f"sluice {' '.join(args)} -> {r.returncode}: {r.stdout}{r.stderr}")
-        return json.loads(r.stdout)
+        return r.stdout
 
     def instances(self, group: str | None = None) -> list[dict[str, Any]]:
         return self.cli("get", "instances", *(["--group", group] if group else []))

@@ -165,7 +165,9 @@ def test_bad_canary_is_rolled_back_and_traffic_returns_within_a_second(
     failed = report["state"]["steps"][-1]
     assert failed["outcome"] == "failed"
     errors = next(c for c in failed["analysis"]["criteria"] if c["name"] == "error_rate")
-    assert errors["verdict"] == "fail" and errors["canary"] > 0.1, errors
+    # what the analysis promises: the error-rate test failed, canary worse than baseline
+    # (not a sample's value: at 20 % injected errors a window can measure 6 % and fail)
+    assert errors["verdict"] == "fail" and errors["canary"] > errors["baseline"], errors
     assert "error" in report["conclusion"]
     events = platform.cli("events", "risk-v2")
     assert any(e["kind"] == "rollback" for e in events), events

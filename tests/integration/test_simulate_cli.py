@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
 SPEC = ROOT / "examples" / "reference-sim.yaml"
-SLICE = ROOT / "tests" / "data" / "azure_code_first600.norm.csv"
+SLICE = ROOT / "examples" / "traces" / "azure_code_first600.norm.csv"
 KEYS = (
     "requests",
     "slo_attainment",

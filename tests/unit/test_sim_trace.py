@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sluice.core.errors import SpecError
+from sluice.core.errors import NotFound, SpecError
 from sluice.sim import load_trace, trace_from_rows
 
-SLICE = Path(__file__).parents[1] / "data" / "azure_code_first600.norm.csv"
+SLICE = Path(__file__).parents[2] / "examples" / "traces" / "azure_code_first600.norm.csv"
 
 
 def test_reads_the_shared_normalized_format() -> None:
@@ -55,8 +55,8 @@ def test_a_bad_trace_names_file_and_line(tmp_path: Path, body: str, line: int, w
     assert f"{f}:{line}:" in str(info.value)
 
 
-def test_a_missing_file_is_a_spec_error(tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match="cannot read trace"):
+def test_a_missing_file_is_reported_as_missing(tmp_path: Path) -> None:
+    with pytest.raises(NotFound, match="trace file not found"):
         load_trace(tmp_path / "nope.csv")
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.core import SpecError
+from sluice.core import NotFound, SpecError
 from sluice.spec import load_spec_file, load_spec_text
 
 QUICKSTART = Path(__file__).parents[2] / "examples" / "quickstart.yaml"
@@ -79,9 +79,14 @@ def test_yaml_syntax_error_has_a_line() -> None:
     assert msg.startswith("broken.yaml:") and "not valid YAML" in msg
 
 
-def test_missing_file() -> None:
-    with pytest.raises(SpecError, match="cannot read spec"):
+def test_a_missing_file_is_reported_as_missing_not_as_a_bad_spec() -> None:
+    with pytest.raises(NotFound, match=r"spec file not found: /nonexistent/spec\.yaml"):
         load_spec_file("/nonexistent/spec.yaml")
+
+
+def test_an_unreadable_path_is_a_spec_error(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot read spec"):
+        load_spec_file(tmp_path)  # a directory
 
 
 def test_weighted_route_targets_are_checked_one_by_one() -> None:
