@@ -1,5 +1,7 @@
 # The checks CI runs (.ci/run calls `make test`). Each target also runs alone.
 PY ?= python3
+# pytest-randomly shuffles the test order; the seed is printed so an order can be repeated
+SEED ?= $(shell $(PY) -c 'import random; print(random.randrange(10**9))')
 
 .PHONY: install test lint typecheck imports unit integration e2e
 
@@ -26,4 +28,5 @@ e2e:
 	$(PY) -m pytest tests/e2e -q
 
 test: lint typecheck imports
-	$(PY) -m pytest tests -q
+	@echo "test order: pytest-randomly seed $(SEED) (make test SEED=$(SEED) repeats it)"
+	$(PY) -m pytest tests -q -p randomly --randomly-seed=$(SEED)
