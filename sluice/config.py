@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,16 +13,19 @@ __all__ = ["Settings"]
 class Settings:
     home: Path
     """State directory: state.db, instance logs, control.json (where the API listens)."""
-    actor: str
-    """Who the audit log names for changes made from this process."""
     control_url: str | None = None
+    token: str | None = None
+    """The CLI's API token: --token, else $SLUICE_TOKEN, else `home/admin.token` if this
+    user can read it (the machine that runs `sluice up`, like a kubeconfig)."""
 
     @classmethod
-    def from_env(cls, home: str | None = None, control_url: str | None = None) -> Settings:
+    def from_env(
+        cls, home: str | None = None, control_url: str | None = None, token: str | None = None
+    ) -> Settings:
         root = home or os.environ.get("SLUICE_HOME") or str(Path.home() / ".sluice")
-        actor = os.environ.get("SLUICE_USER") or getpass.getuser()
+        path = Path(root).expanduser().resolve()
         url = control_url or os.environ.get("SLUICE_CONTROL_URL")
-        return cls(home=Path(root).expanduser().resolve(), actor=actor, control_url=url)
+        return cls(home=path, control_url=url, token=token or os.environ.get("SLUICE_TOKEN"))
 
     @property
     def control_file(self) -> Path:
@@ -32,3 +34,15 @@ class Settings:
     @property
     def access_log(self) -> Path:
         return self.home / "access.log"
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.home / "admin.token"
+
+    def api_token(self) -> str | None:
+        if self.token:
+            return self.token.strip()
+        try:
+            return self.admin_token_file.read_text().strip() or None
+        except OSError:
+            return None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import ssl
 from typing import Any
 
 import httpx
@@ -31,6 +33,13 @@ class _RemoteError(SluiceError):
 class ControlClient:
     def __init__(self, settings: Settings) -> None:
         self._url = settings.control_url or self._discover(settings)
+        token = settings.api_token()
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # A control API behind TLS with a private CA: point $SLUICE_CA_FILE at its bundle.
+        ca_file = os.environ.get("SLUICE_CA_FILE")
+        self._verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=ca_file) if ca_file else True
+        )
 
     @staticmethod
     def _discover(settings: Settings) -> str:
@@ -51,7 +60,15 @@ class ControlClient:
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
         try:
-            r = httpx.request(method, self._url + path, timeout=30.0, trust_env=False, **kw)
+            r = httpx.request(
+                method,
+                self._url + path,
+                headers=self._headers,
+                timeout=30.0,
+                trust_env=False,
+                verify=self._verify,
+                **kw,
+            )
         except httpx.HTTPError as exc:
             raise Unavailable(f"cannot reach the control API at {self._url}: {exc}") from None
         body = r.json() if r.content else None

@@ -4,6 +4,8 @@ result or error is printed (--json: exactly one JSON document; errors: their exi
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -14,7 +16,7 @@ from rich.console import Console
 
 from sluice.cli.client import ControlClient
 from sluice.config import Settings
-from sluice.core import SluiceError, SpecError
+from sluice.core import SluiceError, SpecError, SpecIssue
 from sluice.spec import load_spec_file
 
 __all__ = [
@@ -24,12 +26,15 @@ __all__ = [
     "JsonOpt",
     "ReasonOpt",
     "client_for",
+    "duration_s",
     "err",
     "out",
-    "post_as_actor",
+    "point_in_time",
+    "post",
     "post_spec",
     "print_error",
     "run",
+    "set_token",
     "ts",
 ]
 
@@ -69,24 +74,56 @@ def print_error(exc: SluiceError) -> None:
         err.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
 
 
+_token_flag: str | None = None
+
+
+def set_token(token: str | None) -> None:
+    """The global `--token` option (read by every command's client)."""
+    global _token_flag
+    _token_flag = token
+
+
 def client_for(home: str | None, control: str | None) -> tuple[Settings, ControlClient]:
-    settings = Settings.from_env(home, control)
+    settings = Settings.from_env(home, control, _token_flag)
     return settings, ControlClient(settings)
 
 
-def post_as_actor(
-    home: str | None, control: str | None, path: str, body: dict[str, Any], field: str = "actor"
-) -> Any:
-    """POST a change to the control API, signed with who makes it (for the audit log)."""
-    settings, client = client_for(home, control)
-    return client.post(path, {**body, field: settings.actor})
+def post(home: str | None, control: str | None, path: str, body: dict[str, Any]) -> Any:
+    """POST a change to the control API; the audit log names the token's holder."""
+    return client_for(home, control)[1].post(path, body)
 
 
 def post_spec(home: str | None, control: str | None, path: str, file: Path, reason: str) -> Any:
-    """POST a spec file (validated here first, so its errors name file:line) as its author."""
+    """POST a spec file (validated here first, so its errors name file:line)."""
     loaded = load_spec_file(file)
-    body = {"yaml": loaded.text, "source": str(file), "reason": reason}
-    return post_as_actor(home, control, path, body, field="author")
+    return post(home, control, path, {"yaml": loaded.text, "source": str(file), "reason": reason})
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def duration_s(text: str) -> float:
+    """`90d`, `12h`, `30m`, `45s`, `2w` -> seconds; a clear error otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if match is None or float(match[1]) <= 0:
+        raise SpecError(
+            [SpecIssue("duration", f"{text!r}: expected a number and a unit, e.g. 90d or 12h")]
+        )
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def point_in_time(text: str | None) -> float | None:
+    """`2h` / `7d` (that long ago) or an ISO date/time (local time) -> Unix time."""
+    if text is None:
+        return None
+    if text and text[-1] in _UNITS and text[:-1].replace(".", "", 1).isdigit():
+        return time.time() - duration_s(text)
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise SpecError(
+            [SpecIssue("time", f"{text!r}: expected e.g. 2h, 7d or 2026-12-01T09:00")]
+        ) from None
 
 
 def ts(t: float | None) -> str:

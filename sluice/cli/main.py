@@ -20,11 +20,14 @@ from sluice.cli.common import (
     JsonOpt,
     ReasonOpt,
     client_for,
+    duration_s,
     out,
-    post_as_actor,
+    point_in_time,
+    post,
     post_spec,
     print_error,
     run,
+    set_token,
     ts,
 )
 from sluice.cli.compare import compare
@@ -49,6 +52,22 @@ route_app = typer.Typer(no_args_is_help=True, help="The escape hatch: failover a
 app.add_typer(route_app, name="route")
 app.add_typer(rollout_app, name="rollout")
 app.add_typer(proposal_app, name="proposal")
+token_app = typer.Typer(no_args_is_help=True, help="API tokens: who may drive the control API.")
+app.add_typer(token_app, name="token")
+
+
+@app.callback()
+def _global_options(
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            help="API token (default: $SLUICE_TOKEN, else $SLUICE_HOME/admin.token)",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    set_token(token)
 
 
 @app.command()
@@ -59,6 +78,9 @@ def up(
         typer.Option(help="apply a FILE that differs from the live revision, saying why"),
     ] = None,
     port: Annotated[int | None, typer.Option(help="gateway port (overrides spec)")] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="allow a non-loopback control API without TLS")
+    ] = False,
     home: HomeOpt = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
@@ -67,7 +89,7 @@ def up(
     `up -f FILE` starts from FILE on an empty state directory; later, FILE must match the
     live revision or come with --reason (it then becomes a new revision). `up` alone
     resumes the live revision."""
-    from sluice.cli.up import serve
+    from sluice.cli.statedir import hold_state_dir
 
     logging.basicConfig(
         level=log_level.upper(),
@@ -76,9 +98,15 @@ def up(
     )
     for chatty in ("httpx", "alembic"):  # per-probe and per-migration lines drown the events
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    settings = Settings.from_env(home)
     try:
         loaded = load_spec_file(file) if file is not None else None
-        uvloop.run(serve(Settings.from_env(home), loaded, port, reason))
+        # Held before the heavy imports: a second `up` on this directory is refused at once.
+        with hold_state_dir(settings.home, settings.control_file):
+            from sluice.cli.up import UpOptions, serve
+
+            options = UpOptions(loaded=loaded, reason=reason, port=port, insecure=insecure)
+            uvloop.run(serve(settings, options))
     except SluiceError as exc:
         print_error(exc)
         raise typer.Exit(exc.exit_code) from None
@@ -140,7 +168,7 @@ def scale(
 
     def do() -> Any:
         body = {"replicas": replicas, "reason": reason}
-        return post_as_actor(home, control, f"/v1/groups/{group}/scale", body)
+        return post(home, control, f"/v1/groups/{group}/scale", body)
 
     run(as_json, do, lambda r: out.print(f"{r['group']}: {r['from']} -> {r['to']} replicas"))
 
@@ -158,7 +186,7 @@ def route_failover(
 
     def do() -> Any:
         body = {"to": to, "reason": reason}
-        return post_as_actor(home, control, f"/v1/groups/{group}/failover", body)
+        return post(home, control, f"/v1/groups/{group}/failover", body)
 
     run(as_json, do, lambda r: out.print(f"{r['group']}: all traffic -> {r['to']}"))
 
@@ -175,7 +203,7 @@ def route_restore(
 
     def do() -> Any:
         body = {"reason": reason}
-        return post_as_actor(home, control, f"/v1/groups/{group}/restore", body)
+        return post(home, control, f"/v1/groups/{group}/restore", body)
 
     def render(r: dict[str, Any]) -> None:
         if r["changed"]:
@@ -300,6 +328,10 @@ def get_instances(
 @app.command()
 def audit(
     target: Annotated[str | None, typer.Option(help="e.g. group/chat")] = None,
+    actor: Annotated[str | None, typer.Option(help="a token's name")] = None,
+    action: Annotated[str | None, typer.Option(help="e.g. scale, apply, approve")] = None,
+    since: Annotated[str | None, typer.Option(help="e.g. 2h, 7d, or 2026-12-01T09:00")] = None,
+    until: Annotated[str | None, typer.Option(help="same forms as --since")] = None,
     limit: int = 50,
     as_json: JsonOpt = False,
     home: HomeOpt = None,
@@ -320,11 +352,12 @@ def audit(
             )
         out.print(t)
 
-    run(
-        as_json,
-        lambda: client_for(home, control)[1].get("/v1/audit", target=target, limit=limit),
-        render,
-    )
+    def do() -> Any:
+        params = {"target": target, "actor": actor, "action": action, "limit": limit}
+        window = {"since": point_in_time(since), "until": point_in_time(until)}
+        return client_for(home, control)[1].get("/v1/audit", **params, **window)
+
+    run(as_json, do, render)
 
 
 @app.command()
@@ -453,6 +486,70 @@ def explain(
         as_json,
         lambda: client_for(home, control)[1].get(f"/v1/groups/{group}/explain", limit=limit),
         render,
+    )
+
+
+@token_app.command("create")
+def token_create(
+    name: Annotated[str, typer.Argument(help="who holds it; the audit log's actor")],
+    role: Annotated[str, typer.Option(help="viewer | operator | admin")] = "viewer",
+    groups: Annotated[
+        str | None, typer.Option(help="comma-separated: act only on these groups")
+    ] = None,
+    expires: Annotated[str | None, typer.Option(help="lifetime, e.g. 90d, 12h")] = None,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """Issue a token. It is shown once: Sluice keeps only its sha256."""
+
+    def do() -> Any:
+        body = {
+            "name": name,
+            "role": role,
+            "groups": [g.strip() for g in groups.split(",") if g.strip()] if groups else None,
+            "expires_in_s": duration_s(expires) if expires else None,
+        }
+        return post(home, control, "/v1/tokens", body)
+
+    def render(r: dict[str, Any]) -> None:
+        scope = f" on {', '.join(r['groups'])}" if r["groups"] else ""
+        out.print(f"token {r['name']}: {r['role']}{scope}; shown once, keep it secret:")
+        print(r["token"])
+
+    run(as_json, do, render)
+
+
+@token_app.command("list")
+def token_list(as_json: JsonOpt = False, home: HomeOpt = None, control: ControlOpt = None) -> None:
+    """Every token ever issued (never the token itself)."""
+
+    def render(items: list[dict[str, Any]]) -> None:
+        t = Table("NAME", "ROLE", "GROUPS", "CREATED", "BY", "EXPIRES", "REVOKED")
+        for x in items:
+            t.add_row(
+                x["name"],
+                x["role"],
+                ", ".join(x["groups"]) if x["groups"] else "*",
+                ts(x["created_at"]),
+                x["created_by"],
+                ts(x["expires_at"]) if x["expires_at"] else "never",
+                ts(x["revoked_at"]) if x["revoked_at"] else "-",
+            )
+        out.print(t)
+
+    run(as_json, lambda: client_for(home, control)[1].get("/v1/tokens"), render)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    name: str, as_json: JsonOpt = False, home: HomeOpt = None, control: ControlOpt = None
+) -> None:
+    """Revoke a token: its next call is refused (401)."""
+    run(
+        as_json,
+        lambda: post(home, control, f"/v1/tokens/{name}/revoke", {}),
+        lambda r: out.print(f"token {r['name']} revoked"),
     )
 
 

@@ -19,7 +19,7 @@ from sluice.cli.common import (
     ReasonOpt,
     client_for,
     out,
-    post_as_actor,
+    post,
     post_spec,
     run,
     ts,
@@ -122,7 +122,7 @@ def approve(
     """Approve someone else's proposal: it is applied now as a new revision."""
 
     def do() -> Any:
-        return post_as_actor(home, control, f"/v1/proposals/{id}/approve", {"reason": reason})
+        return post(home, control, f"/v1/proposals/{id}/approve", {"reason": reason})
 
     run(
         as_json,
@@ -141,7 +141,7 @@ def reject(
     """Reject a proposal (its author may withdraw it this way); nothing is applied."""
 
     def do() -> Any:
-        return post_as_actor(home, control, f"/v1/proposals/{id}/reject", {"reason": reason})
+        return post(home, control, f"/v1/proposals/{id}/reject", {"reason": reason})
 
     run(as_json, do, lambda p: out.print(f"proposal {p['id']} rejected by {p['reviewer']}"))
 

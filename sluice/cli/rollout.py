@@ -14,7 +14,7 @@ from sluice.cli.common import (
     ReasonOpt,
     client_for,
     out,
-    post_as_actor,
+    post,
     run,
     ts,
 )
@@ -36,7 +36,7 @@ def _act(action: str, help_text: str) -> None:
         control: ControlOpt = None,
     ) -> None:
         def do() -> Any:
-            return post_as_actor(home, control, f"/v1/rollouts/{name}/{action}", {"reason": reason})
+            return post(home, control, f"/v1/rollouts/{name}/{action}", {"reason": reason})
 
         def render(state: dict[str, Any]) -> None:
             last = state["transitions"][-1] if state["transitions"] else {"reason": ""}

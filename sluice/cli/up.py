@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
+import ipaddress
 import json
 import logging
 import os
@@ -14,6 +16,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TextIO
 
 import uvicorn
@@ -24,17 +27,21 @@ from sluice.control import (
     EventLog,
     InstanceSupervisor,
     ReviewBoard,
+    TokenAdmin,
     build_control_api,
 )
 from sluice.core import Conflict, InstanceState, NotFound, SystemClock
 from sluice.gateway import Gateway
 from sluice.runtime import LocalRuntime
-from sluice.spec import LoadedSpec, PlatformSpec, load_spec_text
+from sluice.spec import ControlSpec, LoadedSpec, PlatformSpec, load_spec_text, redact_secrets
 from sluice.store import Revision, Store
 
-__all__ = ["serve"]
+__all__ = ["UpOptions", "serve"]
 
 log = logging.getLogger("sluice.up")
+
+LOCAL_ACTOR = f"local:{getpass.getuser()}"
+"""Who `sluice up -f` acts as: whoever runs it on this machine (it holds the state dir)."""
 
 
 class _ControlServer(uvicorn.Server):
@@ -46,57 +53,156 @@ class _ControlServer(uvicorn.Server):
         yield
 
 
-async def serve(
-    settings: Settings, loaded: LoadedSpec | None, port: int | None, reason: str | None = None
-) -> None:
-    """Run until SIGINT/SIGTERM. `loaded` (from `up -f`) is applied if the state directory
-    is empty or it is the live revision already; a file that differs from the live revision
-    needs a `reason` (then it becomes the next revision, review rules included), so that
-    re-running `up -f` never silently reverts a later `sluice apply`. Plain `up` resumes."""
+@dataclass(frozen=True, slots=True)
+class UpOptions:
+    """What `sluice up` was asked: a spec file (and why it differs from the live one), a
+    gateway port override, and whether a non-loopback control API may run without TLS."""
+
+    loaded: LoadedSpec | None = None
+    reason: str | None = None
+    port: int | None = None
+    insecure: bool = False
+
+
+async def serve(settings: Settings, options: UpOptions) -> None:
+    """Run until SIGINT/SIGTERM, on a state directory the caller holds (`hold_state_dir`).
+    `options.loaded` (from `up -f`) is applied if the state
+    directory is empty or it is the live revision already; a file that differs from the
+    live revision needs a `reason` (then it becomes the next revision, review rules
+    included), so that re-running `up -f` never silently reverts a later `sluice apply`.
+    Plain `up` resumes."""
     started = time.monotonic()
-    settings.home.mkdir(parents=True, exist_ok=True)
     store = await asyncio.to_thread(Store.for_home, settings.home)
-    if loaded is not None and reason is None:
-        try:
-            _refuse_silent_revert(loaded, await asyncio.to_thread(store.latest_revision))
-        except Conflict:
-            store.close()
-            raise
-    clock = SystemClock()
-    events = EventLog(store, clock)
-    supervisor = InstanceSupervisor(LocalRuntime(settings.home), store, clock, events)
-    # Buffered: the gateway flushes every 0.1 s and on stop (a line per syscall costs ~10%).
-    access_log = open(settings.access_log, "a", buffering=1 << 16, encoding="utf-8")  # noqa: SIM115
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await supervisor.start()
-        await _run(
-            settings,
-            loaded,
-            reason,
-            port,
-            store,
-            clock,
-            events,
-            supervisor,
-            access_log,
-            stop,
-            started,
-        )
+        if options.loaded is not None and options.reason is None:
+            latest = await asyncio.to_thread(store.latest_revision)
+            _refuse_silent_revert(options.loaded, latest)
+        await _Up(settings, options, store, started).run()
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            settings.control_file.unlink()
-        await supervisor.shutdown()
-        access_log.close()
         store.close()
-        print("sluice stopped; all instances stopped", flush=True)
+
+
+class _Up:
+    def __init__(self, settings: Settings, options: UpOptions, store: Store, started: float):
+        self.settings = settings
+        self.options = options
+        self.store = store
+        self.started = started
+        self.clock = SystemClock()
+        self.events = EventLog(store, self.clock)
+        self.supervisor = InstanceSupervisor(
+            LocalRuntime(settings.home), store, self.clock, self.events
+        )
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        # Buffered: the gateway flushes every 0.1 s and on stop (a line per syscall: ~10%).
+        access_log = open(self.settings.access_log, "a", buffering=1 << 16, encoding="utf-8")  # noqa: SIM115
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop.set)
+        try:
+            await self.supervisor.start()
+            await self._serve(access_log)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                self.settings.control_file.unlink()
+            await self.supervisor.shutdown()
+            access_log.close()
+            print("sluice stopped; all instances stopped", flush=True)
+
+    async def _serve(self, access_log: TextIO) -> None:
+        settings, options, store = self.settings, self.options, self.store
+        loaded = options.loaded
+        first = loaded.spec if loaded else await _latest_spec(store)
+        control_sock = _control_socket(first.control, options.insecure)
+        gateway = Gateway(
+            host=first.gateway.host,
+            port=first.gateway.port if options.port is None else options.port,
+            rng=random.Random(),
+            access_log=access_log,
+        )
+        controller = Controller(
+            store,
+            self.supervisor,
+            self.events,
+            self.clock,
+            publish=gateway.update,
+            traffic=gateway.traffic,
+        )
+        await controller.load_state()
+        if loaded is not None:
+            why = options.reason or f"sluice up -f {loaded.source}"
+            await controller.apply(loaded, LOCAL_ACTOR, why)
+        tokens = TokenAdmin(store, self.clock)
+        admin_token = await tokens.bootstrap(settings.home)
+        spec = controller.spec
+        await self.supervisor.recover({g.name: g for g in spec.groups})
+        try:
+            await gateway.start()
+        except OSError as exc:
+            control_sock.close()
+            raise Conflict(
+                f"the gateway cannot listen on {gateway.host}:{gateway.port}: {exc.strerror}; "
+                "free the port or pick another with --port"
+            ) from None
+        control_port = control_sock.getsockname()[1]
+        review = ReviewBoard(controller, store, self.clock, access_log=settings.access_log)
+        api = build_control_api(
+            controller,
+            self.supervisor,
+            store,
+            tokens,
+            allowed_hosts=_allowed_hosts(spec.control),
+            data_plane=gateway.status,
+            review=review,
+            metrics=gateway.metrics_text,
+        )
+        tls = spec.control.tls
+        server = _ControlServer(
+            uvicorn.Config(
+                api,
+                log_level="warning",
+                lifespan="off",
+                access_log=False,
+                server_header=False,
+                ssl_certfile=tls.cert_file if tls else None,
+                ssl_keyfile=tls.key_file if tls else None,
+            )
+        )
+        scheme = "https" if tls else "http"
+        control_url = f"{scheme}://{_url_host(spec.control.host)}:{control_port}"
+        endpoint = f"http://{_url_host(spec.gateway.host)}:{gateway.port}"
+        settings.control_file.write_text(
+            json.dumps({"control_url": control_url, "endpoint": endpoint, "pid": os.getpid()})
+        )
+
+        tasks = [
+            asyncio.create_task(controller.run(), name="controller"),
+            asyncio.create_task(server.serve(sockets=[control_sock]), name="control-api"),
+        ]
+        print(f"endpoint: {endpoint}", flush=True)
+        print(f"control: {control_url}", flush=True)
+        print(f"state: {settings.home}  revision: {controller.revision}", flush=True)
+        if admin_token is not None:
+            print(f"admin token: written to {admin_token} (the CLI here uses it)", flush=True)
+        announcer = asyncio.create_task(_announce_ready(controller, self.supervisor, self.started))
+        stopper = asyncio.create_task(self.stop.wait())
+        done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        print("stopping: gateway first, then draining instances", file=sys.stderr, flush=True)
+        server.should_exit = True
+        await gateway.stop()
+        for task in [announcer, stopper, *tasks]:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await controller.close()
+        for task, result in zip(tasks, results, strict=True):
+            if task in done and isinstance(result, BaseException):
+                raise result
 
 
 def _refuse_silent_revert(loaded: LoadedSpec, latest: Revision | None) -> None:
-    if latest is None or latest.yaml_text == loaded.text:
+    if latest is None or latest.yaml_text == redact_secrets(loaded.text, loaded.source):
         return
     raise Conflict(
         f"revision {latest.number} is live (applied by {latest.author}: {latest.reason!r}) "
@@ -115,74 +221,46 @@ async def _latest_spec(store: Store) -> PlatformSpec:
     return load_spec_text(latest.yaml_text, f"revision {latest.number}").spec
 
 
-async def _run(
-    settings: Settings,
-    loaded: LoadedSpec | None,
-    reason: str | None,
-    port: int | None,
-    store: Store,
-    clock: SystemClock,
-    events: EventLog,
-    supervisor: InstanceSupervisor,
-    access_log: TextIO,
-    stop: asyncio.Event,
-    started: float,
-) -> None:
-    listen = (loaded.spec if loaded else await _latest_spec(store)).gateway
-    gateway = Gateway(
-        host=listen.host,
-        port=listen.port if port is None else port,
-        rng=random.Random(),
-        access_log=access_log,
-    )
-    controller = Controller(
-        store, supervisor, events, clock, publish=gateway.update, traffic=gateway.traffic
-    )
-    await controller.load_state()
-    if loaded is not None:
-        await controller.apply(loaded, settings.actor, reason or f"sluice up -f {loaded.source}")
-    spec = controller.spec
-    await supervisor.recover({g.name: g for g in spec.groups})
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
     try:
-        await gateway.start()
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _control_socket(control: ControlSpec, insecure: bool) -> socket.socket:
+    """The control API's listening socket: loopback, or TLS, or explicitly `--insecure`."""
+    if not _is_loopback(control.host) and control.tls is None:
+        if not insecure:
+            raise Conflict(
+                f"the control API would listen on {control.host} without TLS: tokens would "
+                "cross the network in clear. Set control.tls {cert_file, key_file}, bind "
+                "127.0.0.1, or pass --insecure (a trusted network only)",
+                host=control.host,
+            )
+        log.warning(
+            "INSECURE: the control API listens on %s without TLS (--insecure): anyone on "
+            "the path can read tokens",
+            control.host,
+        )
+    family = socket.AF_INET6 if ":" in control.host else socket.AF_INET
+    try:
+        return socket.create_server((control.host, control.port), family=family)
     except OSError as exc:
         raise Conflict(
-            f"the gateway cannot listen on {gateway.host}:{gateway.port}: {exc.strerror}; "
-            "free the port or pick another with --port"
+            f"the control API cannot listen on {control.host}:{control.port}: {exc.strerror}"
         ) from None
-    control_sock = socket.create_server((spec.control.host, spec.control.port))
-    control_port = control_sock.getsockname()[1]
-    review = ReviewBoard(controller, store, clock, access_log=settings.access_log)
-    api = build_control_api(controller, supervisor, store, data_plane=gateway.status, review=review)
-    server = _ControlServer(
-        uvicorn.Config(api, log_level="warning", lifespan="off", access_log=False)
-    )
-    control_url = f"http://{spec.control.host}:{control_port}"
-    endpoint = f"http://{spec.gateway.host}:{gateway.port}"
-    settings.control_file.write_text(
-        json.dumps({"control_url": control_url, "endpoint": endpoint, "pid": os.getpid()})
-    )
 
-    tasks = [
-        asyncio.create_task(controller.run(), name="controller"),
-        asyncio.create_task(server.serve(sockets=[control_sock]), name="control-api"),
-    ]
-    print(f"endpoint: {endpoint}", flush=True)
-    print(f"control: {control_url}", flush=True)
-    print(f"state: {settings.home}  revision: {controller.revision}", flush=True)
-    announcer = asyncio.create_task(_announce_ready(controller, supervisor, started))
-    stopper = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
-    print("stopping: gateway first, then draining instances", file=sys.stderr, flush=True)
-    server.should_exit = True
-    await gateway.stop()
-    for task in [announcer, stopper, *tasks]:
-        task.cancel()
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    await controller.close()
-    for task, result in zip(tasks, results, strict=True):
-        if task in done and isinstance(result, BaseException):
-            raise result
+
+def _allowed_hosts(control: ControlSpec) -> list[str]:
+    """Names a browser or client may use for the control API (checked against `Host`)."""
+    return [control.host, "127.0.0.1", "localhost", "::1", *control.allowed_hosts]
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 async def _announce_ready(

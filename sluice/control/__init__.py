@@ -5,5 +5,13 @@ from sluice.control.controller import Controller
 from sluice.control.events import EventLog
 from sluice.control.review import ReviewBoard
 from sluice.control.supervisor import InstanceSupervisor
+from sluice.control.tokens import TokenAdmin
 
-__all__ = ["Controller", "EventLog", "InstanceSupervisor", "ReviewBoard", "build_control_api"]
+__all__ = [
+    "Controller",
+    "EventLog",
+    "InstanceSupervisor",
+    "ReviewBoard",
+    "TokenAdmin",
+    "build_control_api",
+]

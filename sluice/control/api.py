@@ -7,17 +7,21 @@ rendered as `{"error": {...}}` with the error's HTTP status.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sluice.control.auth import Authenticator, Principal, Role
 from sluice.control.controller import Controller
 from sluice.control.explain import explain_decisions
 from sluice.control.review import ReviewBoard
 from sluice.control.supervisor import InstanceSupervisor
+from sluice.control.tokens import TokenAdmin
 from sluice.core import InstanceState, NotFound, SluiceError
 from sluice.policy import route_rules
 from sluice.spec import load_spec_text
@@ -29,58 +33,120 @@ __all__ = ["build_control_api"]
 class ScaleRequest(BaseModel):
     replicas: int = Field(ge=0, le=1000)
     reason: str = Field(min_length=1, description="why; recorded in the audit log")
-    actor: str = Field(min_length=1)
 
 
 class FailoverRequest(BaseModel):
     to: str | None = Field(default=None, description="backup group; default: spec `backup`")
     reason: str = Field(min_length=1)
-    actor: str = Field(min_length=1)
 
 
 class RestoreRequest(BaseModel):
     reason: str = Field(min_length=1)
-    actor: str = Field(min_length=1)
 
 
 class RolloutRequest(BaseModel):
     reason: str = Field(min_length=1, description="why; recorded in the audit log")
-    actor: str = Field(min_length=1)
 
 
 class ApplyRequest(BaseModel):
     yaml: str
     source: str = "<api>"
     reason: str = Field(min_length=1)
-    author: str = Field(min_length=1)
 
 
 class ProposeRequest(BaseModel):
     yaml: str
     source: str = "<api>"
     reason: str = Field(min_length=1, description="why; recorded with the proposal")
-    author: str = Field(min_length=1)
 
 
 class ReviewRequest(BaseModel):
     reason: str = Field(min_length=1, description="why; recorded in the audit log")
-    actor: str = Field(min_length=1)
+
+
+class TokenRequest(BaseModel):
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
+    role: Role
+    groups: list[str] | None = Field(
+        default=None, min_length=1, description="scope: only these groups"
+    )
+    expires_in_s: float | None = Field(default=None, gt=0, le=10 * 365 * 86400)
+
+
+async def _principal(request: Request) -> Principal:
+    """The caller, authenticated by the middleware before anything else of the request is
+    read (so no body is parsed and no handler runs for a caller without a valid token)."""
+    principal: Principal = request.state.principal
+    return principal
+
+
+Me = Annotated[Principal, Depends(_principal)]
+Limit = Annotated[int, Query(ge=1, le=100_000, description="at most this many, newest first")]
 
 
 def build_control_api(
     controller: Controller,
     supervisor: InstanceSupervisor,
     store: Store,
+    tokens: TokenAdmin,
+    allowed_hosts: Collection[str],
     data_plane: Callable[[], dict[str, Any]] | None = None,
     review: ReviewBoard | None = None,
+    metrics: Callable[[], tuple[bytes, str]] | None = None,
 ) -> FastAPI:
-    """`data_plane`, if given, reports the gateway's live state (queues, ejections);
-    `review`, the proposal workflow (R5)."""
-    app = FastAPI(title="Sluice control API", version="1")
+    """Every route but `/healthz` needs a token (`tokens`); a request whose `Host` is not
+    one of `allowed_hosts` (DNS rebinding) is refused before routing. `data_plane`, if
+    given, reports the gateway's live state; `review`, the proposal workflow (R5);
+    `metrics`, the gateway's Prometheus text (served here, behind a viewer token)."""
+    app = FastAPI(
+        title="Sluice control API", version="1", docs_url=None, redoc_url=None, openapi_url=None
+    )
+    hosts = frozenset(h.lower() for h in allowed_hosts)
+    authenticator = Authenticator(store, tokens.clock)
+    api = APIRouter(dependencies=[Depends(_principal)])
+
+    @app.middleware("http")
+    async def _known_host_and_caller(request: Request, call_next: Any) -> Response:
+        host = _host_name(request.headers.get("host", ""))
+        if host not in hosts:
+            return JSONResponse(
+                {
+                    "error": {
+                        "code": "bad_host",
+                        "message": f"this control API does not serve host {host!r}; "
+                        f"it serves {', '.join(sorted(hosts))} (control.allowed_hosts)",
+                    }
+                },
+                status_code=421,
+            )
+        if request.url.path != "/healthz":
+            try:
+                request.state.principal = await authenticator.authenticate(
+                    request.headers.get("authorization")
+                )
+            except SluiceError as exc:
+                return JSONResponse(exc.to_json(), status_code=exc.http_status)
+        response: Response = await call_next(request)
+        return response
 
     @app.exception_handler(SluiceError)
     async def _sluice_error(_: Request, exc: SluiceError) -> JSONResponse:
         return JSONResponse(exc.to_json(), status_code=exc.http_status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        body = {"error": {"code": code, "message": str(exc.detail)}}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        issues = [
+            {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()
+        ]
+        text = "; ".join(f"{i['field']}: {i['message']}" for i in issues)
+        body = {"error": {"code": "invalid_request", "message": text, "issues": issues}}
+        return JSONResponse(body, status_code=422)
 
     def require_group(group: str | None) -> None:
         """An unknown group name is a 404 everywhere, never an empty answer."""
@@ -92,7 +158,7 @@ def build_control_api(
     async def healthz() -> dict[str, Any]:
         return {"status": "ok", "revision": controller.revision}
 
-    @app.get("/v1/groups")
+    @api.get("/v1/groups")
     async def groups() -> list[dict[str, Any]]:
         statuses = supervisor.statuses()
         out = []
@@ -117,7 +183,7 @@ def build_control_api(
             )
         return out
 
-    @app.get("/v1/instances")
+    @api.get("/v1/instances")
     async def instances(group: str | None = None) -> list[dict[str, Any]]:
         require_group(group)
         return [
@@ -136,22 +202,29 @@ def build_control_api(
             if group is None or s.group == group
         ]
 
-    @app.post("/v1/groups/{group}/scale")
-    async def scale(group: str, body: ScaleRequest) -> dict[str, Any]:
-        before = await controller.scale(group, body.replicas, body.actor, body.reason)
+    @api.post("/v1/groups/{group}/scale")
+    async def scale(group: str, body: ScaleRequest, me: Me) -> dict[str, Any]:
+        me.require(Role.OPERATOR, f"scaling {group}", groups=(group,))
+        before = await controller.scale(group, body.replicas, me.name, body.reason)
         return {"group": group, "from": before, "to": body.replicas}
 
-    @app.post("/v1/groups/{group}/failover")
-    async def failover(group: str, body: FailoverRequest) -> dict[str, Any]:
-        to = await controller.failover(group, body.to, body.actor, body.reason)
+    @api.post("/v1/groups/{group}/failover")
+    async def failover(group: str, body: FailoverRequest, me: Me) -> dict[str, Any]:
+        source = controller.spec.group(group)
+        to = body.to if body.to is not None else (source.backup if source else None)
+        me.require(
+            Role.OPERATOR, f"failing {group} over", groups=(group,) if to is None else (group, to)
+        )
+        to = await controller.failover(group, body.to, me.name, body.reason)
         return {"group": group, "to": to}
 
-    @app.post("/v1/groups/{group}/restore")
-    async def restore(group: str, body: RestoreRequest) -> dict[str, Any]:
-        backup = await controller.restore(group, body.actor, body.reason)
+    @api.post("/v1/groups/{group}/restore")
+    async def restore(group: str, body: RestoreRequest, me: Me) -> dict[str, Any]:
+        me.require(Role.OPERATOR, f"restoring {group}", groups=(group,))
+        backup = await controller.restore(group, me.name, body.reason)
         return {"group": group, "from": backup, "changed": backup is not None}
 
-    @app.get("/v1/routes")
+    @api.get("/v1/routes")
     async def routes() -> dict[str, Any]:
         rules = [
             {
@@ -169,8 +242,8 @@ def build_control_api(
         ]
         return {"rules": rules, "failovers": controller.failovers}
 
-    @app.get("/v1/groups/{group}/explain")
-    async def explain(group: str, limit: int = 10) -> dict[str, Any]:
+    @api.get("/v1/groups/{group}/explain")
+    async def explain(group: str, limit: Limit = 10) -> dict[str, Any]:
         """S11: the latest scaling decisions with their signals, launches and traffic."""
         state = controller.explain_state(group)
         decisions = await asyncio.to_thread(store.list_decisions, group=group, limit=limit)
@@ -180,12 +253,17 @@ def build_control_api(
         recent = [e for e in found if e.at >= oldest]
         return {"group": group, **state, "decisions": explain_decisions(decisions, recent, served)}
 
-    @app.post("/v1/rollouts/{name}/{action}")
-    async def rollout_action(name: str, action: str, body: RolloutRequest) -> dict[str, Any]:
+    @api.post("/v1/rollouts/{name}/{action}")
+    async def rollout_action(
+        name: str, action: str, body: RolloutRequest, me: Me
+    ) -> dict[str, Any]:
         """start | pause | resume | promote | abort, audited."""
-        return await controller.rollout(name, action, body.actor, body.reason)
+        rs = next((r for r in controller.spec.rollouts if r.name == name), None)
+        groups = (rs.baseline, rs.canary) if rs is not None else ()
+        me.require(Role.OPERATOR, f"rollout {action} of {name}", groups=groups)
+        return await controller.rollout(name, action, me.name, body.reason)
 
-    @app.get("/v1/rollouts")
+    @api.get("/v1/rollouts")
     async def rollouts() -> list[dict[str, Any]]:
         """Every rollout in the spec with its latest run (phase, step, percent)."""
         out = []
@@ -206,7 +284,7 @@ def build_control_api(
             )
         return out
 
-    @app.get("/v1/rollouts/{name}")
+    @api.get("/v1/rollouts/{name}")
     async def rollout_report(name: str, run: int | None = None) -> dict[str, Any]:
         """The archived run (newest, or `run`), with the live state of a running one: its
         timeline, every step's analysis numbers, the compare report, the conclusion."""
@@ -226,31 +304,36 @@ def build_control_api(
             raise NotFound("this control API has no review workflow configured")
         return review
 
-    @app.post("/v1/proposals")
-    async def propose(body: ProposeRequest) -> dict[str, Any]:
+    @api.post("/v1/proposals")
+    async def propose(body: ProposeRequest, me: Me) -> dict[str, Any]:
         """R5: record a spec change for review, with its diff and impact preview."""
+        me.require(Role.OPERATOR, "proposing a spec change")
         loaded = load_spec_text(body.yaml, body.source)
-        return (await board().propose(loaded, body.author, body.reason)).to_json()
+        return (await board().propose(loaded, me.name, body.reason)).to_json()
 
-    @app.get("/v1/proposals")
-    async def proposals(all: bool = False, limit: int = 50) -> list[dict[str, Any]]:
+    @api.get("/v1/proposals")
+    async def proposals(all: bool = False, limit: Limit = 50) -> list[dict[str, Any]]:
         """Pending proposals (every one with `all`), newest first."""
         return [p.to_json() for p in await board().proposals(all, limit)]
 
-    @app.get("/v1/proposals/{proposal_id}")
+    @api.get("/v1/proposals/{proposal_id}")
     async def proposal(proposal_id: int) -> dict[str, Any]:
         return (await board().get(proposal_id)).to_json()
 
-    @app.post("/v1/proposals/{proposal_id}/approve")
-    async def approve(proposal_id: int, body: ReviewRequest) -> dict[str, Any]:
+    @api.post("/v1/proposals/{proposal_id}/approve")
+    async def approve(proposal_id: int, body: ReviewRequest, me: Me) -> dict[str, Any]:
         """Apply it as a new revision; 409 for its author or if it is stale."""
-        return (await board().approve(proposal_id, body.actor, body.reason)).to_json()
+        me.require(Role.ADMIN, "approving a proposal")
+        return (await board().approve(proposal_id, me.name, body.reason)).to_json()
 
-    @app.post("/v1/proposals/{proposal_id}/reject")
-    async def reject(proposal_id: int, body: ReviewRequest) -> dict[str, Any]:
-        return (await board().reject(proposal_id, body.actor, body.reason)).to_json()
+    @api.post("/v1/proposals/{proposal_id}/reject")
+    async def reject(proposal_id: int, body: ReviewRequest, me: Me) -> dict[str, Any]:
+        """An admin rejects; the author may withdraw their own."""
+        if (await board().get(proposal_id)).author != me.name:
+            me.require(Role.ADMIN, "rejecting another person's proposal")
+        return (await board().reject(proposal_id, me.name, body.reason)).to_json()
 
-    @app.get("/v1/quota")
+    @api.get("/v1/quota")
     async def quota(
         window_s: Annotated[float, Query(gt=0, description="under-use window")] = 3600.0,
         below: Annotated[float, Query(gt=0, le=1, description="share of guarantee")] = 0.5,
@@ -258,33 +341,93 @@ def build_control_api(
         """Pools, each group's quota and use, the loan ledger, spend, under-used groups."""
         return await controller.quota_report(window_s, below)
 
-    @app.get("/v1/dataplane")
+    @api.get("/v1/dataplane")
     async def dataplane() -> dict[str, Any]:
         return data_plane() if data_plane is not None else {}
 
-    @app.post("/v1/revisions")
-    async def apply(body: ApplyRequest) -> dict[str, Any]:
+    @api.post("/v1/revisions")
+    async def apply(body: ApplyRequest, me: Me) -> dict[str, Any]:
+        me.require(Role.ADMIN, "applying a spec")
         loaded = load_spec_text(body.yaml, body.source)
-        rev = await controller.apply(loaded, body.author, body.reason)
+        rev = await controller.apply(loaded, me.name, body.reason)
         if rev is None:
             return {"revision": controller.revision, "changed": False}
         return {"revision": rev.number, "changed": True, "diff": rev.diff}
 
-    @app.get("/v1/revisions")
-    async def revisions(limit: int = 20) -> list[dict[str, Any]]:
+    @api.get("/v1/revisions")
+    async def revisions(limit: Limit = 20) -> list[dict[str, Any]]:
         revs = await asyncio.to_thread(store.list_revisions, limit)
         return [r.to_json() for r in revs]
 
-    @app.get("/v1/audit")
-    async def audit(target: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        entries = await asyncio.to_thread(store.list_audit, target=target, limit=limit)
+    @api.get("/v1/audit")
+    async def audit(
+        target: str | None = None,
+        actor: str | None = None,
+        action: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: Limit = 100,
+    ) -> list[dict[str, Any]]:
+        """Newest first; `since`/`until` are Unix times."""
+        entries = await asyncio.to_thread(
+            store.list_audit,
+            target=target,
+            actor=actor,
+            action=action,
+            since=since,
+            until=until,
+            limit=limit,
+        )
         return [e.to_json() for e in entries]
 
-    @app.get("/v1/events")
-    async def events(group: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    @api.get("/v1/events")
+    async def events(group: str | None = None, limit: Limit = 100) -> list[dict[str, Any]]:
         found = await asyncio.to_thread(store.list_events, group=group, limit=limit)
         if not found:  # a group removed from the spec keeps its history
             require_group(group)
         return [e.to_json() for e in found]
 
+    @api.get("/metrics")
+    async def gateway_metrics() -> Response:
+        """The gateway's Prometheus metrics (a scraper sends a viewer token)."""
+        if metrics is None:
+            raise NotFound("this control API serves no gateway metrics")
+        body, content_type = metrics()
+        return Response(body, media_type=content_type)
+
+    @api.post("/v1/tokens")
+    async def create_token(body: TokenRequest, me: Me) -> dict[str, Any]:
+        """The token itself is in this answer only; the store keeps its digest."""
+        me.require(Role.ADMIN, "creating a token")
+        for name in body.groups or ():
+            require_group(name)
+        token, record = await tokens.create(
+            body.name, body.role, body.groups, body.expires_in_s, by=me.name
+        )
+        return {**record.to_json(), "token": token}
+
+    @api.get("/v1/tokens")
+    async def list_tokens(me: Me) -> list[dict[str, Any]]:
+        me.require(Role.ADMIN, "listing tokens")
+        return [t.to_json() for t in await tokens.list()]
+
+    @api.post("/v1/tokens/{name}/revoke")
+    async def revoke_token(name: str, me: Me) -> dict[str, Any]:
+        me.require(Role.ADMIN, "revoking a token")
+        return (await tokens.revoke(name, by=me.name)).to_json()
+
+    @api.get("/v1/whoami")
+    async def whoami(me: Me) -> dict[str, Any]:
+        groups = None if me.groups is None else sorted(me.groups)
+        return {"name": me.name, "role": me.role.value, "groups": groups}
+
+    app.include_router(api)
     return app
+
+
+def _host_name(host: str) -> str:
+    """`Host` without its port: `127.0.0.1:8081` -> `127.0.0.1`, `[::1]:80` -> `::1`."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

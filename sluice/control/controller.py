@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sluice.control.autoscaling import GroupStep, LiveAutoscaling, TrafficSource
@@ -31,7 +33,15 @@ from sluice.policy import (
     plan_group,
 )
 from sluice.policy.quota import Allocation
-from sluice.spec import GroupSpec, LoadedSpec, PlatformSpec, load_spec_text, revision_diff
+from sluice.spec import (
+    GroupSpec,
+    LoadedSpec,
+    PlatformSpec,
+    load_spec_text,
+    redact_secrets,
+    resolve_key_sources,
+    revision_diff,
+)
 from sluice.store import Revision, Store
 
 __all__ = ["Controller"]
@@ -167,7 +177,9 @@ class Controller:
         """Resume from the store: the latest revision and live overrides."""
         latest = await asyncio.to_thread(self._store.latest_revision)
         if latest is not None:
-            self._spec = load_spec_text(latest.yaml_text, f"revision {latest.number}").spec
+            self._spec = _with_key_sources(
+                load_spec_text(latest.yaml_text, f"revision {latest.number}")
+            )
             self._revision = latest.number
         self._overrides = await asyncio.to_thread(self._store.replicas_overrides)
         self._failovers = await asyncio.to_thread(self._store.failovers)
@@ -197,9 +209,13 @@ class Controller:
         `reviewed` (an approved proposal, `ReviewBoard.approve`).
         """
         latest = await asyncio.to_thread(self._store.latest_revision)
-        if latest is not None and latest.yaml_text == loaded.text:
+        text = redact_secrets(loaded.text, loaded.source)  # no plain key is ever stored
+        if latest is not None and latest.yaml_text == text:
             return None
-        gated = [] if reviewed else gated_changes(self._spec, loaded.spec)
+        # The spec as it will read back from the store (keys as digests), so that comparing
+        # it with the live spec after a restart sees the same tenants.
+        spec = _with_key_sources(load_spec_text(text, loaded.source))
+        gated = [] if reviewed else gated_changes(self._spec, spec)
         if gated:
             raise Conflict(
                 f"this change touches {', '.join(gated)}, which need review "
@@ -208,17 +224,17 @@ class Controller:
                 sections=gated,
             )
         number = (latest.number if latest else 0) + 1
-        diff = revision_diff(latest.yaml_text if latest else None, loaded.text, number)
+        diff = revision_diff(latest.yaml_text if latest else None, text, number)
         rev = await asyncio.to_thread(
             self._store.add_revision,
-            yaml_text=loaded.text,
+            yaml_text=text,
             author=author,
             reason=reason,
             diff=diff,
             now=self._clock.now(),
         )
         old = self._spec
-        for group in loaded.spec.groups:
+        for group in spec.groups:
             before = old.group(group.name) if old else None
             if group.name in self._overrides and (
                 before is None or before.replicas != group.replicas
@@ -228,7 +244,7 @@ class Controller:
         await self.audit(
             author, "apply", f"revision/{rev.number}", reason, {"lines_changed": diff.count("\n")}
         )
-        self._spec, self._revision = loaded.spec, rev.number
+        self._spec, self._revision = spec, rev.number
         self._wake.set()
         return rev
 
@@ -542,3 +558,15 @@ class Controller:
 
 def _standby(g: GroupSpec) -> int:
     return g.autoscaling.warm_standby if g.autoscaling is not None else 0
+
+
+def _with_key_sources(loaded: LoadedSpec) -> PlatformSpec:
+    """Tenant keys named by `api_keys_env` / `api_keys_file`, read here on the controller's
+    machine (the spec names the source, never holds the keys) and kept as digests."""
+    return resolve_key_sources(
+        loaded.spec,
+        os.environ,
+        lambda path: Path(path).read_text(encoding="utf-8"),
+        text=loaded.text,
+        source=loaded.source,
+    )

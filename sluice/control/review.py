@@ -15,18 +15,28 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sluice.core import Clock, Conflict
+from sluice.core import Clock, Conflict, Forbidden
 from sluice.policy import LoggedRequest, route_impact, route_rules
-from sluice.spec import LoadedSpec, PlatformSpec, load_spec_text, revision_diff
+from sluice.spec import (
+    GroupSpec,
+    LoadedSpec,
+    PlatformSpec,
+    load_spec_text,
+    redact_secrets,
+    revision_diff,
+)
 from sluice.store import Proposal, Store
 
 if TYPE_CHECKING:
     from sluice.control.controller import Controller
 
-__all__ = ["GATED", "REPLAY_LINES", "ReviewBoard", "gated_changes"]
+__all__ = ["GATED", "GATED_IN_GROUPS", "REPLAY_LINES", "ReviewBoard", "gated_changes"]
 
-GATED = ("routes", "tenants", "rollouts")
-"""Who reaches what, and how traffic shifts: the sections `control.review.routes` guards."""
+GATED = ("routes", "tenants", "rollouts", "budget")
+"""Who reaches what, how traffic shifts and what it may cost: the top-level sections
+`control.review.routes` guards (with each group's quota and budget, and the default routes
+a group's models imply: see `gated_changes`)."""
+GATED_IN_GROUPS = ("quota", "budget")
 REPLAY_LINES = 2000
 """Access-log lines the preview replays: enough for every busy tenant/model pair to show,
 small enough to read and replay in well under a second."""
@@ -41,9 +51,25 @@ def gated_changes(current: PlatformSpec | None, proposed: PlatformSpec) -> list[
     if not (current.control.review.routes or proposed.control.review.routes):
         return []
     changed = [s for s in GATED if _dump(current, s) != _dump(proposed, s)]
+    for name in sorted({g.name for g in current.groups} | {g.name for g in proposed.groups}):
+        before, after = current.group(name), proposed.group(name)
+        for part in GATED_IN_GROUPS:
+            if _group_part(before, part) != _group_part(after, part):
+                changed.append(f"groups.{name}.{part}")
+    if "routes" not in changed and route_rules(current) != route_rules(proposed):
+        changed.append("routes (the defaults implied by groups' models)")
     if current.control.review != proposed.control.review:
         changed.append("control.review")
     return changed
+
+
+def _group_part(group: GroupSpec | None, part: str) -> Any:
+    """A group's `part`; for a group that is not there, the default (a new group with the
+    default quota and no budget claims nothing, so adding it needs no review for that)."""
+    if group is None:
+        default = GroupSpec.model_fields[part].get_default(call_default_factory=True)
+        return {part: None if default is None else default.model_dump(mode="json")}
+    return group.model_dump(mode="json", include={part})
 
 
 def changed_sections(current: PlatformSpec | None, proposed: PlatformSpec) -> list[str]:
@@ -81,19 +107,21 @@ class ReviewBoard:
     async def propose(self, loaded: LoadedSpec, author: str, reason: str) -> Proposal:
         """Record a pending proposal: YAML, diff against the current revision, preview."""
         latest = await asyncio.to_thread(self._store.latest_revision)
-        if latest is not None and latest.yaml_text == loaded.text:
+        text = redact_secrets(loaded.text, loaded.source)  # no plain key is ever stored
+        if latest is not None and latest.yaml_text == text:
             raise Conflict(f"nothing to propose: revision {latest.number} is already this spec")
         base = latest.number if latest else 0
         current = load_spec_text(latest.yaml_text, f"revision {base}").spec if latest else None
-        diff = revision_diff(latest.yaml_text if latest else None, loaded.text, base + 1)
+        diff = revision_diff(latest.yaml_text if latest else None, text, base + 1)
         diff = diff.replace(f"+++ revision {base + 1}", "+++ proposed", 1)
-        preview = await asyncio.to_thread(self._preview, current, loaded.spec)
+        proposed = load_spec_text(text, loaded.source).spec  # as the store will hold it
+        preview = await asyncio.to_thread(self._preview, current, proposed)
         proposal = await asyncio.to_thread(
             self._store.add_proposal,
             author=author,
             reason=reason,
             base_revision=base,
-            yaml_text=loaded.text,
+            yaml_text=text,
             diff=diff,
             preview=preview,
             now=self._clock.now(),
@@ -122,7 +150,7 @@ class ReviewBoard:
             if p.state != "pending":
                 raise Conflict(f"proposal {p.id} is already {p.state} (by {p.reviewer})")
             if reviewer == p.author:
-                raise Conflict(
+                raise Forbidden(
                     f"the author cannot approve their own change: proposal {p.id} is by "
                     f"{p.author}; ask someone else to `sluice approve {p.id}`",
                     proposal=p.id,

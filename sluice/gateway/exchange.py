@@ -29,14 +29,9 @@ from sluice.gateway.errors import (
     RateLimited,
 )
 from sluice.gateway.groups import header_value
-from sluice.gateway.metrics import CONTENT_TYPE
 from sluice.gateway.mirror import MirrorRequest
 from sluice.gateway.relay import UpstreamRelay
-from sluice.gateway.responses import (
-    json_body,
-    json_response,
-    text_response,
-)
+from sluice.gateway.responses import json_body, json_response
 from sluice.gateway.upstream import UpstreamConnection
 from sluice.policy.admission import Offer
 from sluice.policy.routing import Endpoint, Route, TenantAccess
@@ -195,9 +190,6 @@ class Exchange(UpstreamRelay):
             elif path == b"/v1/models":
                 self._require(b"GET")
                 self._list_models()
-            elif path == b"/metrics":
-                self._require(b"GET")
-                self._metrics()
             else:
                 raise NotFound(f"no such path: {path.decode('latin-1')}")
         except SluiceError as err:
@@ -235,15 +227,6 @@ class Exchange(UpstreamRelay):
         models = self.state.snapshot.models_for(self._tenant())
         data = [{"id": m, "object": "model", "owned_by": "sluice"} for m in models]
         self._respond(200, {"object": "list", "data": data})
-
-    def _metrics(self) -> None:
-        body = self.state.metrics.render()
-        self.status = 200
-        self.keep_alive = self.keep_alive and not self.client.closing
-        self.bytes_out = len(body)
-        extra = b"x-request-id: " + self.request_id + b"\r\n"
-        self.client.write(text_response(200, body, CONTENT_TYPE, extra, self.keep_alive))
-        self._finish()
 
     def _proxy(self) -> None:
         state = self.state

@@ -3,7 +3,8 @@
 A `prometheus_client` child per (group, route, status) costs a `.labels()` lookup and a lock
 per request; here a request costs two dict hits, an int add and a `bisect` into a bucket
 list. A custom `Collector` turns the counts (and the live admission state, read only then)
-into the exposition format when `/metrics` is scraped.
+into the exposition format when scraped: `Gateway.metrics_text()`, for the control API to
+serve (never the public data-plane port).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ __all__ = [
     "Histogram",
 ]
 
-CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """What `generate_latest` writes: the classic text format every Prometheus reads."""
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Request latency buckets, seconds: an embedding call takes ms, a long generation a minute."""

@@ -13,13 +13,13 @@ __all__ = [
     "CHUNK_END",
     "CONTINUE_100",
     "HOP_BY_HOP",
+    "REVEALING",
     "STATUS_LINES",
     "json_body",
     "json_response",
     "retry_after",
     "sluice_headers",
     "status_line",
-    "text_response",
 ]
 
 HOP_BY_HOP = frozenset(
@@ -36,6 +36,26 @@ HOP_BY_HOP = frozenset(
     }
 )
 """Lower-cased header names that describe one hop and are never forwarded (RFC 9110 7.6.1)."""
+
+REVEALING = frozenset(
+    {
+        b"server",  # uvicorn sends `server: uvicorn`
+        b"via",
+        b"x-powered-by",
+        b"x-aspnet-version",
+        b"x-aspnetmvc-version",
+        b"x-backend-server",
+        b"x-forwarded-server",
+        b"x-served-by",
+        b"x-server",
+        b"x-upstream",
+        b"x-upstream-addr",
+    }
+)
+"""Lower-cased response header names that name an instance's software, host or port: never
+relayed to clients (nor is any `x-sluice-*` an instance sends; the gateway sets its own). The
+gateway sends no `server` of its own either: a fixed one would only tell a prober what it is
+talking to. `date` is harmless and passes."""
 
 CHUNK_END = b"0\r\n\r\n"
 CONTINUE_100 = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -90,22 +110,6 @@ def json_response(
             b"%d\r\n" % len(body),
             extra,
             retry_after(retry_after_s) if status in (429, 503) else b"",
-            b"" if keep_alive else _CLOSE,
-            b"\r\n",
-            body,
-        )
-    )
-
-
-def text_response(
-    status: int, body: bytes, content_type: bytes, extra: bytes, keep_alive: bool
-) -> bytes:
-    """A complete response with a body of any type (the Prometheus exposition, say)."""
-    return b"".join(
-        (
-            status_line(status),
-            b"content-type: %s\r\ncontent-length: %d\r\n" % (content_type, len(body)),
-            extra,
             b"" if keep_alive else _CLOSE,
             b"\r\n",
             body,

@@ -1,8 +1,9 @@
 """The data plane's front door: listen, swap routing snapshots, drain on stop.
 
 The per-connection work lives in `ClientProtocol`; this owns what all connections share.
-`GET /metrics` (Prometheus, no key needed) and `status()` (for the control API's
-`GET /v1/dataplane`) show admission, ejection and traffic per group.
+`metrics_text()` (Prometheus) and `status()` (for the control API's `GET /v1/dataplane`)
+show admission, ejection and traffic per group. Neither is served on the public port: they
+are for the control API (the operators' side) to serve.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, TextIO
 
 from sluice.gateway.accesslog import AccessLog
 from sluice.gateway.client import ClientProtocol
+from sluice.gateway.metrics import CONTENT_TYPE
 from sluice.gateway.state import GatewayState
 from sluice.gateway.upstream import UpstreamPool
 from sluice.policy.autoscale.base import TrafficSample
@@ -83,9 +85,10 @@ class Gateway:
         now = time.time()
         return {name: g.traffic_sample(now) for name, g in self._state.groups.items()}
 
-    def metrics_text(self) -> bytes:
-        """What `GET /metrics` answers (Prometheus text format)."""
-        return self._state.metrics.render()
+    def metrics_text(self) -> tuple[bytes, str]:
+        """The Prometheus exposition and its content type (text format 0.0.4), for the control
+        API to serve behind authentication; the public port has no `/metrics`."""
+        return self._state.metrics.render(), CONTENT_TYPE
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

@@ -14,7 +14,7 @@ from typing import Protocol, cast
 
 import httptools
 
-from sluice.gateway.responses import HOP_BY_HOP
+from sluice.gateway.responses import HOP_BY_HOP, REVEALING
 
 __all__ = ["ConnectCallback", "ResponseSink", "UpstreamConnection", "UpstreamHost", "UpstreamPool"]
 
@@ -23,7 +23,8 @@ class ResponseSink(Protocol):
     """Receives one response. Exactly one of `upstream_done` / `upstream_failed` ends it."""
 
     def upstream_head(self, status: int, headers: list[bytes], has_length: bool) -> None:
-        """Status and forwardable header bytes (name, ": ", value, CRLF; hop-by-hop removed)."""
+        """Status and forwardable header bytes (name, ": ", value, CRLF): hop-by-hop ones and
+        ones naming internals (`server`, `x-powered-by`, any `x-sluice-*`...) removed."""
 
     def upstream_body(self, data: bytes) -> None: ...
 
@@ -36,7 +37,7 @@ class ResponseSink(Protocol):
         """The connection broke or timed out; `received` says whether any response byte came."""
 
 
-_RESPONSE_HEADERS = HOP_BY_HOP | {b"content-length", b"x-request-id"}
+_RESPONSE_HEADERS = HOP_BY_HOP | REVEALING | {b"content-length", b"x-request-id"}
 """Response headers that are not simply forwarded, by lower-cased name."""
 _FORWARD, _DROP, _LENGTH, _TRANSFER_ENCODING = range(4)
 _header_kinds: dict[bytes, int] = {}
@@ -51,7 +52,8 @@ def _header_kind(name: bytes) -> int:
     elif lname == b"transfer-encoding":
         kind = _TRANSFER_ENCODING
     elif lname in _RESPONSE_HEADERS or lname.startswith(b"x-sluice-"):
-        kind = _DROP  # hop-by-hop, x-request-id (the gateway's own), x-sluice-* (ditto)
+        kind = _DROP  # hop-by-hop, internals (`server`...), x-request-id and x-sluice-* (the
+        # gateway sets its own)
     else:
         kind = _FORWARD
     if len(_header_kinds) >= 1024:  # bounded: names are the instances' choice

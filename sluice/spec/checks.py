@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from sluice.spec.models import GroupSpec, PlatformSpec, RouteSpec
+from sluice.spec.models import GroupSpec, KeyPath, PlatformSpec, RouteSpec
 from sluice.spec.quota import BudgetSpec
 
-__all__ = ["check_platform"]
+__all__ = ["check_keys", "check_platform"]
 
 Problem = tuple[tuple[str | int, ...], str]
 
@@ -20,6 +20,7 @@ Problem = tuple[tuple[str | int, ...], str]
 def check_platform(spec: PlatformSpec) -> list[Problem]:
     return [
         *_unique_names(spec),
+        *check_keys(spec),
         *_group_resources(spec),
         *_pool_capacity(spec),
         *_references(spec),
@@ -44,12 +45,50 @@ def _unique_names(spec: PlatformSpec) -> Iterator[Problem]:
     for i, r in enumerate(spec.routes):
         if tags[r.tag] > 1:
             yield ("routes", i, "tag"), f"duplicate tag {r.tag!r}; every rule needs its own tag"
+
+
+def check_keys(spec: PlatformSpec) -> list[Problem]:
+    """Each key (plain, digest, or from a key source; compared by digest) belongs to one
+    tenant, once. Messages name where the key was written, never the key."""
+    problems: list[Problem] = []
     owners: dict[str, str] = {}
     for i, t in enumerate(spec.tenants):
-        for j, key in enumerate(t.api_keys):
-            other = owners.setdefault(key, t.name)
-            if other != t.name:
-                yield ("tenants", i, "api_keys", j), f"this key already belongs to {other!r}"
+        entries = sorted(t.key_digests(), key=lambda e: _written_order(e[0]))
+        mine: dict[str, int] = {}
+        for n, (at, digest) in enumerate(entries):
+            path = ("tenants", i, *at)
+            first = mine.setdefault(digest, n)
+            if first != n:
+                where = (
+                    "the same source" if entries[first][0] == at else _relative(entries[first][0])
+                )
+                problem = (
+                    path,
+                    f"this key is listed twice for the tenant (also at {where}; a plain key and "
+                    "its sha256 digest are the same key); remove one",
+                )
+            else:
+                other = owners.setdefault(digest, t.name)
+                if other == t.name:
+                    continue
+                problem = path, f"this key already belongs to {other!r}; give each tenant its own"
+            if problem not in problems:
+                problems.append(problem)
+    return problems
+
+
+_KEY_FIELDS = ("api_keys", "api_key_sha256", "api_keys_env", "api_keys_file")
+
+
+def _written_order(at: KeyPath) -> tuple[int, int]:
+    """Sort key: field, then position in it (a source's keys keep their order: stable)."""
+    index = at[1] if len(at) > 1 else 0
+    return _KEY_FIELDS.index(str(at[0])), index if isinstance(index, int) else 0
+
+
+def _relative(path: KeyPath) -> str:
+    """("api_keys", 2) -> 'api_keys[2]'."""
+    return "".join(f"[{p}]" if isinstance(p, int) else p for p in path)
 
 
 def _group_resources(spec: PlatformSpec) -> Iterator[Problem]:

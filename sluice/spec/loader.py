@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from sluice.core.errors import NotFound, SpecError, SpecIssue
 from sluice.spec.checks import check_platform
-from sluice.spec.models import PlatformSpec
+from sluice.spec.models import SECRET_FIELDS, PlatformSpec
 
 __all__ = ["LoadedSpec", "load_spec_file", "load_spec_text"]
 
@@ -52,10 +52,7 @@ def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([SpecIssue("", f"not valid YAML: {problem}", source, line)]) from None
+        raise SpecError([_yaml_issue(exc, source)]) from None
     if not isinstance(data, dict):
         raise SpecError([SpecIssue("", "the spec must be a YAML mapping (key: value)", source, 1)])
     lines = _line_map(node)
@@ -70,6 +67,13 @@ def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:
     if problems:
         raise SpecError(problems)
     return LoadedSpec(spec, text, source)
+
+
+def _yaml_issue(exc: yaml.YAMLError, source: str) -> SpecIssue:
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    problem = getattr(exc, "problem", None) or str(exc)
+    return SpecIssue("", f"not valid YAML: {problem}", source, line)
 
 
 def _line_map(node: yaml.Node | None) -> dict[Path_, int]:
@@ -126,7 +130,11 @@ def _issues_from_pydantic(
             msg = "required field is missing"
         else:
             got = err.get("input")
-            shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+            # Never echo a key: not from a key field, nor a tenant written as a bare string.
+            secret = any(p in SECRET_FIELDS for p in loc) or (
+                loc[:1] == ("tenants",) and len(loc) <= 2
+            )
+            shown = "" if secret or isinstance(got, dict | list) else f" (got {got!r})"
             text = err["msg"].removeprefix("Value error, ")
             msg = f"{text}{shown}"
         field = _dotted(p for p in loc if not _is_union_tag(p))

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from sluice.spec.autoscaling import AutoscalingSpec, ScheduleEntry, SloSpec
 from sluice.spec.quota import BudgetSpec, QuotaSpec
 from sluice.spec.rollout import RolloutSpec
 
 __all__ = [
+    "DIGEST_PREFIX",
+    "SECRET_FIELDS",
     "ControlSpec",
     "EmbeddingParams",
     "GatewaySpec",
@@ -39,6 +43,8 @@ __all__ = [
     "TenantSpec",
     "WarmupSpec",
     "WeightedTarget",
+    "digest_entry",
+    "key_digest",
 ]
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
@@ -215,6 +221,81 @@ class GroupSpec(_Strict):
 Priority = Literal["high", "normal", "low"]
 
 
+KeyPath = tuple[str | int, ...]
+"""Where a key came from, relative to its tenant: ("api_keys", 2), ("api_keys_env",), ..."""
+
+DIGEST_PREFIX = "sha256:"
+"""An `api_keys` entry `sha256:<64 lowercase hex>` is a key's digest, not a plain key."""
+
+SECRET_FIELDS = frozenset({"api_keys", "api_key_sha256", "api_keys_env"})
+"""Tenant fields whose values no error message may echo: they hold keys, or may hold a key
+pasted by mistake where a digest or a variable's name belongs."""
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def key_digest(key: str) -> str:
+    """How a key is kept: the sha256 hex digest (lowercase) of its UTF-8 bytes."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def digest_entry(entry: str) -> str | None:
+    """The digest in a well-formed `sha256:<64 lowercase hex>` entry, else None."""
+    if entry.startswith(DIGEST_PREFIX):
+        digest = entry[len(DIGEST_PREFIX) :]
+        if _HEX64.fullmatch(digest):
+            return digest
+    return None
+
+
+def _check_key(entry: str) -> str:
+    if not entry.strip():
+        raise ValueError("an API key must not be empty or blank; write the key or remove the entry")
+    if not _is_utf8(entry):
+        raise ValueError("an API key must be valid Unicode text (no lone surrogate escapes)")
+    if entry.startswith(DIGEST_PREFIX) and digest_entry(entry) is None:
+        raise ValueError(
+            f"a '{DIGEST_PREFIX}' entry must be followed by exactly 64 lowercase hex digits "
+            "(the key's sha256 digest, e.g. `printf %s KEY | sha256sum`); fix the digest"
+        )
+    return entry
+
+
+def _check_digest(digest: str) -> str:
+    if not _HEX64.fullmatch(digest):
+        hint = (
+            f"; drop the '{DIGEST_PREFIX}' prefix here"
+            if digest.startswith(DIGEST_PREFIX)
+            else "; plain keys go under api_keys"
+        )
+        raise ValueError(
+            "a key digest is exactly 64 lowercase hex digits (the key's sha256, e.g. "
+            f"`printf %s KEY | sha256sum`){hint}"
+        )
+    return digest
+
+
+def _check_path(path: str) -> str:
+    if not path.strip() or "\0" in path:
+        raise ValueError("a key file path must be non-empty text; name the file holding the keys")
+    return path
+
+
+ApiKey = Annotated[str, AfterValidator(_check_key)]
+KeyDigest = Annotated[str, AfterValidator(_check_digest)]
+EnvVarName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=255)]
+KeyFilePath = Annotated[str, AfterValidator(_check_path), Field(max_length=4096)]
+_SOURCE_FIELDS = frozenset({"api_keys_env", "api_keys_file"})
+
+
 class RateLimitSpec(_Strict):
     """Token bucket: `rps` sustained requests per second, bursts up to `burst`."""
 
@@ -227,9 +308,22 @@ class TenantSpec(_Strict):
 
     name: Name
     business: str = ""
-    api_keys: list[str] = Field(default_factory=list, description="plain keys; stored hashed")
-    api_key_sha256: list[str] = Field(
+    api_keys: list[ApiKey] = Field(
+        default_factory=list,
+        description="plain keys, or 'sha256:<hex>' digests (moved to api_key_sha256); "
+        "a stored spec has every key redacted to its digest",
+    )
+    api_key_sha256: list[KeyDigest] = Field(
         default_factory=list, description="keys given as sha256 hex digests (never in clear)"
+    )
+    api_keys_env: EnvVarName | None = Field(
+        default=None,
+        description="environment variable holding more keys, separated by commas, spaces or "
+        "newlines (see `resolve_key_sources`)",
+    )
+    api_keys_file: KeyFilePath | None = Field(
+        default=None,
+        description="file holding more keys, one per line; blank lines and '#' lines ignored",
     )
     priority: Priority = "normal"
     priority_header: bool = Field(
@@ -241,6 +335,65 @@ class TenantSpec(_Strict):
     operator: bool = Field(
         default=False, description="may send x-sluice-group to reach a group directly"
     )
+    _key_origins: tuple[KeyPath, ...] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _digests_are_not_plain_keys(self) -> TenantSpec:
+        """`api_keys: [sha256:<hex>]` is a digest: move it to `api_key_sha256`, where
+        everything downstream looks for digests, and remember where it was written."""
+        if not any(k.startswith(DIGEST_PREFIX) for k in self.api_keys):
+            return self
+        plain: list[str] = []
+        plain_at: list[KeyPath] = []
+        moved: list[str] = []
+        moved_at: list[KeyPath] = []
+        for j, key in enumerate(self.api_keys):
+            digest = digest_entry(key)
+            if digest is None:
+                plain.append(key)
+                plain_at.append(("api_keys", j))
+            else:
+                moved.append(digest)
+                moved_at.append(("api_keys", j))
+        given = [("api_key_sha256", k) for k in range(len(self.api_key_sha256))]
+        # The model is frozen; this runs once, while it is being built.
+        object.__setattr__(self, "api_keys", plain)
+        object.__setattr__(self, "api_key_sha256", [*self.api_key_sha256, *moved])
+        self.__pydantic_fields_set__.add("api_key_sha256")
+        self._key_origins = (*plain_at, *given, *moved_at)
+        return self
+
+    @property
+    def key_origins(self) -> tuple[KeyPath, ...]:
+        """Where each entry of `api_keys` then `api_key_sha256` was written, relative to the
+        tenant (moving digests out of `api_keys`, or resolving key sources, shifts them)."""
+        origins = self._key_origins
+        if origins is not None and len(origins) == len(self.api_keys) + len(self.api_key_sha256):
+            return origins
+        return (
+            *(("api_keys", j) for j in range(len(self.api_keys))),
+            *(("api_key_sha256", k) for k in range(len(self.api_key_sha256))),
+        )
+
+    def key_digests(self) -> list[tuple[KeyPath, str]]:
+        """Every key of the tenant as (where it was written, sha256 hex digest)."""
+        digests = [*(key_digest(k) for k in self.api_keys), *self.api_key_sha256]
+        return list(zip(self.key_origins, digests, strict=True))
+
+    def with_source_digests(self, found: Sequence[tuple[KeyPath, str]]) -> TenantSpec:
+        """A copy whose `api_key_sha256` holds `found` (digests read from `api_keys_env` /
+        `api_keys_file`) instead of any it held from those sources before."""
+        origins = self.key_origins
+        n_plain = len(self.api_keys)
+        kept = [
+            (at, d)
+            for at, d in zip(origins[n_plain:], self.api_key_sha256, strict=True)
+            if at[0] not in _SOURCE_FIELDS
+        ]
+        kept += [(at, _check_digest(d)) for at, d in found]
+        copy = self.model_copy(update={"api_key_sha256": [d for _, d in kept]})
+        copy._key_origins = (*origins[:n_plain], *(at for at, _ in kept))
+        return copy
 
 
 class RouteMatch(_Strict):
@@ -301,9 +454,24 @@ class ReviewSpec(_Strict):
     )
 
 
+class TlsSpec(_Strict):
+    """A certificate and its key (PEM files on the controller's machine)."""
+
+    cert_file: str = Field(min_length=1)
+    key_file: str = Field(min_length=1)
+
+
 class ControlSpec(_Strict):
+    """Where the control API listens. Off loopback it needs `tls` (or `sluice up
+    --insecure`); a request whose `Host` is not this host, a loopback name or one of
+    `allowed_hosts` is refused (DNS rebinding)."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535, description="0: any free port")
+    tls: TlsSpec | None = None
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="other names clients use, e.g. sluice.corp.example"
+    )
     review: ReviewSpec = ReviewSpec()
 
 

@@ -9,6 +9,7 @@ from sluice.store.records import (
     Revision,
     RolloutRecord,
     ScalingDecision,
+    TokenRecord,
 )
 from sluice.store.store import Store
 
@@ -22,4 +23,5 @@ __all__ = [
     "RolloutRecord",
     "ScalingDecision",
     "Store",
+    "TokenRecord",
 ]

@@ -16,6 +16,7 @@ __all__ = [
     "Revision",
     "RolloutRecord",
     "ScalingDecision",
+    "TokenRecord",
 ]
 
 
@@ -187,3 +188,23 @@ class Proposal:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """An API token's identity and rights; never the token (the store keeps its digest)."""
+
+    id: int
+    name: str
+    role: str
+    groups: tuple[str, ...] | None
+    created_at: float
+    created_by: str
+    expires_at: float | None
+    revoked_at: float | None
+    revoked_by: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["groups"] = None if self.groups is None else list(self.groups)
+        return out

@@ -192,3 +192,20 @@ proposals = Table(
 )
 """Reviewed spec changes (R5): proposed by one person, approved (then applied as `revision`)
 or rejected by another; `preview` is the impact preview's JSON."""
+
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(255), nullable=False, unique=True),
+    Column("role", String(32), nullable=False),
+    Column("groups", Text, nullable=True),
+    Column("digest", String(64), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+    Column("created_by", String(255), nullable=False),
+    Column("expires_at", Float, nullable=True),
+    Column("revoked_at", Float, nullable=True),
+    Column("revoked_by", String(255), nullable=True),
+)
+"""API tokens (who may drive the control API): only the sha256 of each token is kept, the
+token itself is shown once, at creation; `groups` (JSON list) scopes an operator."""

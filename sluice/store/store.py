@@ -1,5 +1,5 @@
 """The durable memory of a fleet: spec revisions, audit log, events, instances, overrides
-(and, via `JournalStore`, the decision journals).
+(and, via `JournalStore`, the decision journals; via `TokenStore`, the API tokens).
 
 SQLAlchemy Core over one SQLite file under the Sluice home needs no server, and the same
 portable SQL runs on PostgreSQL. Every call is one short transaction, so a `Store` is safe to
@@ -36,6 +36,7 @@ from sluice.store.records import (
     InstanceRecord,
     Revision,
 )
+from sluice.store.tokens import TokenStore
 
 __all__ = ["Store"]
 
@@ -44,7 +45,7 @@ _MIGRATIONS = Path(__file__).with_name("migrations")
 _SQLITE_PRAGMAS = ("PRAGMA busy_timeout=5000", "PRAGMA journal_mode=WAL", "PRAGMA foreign_keys=ON")
 
 
-class Store(JournalStore):
+class Store(JournalStore, TokenStore):
     """Synchronous access to the state database; open with `Store.open` or `Store.for_home`."""
 
     @classmethod
@@ -159,12 +160,29 @@ class Store(JournalStore):
             detail=load(text),
         )
 
-    def list_audit(self, *, target: str | None = None, limit: int = 100) -> list[AuditEntry]:
-        """Newest first, optionally only the entries about `target`."""
+    def list_audit(
+        self,
+        *,
+        target: str | None = None,
+        actor: str | None = None,
+        action: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 100,
+    ) -> list[AuditEntry]:
+        """Newest first; each filter given narrows it (`since` <= at < `until`)."""
         t = schema.audit_log
         query = select(t).order_by(t.c.id.desc()).limit(check_limit(limit))
         if target is not None:
             query = query.where(t.c.target == target)
+        if actor is not None:
+            query = query.where(t.c.actor == actor)
+        if action is not None:
+            query = query.where(t.c.action == action)
+        if since is not None:
+            query = query.where(t.c.at >= since)
+        if until is not None:
+            query = query.where(t.c.at < until)
         with self._engine.connect() as conn:
             return [_audit(row) for row in conn.execute(query)]
 

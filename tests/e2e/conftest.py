@@ -34,8 +34,39 @@ class Sluice:
     output: list[str] = field(default_factory=list)
     _pump: threading.Thread | None = None
 
+    _tokens: dict[str, str] = field(default_factory=dict)
+
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SLUICE_HOME": str(self.home), "SLUICE_USER": "e2e-tester"}
+        """The CLI's environment: it finds the admin token `sluice up` wrote in the home."""
+        env = {**os.environ, "SLUICE_HOME": str(self.home)}
+        env.pop("SLUICE_TOKEN", None)
+        return env
+
+    def token(self, name: str, role: str = "admin", groups: str | None = None) -> str:
+        """A token for `name` (created once per platform, by the bootstrap admin)."""
+        if name not in self._tokens:
+            args = ["token", "create", name, "--role", role]
+            self._tokens[name] = self.cli(*args, *(["--groups", groups] if groups else []))["token"]
+        return self._tokens[name]
+
+    def as_user(self, name: str, *args: str) -> tuple[int, Any]:
+        """`sluice ARGS --json` with `name`'s token: (exit code, JSON output)."""
+        r = subprocess.run(
+            [sys.executable, "-m", "sluice", *args, "--json"],
+            capture_output=True,
+            text=True,
+            env={**self.env(), "SLUICE_TOKEN": self.token(name)},
+            timeout=60,
+        )
+        return r.returncode, json.loads(r.stdout)
+
+    def control_headers(self) -> dict[str, str]:
+        """For raw calls to the control API: its URL's host and the admin token."""
+        return {"Authorization": f"Bearer {(self.home / 'admin.token').read_text().strip()}"}
+
+    @property
+    def control_url(self) -> str:
+        return str(json.loads((self.home / "control.json").read_text())["control_url"])
 
     def start(self, with_spec: bool = True) -> None:
         cmd = [sys.executable, "-m", "sluice", "up", "--port", "0", "--log-level", "warning"]

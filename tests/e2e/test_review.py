@@ -3,10 +3,6 @@ proposed (with a preview of real logged traffic), approved by someone else, then
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,15 +82,8 @@ def platform(tmp_path: Path) -> Iterator[Sluice]:
 
 
 def as_user(s: Sluice, user: str, *args: str) -> tuple[int, Any]:
-    """Run `sluice ARGS --json` as `user` (SLUICE_USER); return (exit code, JSON output)."""
-    r = subprocess.run(
-        [sys.executable, "-m", "sluice", *args, "--json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "SLUICE_HOME": str(s.home), "SLUICE_USER": user},
-        timeout=60,
-    )
-    return r.returncode, json.loads(r.stdout)
+    """Run `sluice ARGS --json` with `user`'s own admin token."""
+    return s.as_user(user, *args)
 
 
 def send(s: Sluice, key: str, n: int) -> list[httpx.Response]:
@@ -157,7 +146,11 @@ def test_route_change_is_proposed_previewed_approved_by_another_and_applied(
     assert code == 0 and [x["id"] for x in listed] == [p["id"]]
 
     code, out = as_user(s, "alice", "approve", str(p["id"]), "--reason", "lgtm")
-    assert code == 3 and "the author cannot approve their own change" in out["error"]["message"]
+    assert (
+        code == 5
+        and out["error"]["code"] == "forbidden"
+        and "the author cannot approve their own change" in out["error"]["message"]
+    )
     assert all(r.headers["x-sluice-route"] == "chat-main" for r in send(s, "sk-acme", 3))
 
     code, done = as_user(s, "bob", "approve", str(p["id"]), "--reason", "checked the preview")
@@ -180,9 +173,8 @@ def test_route_change_is_proposed_previewed_approved_by_another_and_applied(
         "bob",
         f"proposal/{p['id']}",
     )
-    with httpx.Client(trust_env=False) as c:
-        control = json.loads((s.home / "control.json").read_text())["control_url"]
-        (revision, *_) = c.get(f"{control}/v1/revisions", params={"limit": 1}).json()
+    with httpx.Client(trust_env=False, headers=s.control_headers()) as c:
+        (revision, *_) = c.get(f"{s.control_url}/v1/revisions", params={"limit": 1}).json()
     assert revision["number"] == base + 1 and revision["author"] == "alice"
     assert f"proposal #{p['id']} by alice, approved by bob" in revision["reason"]
     assert "acme-vip" in revision["diff"]

@@ -126,8 +126,8 @@ def test_scale_1_to_3_to_1_under_load_loses_nothing(sluice: Sluice) -> None:
     assert len({i for i in served_by if i and i.startswith("chat-")}) >= 3
     audit = sluice.cli("audit", "--target", "group/chat")
     assert [(a["action"], a["detail"]["to"], a["actor"], a["reason"]) for a in audit[:2]] == [
-        ("scale", 1, "e2e-tester", "e2e: peak over"),
-        ("scale", 3, "e2e-tester", "e2e: peak"),
+        ("scale", 1, "admin", "e2e: peak over"),
+        ("scale", 3, "admin", "e2e: peak"),
     ]
 
 

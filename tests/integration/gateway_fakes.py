@@ -31,6 +31,8 @@ from sluice.policy.routing import (
 
 AUTH = {"Authorization": "Bearer sk-test"}
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+INTERNALS = ("server", "via", "x-powered-by", "x-sluice-worker")
+"""Headers every fake answer carries that name internals; the gateway must relay none."""
 
 
 # -- fake upstream instances -----------------------------------------------------------------
@@ -44,7 +46,8 @@ class FakeUpstream:
     once: answers the first request on a connection, drops the connection on the next
     (a stale pooled connection); die_mid_stream: head and one chunk, then closes;
     eof: a body without length, ended by closing (HTTP/1.0 style); hang: never answers.
-    json answers wait `latency` seconds and carry `status`.
+    json answers wait `latency` seconds and carry `status`. Every answer names its software
+    and address as a uvicorn behind a proxy might (`INTERNALS`), and carries a `date`.
     """
 
     def __init__(
@@ -161,17 +164,17 @@ class FakeUpstream:
             }
         ).encode()
         writer.write(
-            b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\n"
-            b"x-upstream: %s\r\nx-sluice-group: spoofed\r\nkeep-alive: timeout=5\r\n"
+            b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\n%s"
+            b"x-custom: %s\r\nx-sluice-group: spoofed\r\nkeep-alive: timeout=5\r\n"
             b"content-length: %d\r\n\r\n%s"
-            % (self.status, self.name.encode(), len(payload), payload)
+            % (self.status, self._internals(b"server"), self.name.encode(), len(payload), payload)
         )
         await writer.drain()
 
     async def _stream(self, writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
         writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n%s"
+            b"transfer-encoding: chunked\r\n\r\n" % self._internals(b"Server")
         )
         for i in range(self.events):
             chunk = {
@@ -189,6 +192,19 @@ class FakeUpstream:
         self._write_chunk(writer, b"data: [DONE]\n\n")
         writer.write(b"0\r\n\r\n")
         await writer.drain()
+
+    def _internals(self, server: bytes) -> bytes:
+        """`INTERNALS` and a `date`, as header lines; `server` is how the first name is spelled
+        (instances vary in case)."""
+        return b"".join(
+            (
+                b"%s: uvicorn\r\n" % server,
+                b"date: Mon, 01 Jan 2024 00:00:00 GMT\r\n",
+                b"Via: 1.1 10.0.0.7:%d\r\n" % self.port,
+                b"X-Powered-By: starlette\r\n",
+                b"x-sluice-worker: 10.0.0.7:%d\r\n" % self.port,
+            )
+        )
 
     @staticmethod
     def _write_chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -314,7 +330,8 @@ async def chat(
 
 
 def metric_values(text: str) -> Callable[..., float]:
-    """Parse a /metrics answer; returns `value(name, **labels)` for one sample."""
+    """Parse a Prometheus exposition (`Gateway.metrics_text()`); returns
+    `value(name, **labels)` for one sample."""
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for fam in text_string_to_metric_families(text)

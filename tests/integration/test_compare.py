@@ -249,7 +249,7 @@ def gateway_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("up")
     spec = home / "spec.yaml"
     spec.write_text(SPEC)
-    env = {**os.environ, "SLUICE_HOME": str(home), "SLUICE_USER": "tester"}
+    env = {**os.environ, "SLUICE_HOME": str(home)}
     cmd = [sys.executable, "-m", "sluice", "up", "-f", str(spec), "--log-level", "warning"]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env

@@ -20,6 +20,7 @@ from sluice.policy.routing import RouteRule, RoutingSnapshot, TenantAccess
 from .gateway_fakes import (
     AUTH,
     CHAT,
+    INTERNALS,
     FakeUpstream,
     chat,
     free_port,
@@ -46,7 +47,7 @@ async def test_proxies_with_sluice_headers_and_one_log_line() -> None:
         assert resp.headers["x-sluice-group"] == "g1"  # the upstream's spoofed one is dropped
         assert resp.headers["x-sluice-instance"] == "i1"
         assert resp.headers["x-sluice-route"] == "r1"
-        assert resp.headers["x-upstream"] == "i1"
+        assert resp.headers["x-custom"] == "i1"
         assert "keep-alive" not in resp.headers
         request_id = resp.headers["x-request-id"]
         seen = resp.json()["seen_headers"]
@@ -94,6 +95,30 @@ async def test_healthz_and_models() -> None:
         assert len(log_lines(log)) == 3
 
 
+@pytest.mark.asyncio
+async def test_headers_naming_internals_are_not_relayed() -> None:
+    up = FakeUpstream("i1", events=2)
+    async with running(up) as (_gw, client, log):
+        plain = await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+        async with client.stream(
+            "POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH
+        ) as streamed:
+            body = await streamed.aread()
+        assert plain.status_code == streamed.status_code == 200
+        assert body.endswith(b"data: [DONE]\n\n")
+        for resp in (plain, streamed):
+            for name in INTERNALS:
+                assert name not in resp.headers, (name, resp.headers)
+            raw = b"".join(name + b": " + value for name, value in resp.headers.raw)
+            assert b"uvicorn" not in raw and b"10.0.0.7" not in raw and b"starlette" not in raw
+            assert resp.headers["date"] == "Mon, 01 Jan 2024 00:00:00 GMT"  # harmless: kept
+            assert resp.headers["x-sluice-instance"] == "i1"  # the gateway's own stay
+            assert resp.headers["x-sluice-group"] == "g1"
+            assert resp.headers["x-sluice-route"] == "r1"
+        assert streamed.headers["content-type"] == "text/event-stream"
+        assert [line["status"] for line in log_lines(log)] == [200, 200]
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 
@@ -117,6 +142,7 @@ async def test_errors_are_json_with_known_headers() -> None:
             (await call(CHAT), 503, "unavailable"),
             (await call(None, raw=b'{"model":"m1","x":"' + b"a" * 2000 + b'"}'), 413, None),
             (await client.get("/nowhere"), 404, "not_found"),
+            (await client.get("/metrics"), 404, "not_found"),  # the control API serves it
             (await client.get("/v1/chat/completions", headers=AUTH), 405, None),
         ]
         for resp, status, code in cases:
@@ -529,7 +555,7 @@ async def test_mirror_copies_without_delaying_the_caller() -> None:
         assert shadow.requests[0][3] == fast.requests[0][3]  # the same body
         lines = log_lines(log)
         assert len(lines) == 5 and {ln["mirror"] for ln in lines} == {"gm"}
-        assert 'sluice_gateway_mirrored_total{group="gm"} 5.0' in gw.metrics_text().decode()
+        assert 'sluice_gateway_mirrored_total{group="gm"} 5.0' in gw.metrics_text()[0].decode()
 
 
 @pytest.mark.asyncio
@@ -574,14 +600,22 @@ async def test_rate_limit_is_429_with_retry_after() -> None:
 @pytest.mark.asyncio
 async def test_metrics_count_requests_and_show_the_data_plane() -> None:
     up = FakeUpstream("i1")
-    async with running(up) as (_gw, client, _log):
+    async with running(up) as (gw, client, _log):
         for _ in range(3):
             await chat(client)
         await chat(client, model="nope")  # 404: no group, no route
-        value = metric_values((await client.get("/metrics")).text)
+        public = await client.get("/metrics")  # not on the public port, to anyone
+        for headers in ({"Authorization": "Bearer sk-test"}, {"Accept": "text/plain"}):
+            assert (await client.get("/metrics", headers=headers)).status_code == 404
+        body, content_type = gw.metrics_text()
 
+    assert public.status_code == 404 and public.headers["content-type"] == "application/json"
+    assert public.json()["error"]["code"] == "not_found" and b"sluice_gateway" not in public.content
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    assert isinstance(body, bytes)
+    value = metric_values(body.decode())
     assert value("sluice_gateway_requests_total", group="g1", route="r1", status="200") == 3
-    assert value("sluice_gateway_requests_total", group="", route="", status="404") == 1
+    assert value("sluice_gateway_requests_total", group="", route="", status="404") == 4
     assert value("sluice_gateway_request_duration_seconds_count", group="g1", route="r1") == 3
     assert (
         value("sluice_gateway_request_duration_seconds_bucket", group="g1", route="r1", le="60.0")

@@ -1,0 +1,263 @@
+"""Tenant API keys are never at rest in plain text.
+
+`redact_secrets` rewrites a spec's YAML so that every plain key under `tenants[*].api_keys`
+becomes `"sha256:<hex>"` (what the control plane stores and serves); it edits the text in
+place at the positions PyYAML reports, so comments, order and line numbers stay as they were
+and a later error still points at the line the operator wrote.
+
+`resolve_key_sources` reads the keys a tenant names instead of writing them
+(`api_keys_env`, `api_keys_file`) and keeps only their digests. Both are pure: the caller
+hands in the environment and a file reader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterator, Mapping
+
+import yaml
+
+from sluice.core.errors import SpecError, SpecIssue
+from sluice.spec.checks import check_keys
+from sluice.spec.loader import _dotted, _line_for, _line_map, _yaml_issue
+from sluice.spec.models import (
+    DIGEST_PREFIX,
+    KeyPath,
+    PlatformSpec,
+    TenantSpec,
+    digest_entry,
+    key_digest,
+)
+
+__all__ = ["key_digest", "redact_secrets", "resolve_key_sources"]
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_NULL_TAG = "tag:yaml.org,2002:null"
+_BREAKS = "\r\n\x85\u2028\u2029"
+"""What YAML counts as a line break; the redacted text keeps every one of them."""
+
+
+def redact_secrets(text: str, source: str = "<spec>") -> str:
+    """`text` with each plain key under `tenants[*].api_keys` replaced by its digest
+    `"sha256:<64 lowercase hex>"`; digests, comments and line numbers are left as they are.
+    Idempotent. Raises SpecError when `text` is not YAML."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        # A node's start includes its anchor and tag; the scalar token's start does not.
+        starts = {
+            t.end_mark.index: t.start_mark.index
+            for t in yaml.scan(text, Loader=yaml.SafeLoader)
+            if isinstance(t, yaml.ScalarToken)
+        }
+    except yaml.YAMLError as exc:
+        raise SpecError([_yaml_issue(exc, source)]) from None
+    edits: dict[int, tuple[int, str]] = {}
+    for node in _key_scalars(root):
+        value = node.value
+        if node.tag == _NULL_TAG or not value.strip() or digest_entry(value) is not None:
+            continue  # nothing secret to hide (an empty key is reported by validation)
+        end = node.end_mark.index
+        start = starts.get(end, node.start_mark.index)
+        # A lone surrogate (`"\ud800"`) is refused by validation; hide it all the same.
+        raw = value.encode("utf-8", "surrogatepass")
+        digest = f'"{DIGEST_PREFIX}{hashlib.sha256(raw).hexdigest()}"'
+        edits[start] = end, digest + _skeleton(text[start:end], text[end : end + 1])
+    pieces: list[str] = []
+    done = 0
+    for start in sorted(edits):
+        end, replacement = edits[start]
+        pieces += [text[done:start], replacement]
+        done = end
+    out = "".join([*pieces, text[done:]])
+    _check_redacted(out, source)
+    return out
+
+
+def _check_redacted(text: str, source: str) -> None:
+    """A guard: the rewritten text parses and holds no plain key, or it is refused."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise SpecError([_yaml_issue(exc, source)]) from None
+    for node in _key_scalars(root):
+        if node.tag != _NULL_TAG and node.value.strip() and digest_entry(node.value) is None:
+            why = "cannot redact this API key; write it as a plain or quoted string"
+            raise SpecError([SpecIssue("tenants", why, source, node.start_mark.line + 1)])
+
+
+def resolve_key_sources(
+    spec: PlatformSpec,
+    environ: Mapping[str, str],
+    read_text: Callable[[str], str],
+    *,
+    text: str | None = None,
+    source: str = "<spec>",
+) -> PlatformSpec:
+    """A copy of `spec` whose tenants also hold, in `api_key_sha256`, the digests of the
+    keys their `api_keys_env` (the variable in `environ`: keys separated by commas, spaces
+    or newlines) and `api_keys_file` (`read_text(path)`: one key per line, blank and `#`
+    lines ignored) name. Plain keys are never kept. Digests read by an earlier call are
+    replaced, so resolving again refreshes rather than doubles.
+
+    Raises SpecError naming the tenant's field (with its line when `text`, the YAML the
+    spec came from, is given) for a missing variable, an unreadable file, a source with no
+    keys, or a key that is malformed, repeated or another tenant's. No message holds a key.
+    """
+    problems: list[tuple[KeyPath, str]] = []
+    tenants: list[TenantSpec] = []
+    for i, tenant in enumerate(spec.tenants):
+        found: list[tuple[KeyPath, str]] = []
+        if tenant.api_keys_env is not None:
+            at: KeyPath = ("api_keys_env",)
+            keys, problem = _from_env(tenant.api_keys_env, environ)
+            _collect(("tenants", i, *at), at, keys, problem, found, problems)
+        if tenant.api_keys_file is not None:
+            at = ("api_keys_file",)
+            keys, problem = _from_file(tenant.api_keys_file, read_text)
+            _collect(("tenants", i, *at), at, keys, problem, found, problems)
+        sourced = tenant.api_keys_env is not None or tenant.api_keys_file is not None
+        tenants.append(tenant.with_source_digests(found) if sourced else tenant)
+    resolved = spec.model_copy(update={"tenants": tenants})
+    if not problems:
+        problems = check_keys(resolved)
+    if problems:
+        raise SpecError(_located(problems, text, source))
+    return resolved
+
+
+def _key_scalars(root: yaml.Node | None) -> Iterator[yaml.ScalarNode]:
+    """Every scalar under `tenants[*].api_keys` (however nested, aliases followed once)."""
+    seen: set[int] = set()
+
+    def tenant_maps(node: yaml.Node) -> Iterator[yaml.MappingNode]:
+        if not isinstance(node, yaml.MappingNode) or id(node) in seen:
+            return
+        seen.add(id(node))
+        yield node
+        for key, value in node.value:
+            if key.tag == _MERGE_TAG:  # `<<: *other` pulls in another tenant's fields
+                for merged in value.value if isinstance(value, yaml.SequenceNode) else [value]:
+                    yield from tenant_maps(merged)
+
+    def scalars(node: yaml.Node) -> Iterator[yaml.ScalarNode]:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            yield node
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                yield from scalars(item)
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                yield from scalars(key)
+                yield from scalars(value)
+
+    if not isinstance(root, yaml.MappingNode):
+        return
+    for key, value in root.value:
+        if _is_key(key, "tenants") and isinstance(value, yaml.SequenceNode):
+            for item in value.value:
+                for tenant in tenant_maps(item):
+                    for field, keys in tenant.value:
+                        if _is_key(field, "api_keys"):
+                            yield from scalars(keys)
+
+
+def _is_key(node: yaml.Node, name: str) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.value == name
+
+
+def _skeleton(span: str, then: str) -> str:
+    """What stands in for the replaced `span` after its first line: its line breaks, so no
+    line moves, and blanks up to where the text `then` goes on, so neither does its column."""
+    first = next((n for n, c in enumerate(span) if c in _BREAKS), None)
+    if first is None:
+        return ""
+    last = max(span.rfind(c) for c in _BREAKS)
+    breaks = "".join(c for c in span[first : last + 1] if c in _BREAKS)
+    carries_on = then != "" and then[0] not in _BREAKS
+    return breaks + (" " * (len(span) - last - 1) if carries_on else "")
+
+
+_SEPARATORS = re.compile(r"[\s,]+")
+
+
+def _from_env(name: str, environ: Mapping[str, str]) -> tuple[list[str], str | None]:
+    raw = environ.get(name)
+    if raw is None:
+        return [], (
+            f"environment variable {name} is not set; set it to the tenant's keys (separated "
+            "by commas, spaces or newlines) or remove api_keys_env"
+        )
+    keys = [k for k in _SEPARATORS.split(raw) if k]
+    if not keys:
+        return [], (
+            f"environment variable {name} holds no keys; set it to the tenant's keys "
+            "(separated by commas, spaces or newlines) or remove api_keys_env"
+        )
+    return keys, None
+
+
+def _from_file(path: str, read_text: Callable[[str], str]) -> tuple[list[str], str | None]:
+    try:
+        body = read_text(path)
+    except UnicodeDecodeError:  # its text could hold part of a key: say only what is wrong
+        return [], f"key file {path!r} is not UTF-8 text; write one key per line"
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        return [], f"cannot read key file {path!r}: {why}; check the path and its permissions"
+    keys = []
+    for line in body.splitlines():
+        key = line.strip()
+        if key and not key.startswith("#"):
+            keys.append(key)
+    if not keys:
+        return [], (
+            f"key file {path!r} holds no keys; write one key per line ('#' starts a comment) "
+            "or remove api_keys_file"
+        )
+    return keys, None
+
+
+def _collect(
+    path: KeyPath,
+    at: KeyPath,
+    keys: list[str],
+    problem: str | None,
+    found: list[tuple[KeyPath, str]],
+    problems: list[tuple[KeyPath, str]],
+) -> None:
+    """Digests of a source's keys into `found`; what is wrong with it into `problems`."""
+    if problem is not None:
+        problems.append((path, problem))
+        return
+    for key in keys:
+        if key.startswith(DIGEST_PREFIX):
+            digest = digest_entry(key)
+            if digest is None:
+                problems.append(
+                    (
+                        path,
+                        f"an entry starting '{DIGEST_PREFIX}' must be followed by exactly 64 "
+                        "lowercase hex digits (the key's sha256 digest); fix the digest",
+                    )
+                )
+                continue
+            found.append((at, digest))
+        else:
+            try:
+                found.append((at, key_digest(key)))
+            except UnicodeEncodeError:  # e.g. an environment variable of non-UTF-8 bytes
+                problems.append((path, "holds a key that is not UTF-8 text; fix the source"))
+
+
+def _located(problems: list[tuple[KeyPath, str]], text: str | None, source: str) -> list[SpecIssue]:
+    lines: dict[KeyPath, int] = {}
+    if text is not None:
+        try:
+            lines = _line_map(yaml.compose(text, Loader=yaml.SafeLoader))
+        except yaml.YAMLError:
+            lines = {}
+    return [SpecIssue(_dotted(p), msg, source, _line_for(p, lines)) for p, msg in problems]

@@ -1,0 +1,97 @@
+"""API tokens in the store: created with their digest, looked up by digest, revoked (never
+deleted, so the audit log's actors stay resolvable)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Row, select, update
+from sqlalchemy.exc import IntegrityError
+
+from sluice.core import Conflict, NotFound
+from sluice.store import schema
+from sluice.store.base import StoreBase
+from sluice.store.records import TokenRecord
+
+__all__ = ["TokenStore"]
+
+
+class TokenStore(StoreBase):
+    def add_token(
+        self,
+        *,
+        name: str,
+        role: str,
+        groups: list[str] | None,
+        digest: str,
+        created_by: str,
+        expires_at: float | None,
+        now: float,
+    ) -> TokenRecord:
+        values = {
+            "name": name,
+            "role": role,
+            "groups": None if groups is None else json.dumps(sorted(groups)),
+            "digest": digest,
+            "created_at": now,
+            "created_by": created_by,
+            "expires_at": expires_at,
+            "revoked_at": None,
+            "revoked_by": None,
+        }
+        try:
+            self._append(schema.tokens, values)
+        except IntegrityError:
+            raise Conflict(
+                f"a token named {name!r} exists already (names stay taken after a revoke, so "
+                "the audit log keeps meaning one holder): pick another name",
+                token=name,
+            ) from None
+        return self.get_token(name)
+
+    def get_token(self, name: str) -> TokenRecord:
+        t = schema.tokens
+        with self._engine.connect() as conn:
+            row = conn.execute(select(t).where(t.c.name == name)).one_or_none()
+        if row is None:
+            raise NotFound(f"no token named {name!r}", token=name)
+        return _token(row)
+
+    def token_by_digest(self, digest: str) -> TokenRecord | None:
+        t = schema.tokens
+        with self._engine.connect() as conn:
+            row = conn.execute(select(t).where(t.c.digest == digest)).one_or_none()
+        return None if row is None else _token(row)
+
+    def list_tokens(self) -> list[TokenRecord]:
+        t = schema.tokens
+        with self._engine.connect() as conn:
+            return [_token(r) for r in conn.execute(select(t).order_by(t.c.id))]
+
+    def revoke_token(self, name: str, *, by: str, now: float) -> TokenRecord:
+        t = schema.tokens
+        current = self.get_token(name)
+        if current.revoked_at is not None:
+            return current
+        self._write(
+            lambda conn: conn.execute(
+                update(t).where(t.c.name == name).values(revoked_at=now, revoked_by=by)
+            )
+        )
+        return self.get_token(name)
+
+
+def _token(row: Row[Any]) -> TokenRecord:
+    groups = None if row.groups is None else tuple(json.loads(row.groups))
+    return TokenRecord(
+        id=row.id,
+        name=row.name,
+        role=row.role,
+        groups=groups,
+        created_at=row.created_at,
+        created_by=row.created_by,
+        expires_at=row.expires_at,
+        revoked_at=row.revoked_at,
+        revoked_by=row.revoked_by,
+    )
