@@ -1,7 +1,9 @@
 # The checks CI runs (.ci/run calls `make test`). Each target also runs alone.
 PY ?= python3
 # pytest-randomly shuffles the test order; the seed is printed so an order can be repeated
-SEED ?= $(shell $(PY) -c 'import random; print(random.randrange(10**9))')
+ifndef SEED
+SEED := $(shell $(PY) -c 'import random; print(random.randrange(10**9))')
+endif
 
 .PHONY: install test lint typecheck imports unit integration e2e
 
