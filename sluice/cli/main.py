@@ -553,6 +553,40 @@ def token_revoke(
     )
 
 
+@app.command()
+def status(as_json: JsonOpt = False, home: HomeOpt = None, control: ControlOpt = None) -> None:
+    """Is the platform healthy? ok, or degraded and why (store refusing writes, failing
+    controller ticks), with the controller's tick counters."""
+
+    def render(r: dict[str, Any]) -> None:
+        c = r["controller"]
+        head = "[green]ok[/green]" if r["degraded"] is None else "[red]degraded[/red]: "
+        out.print(head + (r["degraded"] or ""), highlight=False)
+        out.print(
+            f"revision {r['revision']}; {c['ticks']} ticks, {c['tick_failures']} failed"
+            + (f", last error: {c['last_tick_error']}" if c["last_tick_error"] else ""),
+            highlight=False,
+        )
+
+    run(as_json, lambda: client_for(home, control)[1].get("/v1/status"), render)
+
+
+@app.command()
+def gc(as_json: JsonOpt = False, home: HomeOpt = None, control: ControlOpt = None) -> None:
+    """Apply the spec's `retention` now: rotate big logs, drop old ones, expire old rows."""
+
+    def render(r: dict[str, Any]) -> None:
+        out.print(f"rotated: {', '.join(r['rotated']) or 'nothing'}")
+        out.print(f"removed logs of long-gone instances: {len(r['removed'])}")
+        p = r["pruned"]
+        out.print(
+            f"expired rows: {p['events']} events, {p['decisions']} decisions, "
+            f"{p['loans']} loans, {p['audit']} audit entries"
+        )
+
+    run(as_json, lambda: post(home, control, "/v1/gc", {}), render)
+
+
 app.command("simulate")(simulate)
 app.command("compare")(compare)
 for _review_command in (propose, proposals, approve, reject):

@@ -15,9 +15,10 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import uvicorn
 
@@ -25,6 +26,7 @@ from sluice.config import Settings
 from sluice.control import (
     Controller,
     EventLog,
+    Housekeeper,
     InstanceSupervisor,
     ReviewBoard,
     TokenAdmin,
@@ -121,6 +123,7 @@ class _Up:
             port=first.gateway.port if options.port is None else options.port,
             rng=random.Random(),
             access_log=access_log,
+            limits=first.gateway.limits,
         )
         controller = Controller(
             store,
@@ -148,6 +151,13 @@ class _Up:
             ) from None
         control_port = control_sock.getsockname()[1]
         review = ReviewBoard(controller, store, self.clock, access_log=settings.access_log)
+        keeper = Housekeeper(
+            store,
+            self.clock,
+            settings.access_log,
+            settings.home / "instances",
+            running=lambda: {s.id for s in self.supervisor.statuses()},
+        )
         api = build_control_api(
             controller,
             self.supervisor,
@@ -157,6 +167,7 @@ class _Up:
             data_plane=gateway.status,
             review=review,
             metrics=gateway.metrics_text,
+            housekeeping=lambda: keeper.run_once(controller.spec.retention),
         )
         tls = spec.control.tls
         server = _ControlServer(
@@ -177,9 +188,36 @@ class _Up:
             json.dumps({"control_url": control_url, "endpoint": endpoint, "pid": os.getpid()})
         )
 
+        current = server
+
+        async def control_api(attempt: int) -> None:
+            nonlocal current, control_sock
+            if attempt:  # a fresh server on a fresh socket, same address
+                with contextlib.suppress(OSError):
+                    control_sock.close()
+                again = spec.control.model_copy(update={"port": control_port})
+                control_sock = _control_socket(again, options.insecure)
+                current = _ControlServer(server.config)
+            await current.serve(sockets=[control_sock])
+
+        async def control_loop(_attempt: int) -> None:
+            await controller.run()
+
+        async def housekeeping(_attempt: int) -> None:
+            await keeper.loop(lambda: controller.spec.retention)
+
+        stopping = self.stop
         tasks = [
-            asyncio.create_task(controller.run(), name="controller"),
-            asyncio.create_task(server.serve(sockets=[control_sock]), name="control-api"),
+            asyncio.create_task(
+                _keep_serving("controller", control_loop, stopping), name="controller"
+            ),
+            asyncio.create_task(
+                _keep_serving("control API", control_api, stopping, lambda: current.started),
+                name="control-api",
+            ),
+            asyncio.create_task(
+                _keep_serving("housekeeping", housekeeping, stopping), name="housekeeping"
+            ),
         ]
         print(f"endpoint: {endpoint}", flush=True)
         print(f"control: {control_url}", flush=True)
@@ -187,18 +225,93 @@ class _Up:
         if admin_token is not None:
             print(f"admin token: written to {admin_token} (the CLI here uses it)", flush=True)
         announcer = asyncio.create_task(_announce_ready(controller, self.supervisor, self.started))
-        stopper = asyncio.create_task(self.stop.wait())
-        done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        stopper = asyncio.create_task(stopping.wait())
+        failure = await _until_stopped(stopper, tasks)
         print("stopping: gateway first, then draining instances", file=sys.stderr, flush=True)
-        server.should_exit = True
+        current.should_exit = True
         await gateway.stop()
         for task in [announcer, stopper, *tasks]:
             task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await controller.close()
-        for task, result in zip(tasks, results, strict=True):
-            if task in done and isinstance(result, BaseException):
-                raise result
+        if failure is not None:
+            raise failure
+
+
+RESTARTS = 5
+"""A part of `sluice up` that dies is started again at most this often per RESTART_WINDOW_S;
+then it stays down (logged) and the gateway serves on: only SIGINT/SIGTERM stop `sluice up`."""
+RESTART_WINDOW_S = 600.0
+RESTART_DELAY_S = (1.0, 30.0)
+"""The first restart waits 1 s, each next one twice as long, up to 30 s."""
+
+
+async def _keep_serving(
+    name: str,
+    run_once: Callable[[int], Awaitable[None]],
+    stopping: asyncio.Event,
+    started: Callable[[], bool] | None = None,
+) -> None:
+    """Run `run_once(attempt)` (attempt 0, 1, ...) and again whenever it ends or crashes
+    before `stopping` is set: logged with the traceback, after a backoff, at most RESTARTS
+    times in RESTART_WINDOW_S (then it stays down, logged, and this returns). If `started`
+    is given and the first run failed before `started()` held, that is a start-up error
+    (say a TLS key that cannot be read): it is raised, and `sluice up` stops with it."""
+    restarts: deque[float] = deque()
+    delay = RESTART_DELAY_S[0]
+    attempt = 0
+    while True:
+        try:
+            await run_once(attempt)
+            if stopping.is_set():
+                return
+            log.error("%s stopped by itself", name)
+        except asyncio.CancelledError:
+            raise
+        except (Exception, SystemExit) as exc:  # uvicorn exits (SystemExit) if it cannot start
+            if stopping.is_set():
+                return
+            if attempt == 0 and started is not None and not started():
+                if isinstance(exc, SystemExit):  # would end the event loop, not just this
+                    raise Conflict(f"{name} could not start (exit {exc.code}); see above") from None
+                raise
+            log.error("%s crashed", name, exc_info=exc)
+        now = time.monotonic()
+        while restarts and restarts[0] < now - RESTART_WINDOW_S:
+            restarts.popleft()
+        if len(restarts) >= RESTARTS:
+            log.error(
+                "%s died %d times in %.0f s: not restarting it again; the gateway keeps "
+                "serving, restart `sluice up` to get it back",
+                name,
+                len(restarts) + 1,
+                RESTART_WINDOW_S,
+            )
+            return
+        restarts.append(now)
+        log.warning("restarting %s in %g s", name, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), delay)
+        if stopping.is_set():
+            return
+        delay = min(RESTART_DELAY_S[1], delay * 2)
+        attempt += 1
+
+
+async def _until_stopped(
+    stopper: asyncio.Task[Any], tasks: list[asyncio.Task[None]]
+) -> BaseException | None:
+    """Wait for SIGINT/SIGTERM (`stopper`); a task that gave up (it logged why) leaves the
+    rest serving. Only a start-up error ends the wait early: it is returned."""
+    pending = set(tasks)
+    while True:
+        done, _ = await asyncio.wait({stopper, *pending}, return_when=asyncio.FIRST_COMPLETED)
+        if stopper in done:
+            return None
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                return task.exception()
+        pending -= done
 
 
 def _refuse_silent_revert(loaded: LoadedSpec, latest: Revision | None) -> None:

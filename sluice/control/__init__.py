@@ -3,6 +3,7 @@
 from sluice.control.api import build_control_api
 from sluice.control.controller import Controller
 from sluice.control.events import EventLog
+from sluice.control.housekeeping import Housekeeper
 from sluice.control.review import ReviewBoard
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.tokens import TokenAdmin
@@ -10,6 +11,7 @@ from sluice.control.tokens import TokenAdmin
 __all__ = [
     "Controller",
     "EventLog",
+    "Housekeeper",
     "InstanceSupervisor",
     "ReviewBoard",
     "TokenAdmin",

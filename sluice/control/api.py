@@ -7,17 +7,19 @@ rendered as `{"error": {...}}` with the error's HTTP status.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice.control.auth import Authenticator, Principal, Role
 from sluice.control.controller import Controller
+from sluice.control.events import store_error_text, store_outage
 from sluice.control.explain import explain_decisions
 from sluice.control.review import ReviewBoard
 from sluice.control.supervisor import InstanceSupervisor
@@ -93,11 +95,13 @@ def build_control_api(
     data_plane: Callable[[], dict[str, Any]] | None = None,
     review: ReviewBoard | None = None,
     metrics: Callable[[], tuple[bytes, str]] | None = None,
+    housekeeping: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> FastAPI:
     """Every route but `/healthz` needs a token (`tokens`); a request whose `Host` is not
     one of `allowed_hosts` (DNS rebinding) is refused before routing. `data_plane`, if
     given, reports the gateway's live state; `review`, the proposal workflow (R5);
-    `metrics`, the gateway's Prometheus text (served here, behind a viewer token)."""
+    `metrics`, the gateway's Prometheus text (served here, behind a viewer token);
+    `housekeeping`, one retention pass (`sluice gc`)."""
     app = FastAPI(
         title="Sluice control API", version="1", docs_url=None, redoc_url=None, openapi_url=None
     )
@@ -139,6 +143,19 @@ def build_control_api(
         body = {"error": {"code": code, "message": str(exc.detail)}}
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
+    @app.exception_handler(OperationalError)
+    async def _store_refused(_: Request, exc: OperationalError) -> JSONResponse:
+        """The store refused a write (read-only, full, locked): 503, and the controller's
+        status turns degraded until a write goes through again."""
+        problem = store_outage(exc) or "store unavailable"
+        controller.store_refused(exc)
+        message = (
+            f"{problem}: {store_error_text(exc)}; the change could not be recorded, try "
+            "again once the store takes writes (GET /v1/status says when)"
+        )
+        body = {"error": {"code": "store_unavailable", "message": message}}
+        return JSONResponse(body, status_code=503)
+
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         issues = [
@@ -156,7 +173,17 @@ def build_control_api(
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
-        return {"status": "ok", "revision": controller.revision}
+        """Unauthenticated: ok or degraded, nothing more (why is in `/v1/status`)."""
+        return {
+            "status": "degraded" if controller.degraded else "ok",
+            "revision": controller.revision,
+        }
+
+    @api.get("/v1/status")
+    async def status() -> dict[str, Any]:
+        """ok or degraded and why (the store refuses writes, ticks fail), the controller's
+        tick counters and last error, the store's state, the sample poller's."""
+        return {**controller.status(), "instances": len(supervisor.statuses())}
 
     @api.get("/v1/groups")
     async def groups() -> list[dict[str, Any]]:
@@ -420,6 +447,24 @@ def build_control_api(
     async def whoami(me: Me) -> dict[str, Any]:
         groups = None if me.groups is None else sorted(me.groups)
         return {"name": me.name, "role": me.role.value, "groups": groups}
+
+    @api.post("/v1/gc")
+    async def gc(me: Me) -> dict[str, Any]:
+        """Apply the spec's retention now (it also runs every `retention.interval_s`)."""
+        me.require(Role.ADMIN, "running retention")
+        if housekeeping is None:
+            raise NotFound("this control API runs no housekeeping")
+        done = await housekeeping()
+        counts = {"rotated": len(done["rotated"]), "removed": len(done["removed"])}
+        await controller.audit(
+            me.name, "gc", "retention", "sluice gc", {**counts, **done["pruned"]}
+        )
+        return done
+
+    @api.get("/v1/openapi.json")
+    async def openapi() -> dict[str, Any]:
+        """This API's OpenAPI schema (for clients and contract tests), behind a token."""
+        return app.openapi()
 
     app.include_router(api)
     return app

@@ -2,6 +2,13 @@
 
 `tick()` is the whole brain, in numbered steps (snapshot, decide, apply, publish); the
 decisions are `sluice.policy.plan_group`, the same code the simulator runs.
+
+`run()` never ends on an error: a failed tick is logged with its traceback, counted (see
+`status()`), and retried after a backoff (1 s doubling to 30 s, back to normal after a tick
+that succeeds). While the store refuses writes (read-only, full, locked by another process)
+the controller holds the last good state: no tick runs, so the routing snapshot and the
+instances stay as they are, and every retry first tries a small write; once one goes
+through, the events kept meanwhile are stored and the loop goes on.
 """
 
 from __future__ import annotations
@@ -10,12 +17,13 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sluice.control.autoscaling import GroupStep, LiveAutoscaling, TrafficSource
-from sluice.control.events import EventLog
+from sluice.control.events import EventLog, store_error_text, store_outage
 from sluice.control.quota import LiveQuota
 from sluice.control.review import gated_changes
 from sluice.control.rollouts import ACTIONS, RolloutRunner
@@ -30,7 +38,9 @@ from sluice.policy import (
     Remove,
     RoutingSnapshot,
     build_routing_snapshot,
+    failover_problem,
     plan_group,
+    stranded_failovers,
 )
 from sluice.policy.quota import Allocation
 from sluice.spec import (
@@ -52,6 +62,13 @@ TICK_S = 1.0
 """Longest pause between two reconcile passes; any instance state change wakes it sooner."""
 JOURNAL_HEARTBEAT_S = 60.0
 """A decision that changes nothing is journaled only when its reason changed, or this often."""
+RETRY_MIN_S = 1.0
+RETRY_MAX_S = 30.0
+"""After a failed tick the next try waits RETRY_MIN_S, doubling each failure up to this."""
+PROBE_KEY = "controller.store-probe"
+"""The state row the controller writes to learn whether the store takes writes again."""
+PLATFORM = "*"
+"""The `group` of events about the whole platform (no group may be named so)."""
 
 
 class Controller:
@@ -86,9 +103,22 @@ class Controller:
         self._journaled: dict[str, tuple[object, float]] = {}
         self._quota = LiveQuota(store, events)
         self._rollouts = RolloutRunner(
-            store, events, SampleCollector(), on_change=lambda: self._publish_routing(self.spec)
+            store,
+            events,
+            SampleCollector(),
+            on_change=lambda: self._publish_routing(self.spec),
+            wake=self._wake.set,
         )
         self._rollouts.point_at(self._ready_url)
+        self._ticks = 0
+        self._tick_failures = 0
+        self._failing = 0
+        """ticks failed in a row (0: the last one succeeded)"""
+        self._last_error: str | None = None
+        self._last_error_at: float | None = None
+        self._last_ok_at: float | None = None
+        self._retry_s: float | None = None
+        self._durations: deque[float] = deque(maxlen=100)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -119,9 +149,17 @@ class Controller:
         return self.desired_replicas(g.name) + _standby(g)
 
     async def close(self) -> None:
-        """Keep what must survive a restart (quota timers, month-to-date spend)."""
-        await self._quota.close(self._clock.now())
-        await self._rollouts.aclose()
+        """Keep what must survive a restart (quota timers, month-to-date spend); a store
+        that refuses the write is logged, and stopping goes on."""
+        try:
+            await self._quota.close(self._clock.now())
+        except Exception as exc:
+            problem = store_outage(exc)
+            if problem is None:
+                raise
+            log.error("%s: quota timers and spend not kept: %s", problem, store_error_text(exc))
+        finally:
+            await self._rollouts.aclose()
 
     async def rollout(self, name: str, action: str, actor: str, reason: str) -> dict[str, Any]:
         """`sluice rollout start|pause|resume|promote|abort NAME`, audited; the new split is
@@ -215,6 +253,13 @@ class Controller:
         # The spec as it will read back from the store (keys as digests), so that comparing
         # it with the live spec after a restart sees the same tenants.
         spec = _with_key_sources(load_spec_text(text, loaded.source))
+        stranded = stranded_failovers(spec, self._failovers)
+        if stranded:
+            raise Conflict(
+                f"this spec would strand {'; '.join(stranded)}. `sluice route restore` "
+                "(or fail over to another backup) first, then apply",
+                failovers=sorted(self._failovers),
+            )
         gated = [] if reviewed else gated_changes(self._spec, spec)
         if gated:
             raise Conflict(
@@ -306,27 +351,11 @@ class Controller:
         source = spec.group(group)
         if source is None:
             raise NotFound(f"no group named {group!r}")
+        problem = failover_problem(spec, group, backup)
+        if problem is not None:
+            raise Conflict(problem, group=group)
         target_name = backup or source.backup
-        if target_name is None:
-            raise Conflict(f"group {group!r} has no `backup` in the spec; pass --to BACKUP")
-        target = spec.group(target_name)
-        if target is None or target_name == group:
-            raise Conflict(f"backup {target_name!r} must be another existing group")
-        missing = sorted(set(source.models) - set(target.models))
-        if missing:
-            raise Conflict(
-                f"{target_name!r} does not serve {', '.join(missing)}, which {group!r} serves"
-            )
-        shut_out = [
-            t.name
-            for t in spec.tenants
-            if ("*" in t.groups or group in t.groups)
-            and not ("*" in t.groups or target_name in t.groups)
-        ]
-        if shut_out:
-            raise Conflict(
-                f"tenant(s) {', '.join(shut_out)} may use {group!r} but not {target_name!r}"
-            )
+        assert target_name is not None  # failover_problem says so otherwise
         await asyncio.to_thread(
             self._store.set_failover,
             group=group,
@@ -372,11 +401,118 @@ class Controller:
     # --- the loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Tick until cancelled; an error never ends this (see the module's doc)."""
+        retry = 0.0
         while True:
             self._wake.clear()
+            if await self._attempt():
+                retry, self._retry_s = 0.0, None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), TICK_S)
+            else:
+                retry = min(RETRY_MAX_S, max(RETRY_MIN_S, retry * 2))
+                self._retry_s = retry
+                await asyncio.sleep(retry)
+
+    async def _attempt(self) -> bool:
+        """One tick (after a store probe, while the store is known to refuse writes);
+        False if it raised."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            if self._events.health.problem is not None:
+                await self._probe_store()
             await self.tick()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
+        except Exception as exc:  # CancelledError is no Exception: stopping still stops
+            self._durations.append(loop.time() - started)
+            self._tick_failed(exc)
+            return False
+        self._durations.append(loop.time() - started)
+        self._ticks += 1
+        self._failing = 0
+        self._last_ok_at = self._clock.now()
+        return True
+
+    def _tick_failed(self, exc: Exception) -> None:
+        now = self._clock.now()
+        problem = store_outage(exc)
+        text = f"{type(exc).__name__}: {store_error_text(exc) if problem else exc}"[:500]
+        self._tick_failures += 1
+        self._failing += 1
+        again = text == self._last_error and self._failing > 1
+        self._last_error, self._last_error_at = text, now
+        if problem is not None:
+            self._events.health.refuse(problem, exc, now)
+        what = f"{problem}; holding the last good state" if problem else "tick failed"
+        retry = min(RETRY_MAX_S, max(RETRY_MIN_S, (self._retry_s or 0.0) * 2))
+        if again:  # the traceback was logged when this error first appeared
+            log.error("%s (%d in a row, retry in %gs): %s", what, self._failing, retry, text)
+        else:
+            log.error("%s (retry in %gs): %s", what, retry, text, exc_info=exc)
+
+    async def _probe_store(self) -> None:
+        """Raises while the store still refuses writes; once one goes through, stores the
+        events kept meanwhile and says how long the outage was."""
+        health = self._events.health
+        now = self._clock.now()
+        await asyncio.to_thread(self._store.put_state, PROBE_KEY, {"at": now}, now)
+        stored, dropped = await self._events.flush()
+        problem, error, since = health.problem, health.error, health.since
+        refused = health.refused
+        health.clear()
+        lasted = now - since if since is not None else 0.0
+        kept = f"; {stored} events kept meanwhile are stored" if stored else ""
+        kept += f", {dropped} more were only logged" if dropped else ""
+        log.warning("the store takes writes again after %.0fs (%s: %s)", lasted, problem, error)
+        await self._events.emit(
+            PLATFORM,
+            None,
+            "store",
+            f"the store takes writes again after {lasted:.0f}s ({problem}: {error}; "
+            f"{refused} writes refused){kept}",
+            since=since,
+            problem=problem,
+            error=error,
+        )
+
+    def status(self) -> dict[str, Any]:
+        """ok, or degraded with why: the store refuses writes, or ticks keep failing. With
+        the controller's tick counters and the sample poller's state."""
+        health = self._events.health
+        why = None
+        if health.problem is not None:
+            why = f"{health.problem}: {health.error}"
+        elif self._failing:
+            why = f"ticks failing ({self._failing} in a row): {self._last_error}"
+        recent = list(self._durations)
+        return {
+            "status": "degraded" if why else "ok",
+            "degraded": why,
+            "revision": self._revision,
+            "controller": {
+                "ticks": self._ticks,
+                "tick_failures": self._tick_failures,
+                "failing_in_a_row": self._failing,
+                "last_tick_error": self._last_error,
+                "last_tick_error_at": self._last_error_at,
+                "last_tick_ok_at": self._last_ok_at,
+                "retry_in_s": self._retry_s,
+                "last_tick_s": round(recent[-1], 4) if recent else None,
+                "slowest_recent_tick_s": round(max(recent), 4) if recent else None,
+            },
+            "store": health.to_json(),
+            "samples": self._rollouts.sampling_status(),
+        }
+
+    def store_refused(self, exc: Exception) -> None:
+        """Someone else (an operator's call) saw the store refuse a write."""
+        problem = store_outage(exc)
+        if problem is not None:
+            self._events.health.refuse(problem, exc, self._clock.now())
+
+    @property
+    def degraded(self) -> bool:
+        return self._events.health.problem is not None or self._failing > 0
 
     async def tick(self) -> None:
         if self._spec is None:

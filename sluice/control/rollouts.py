@@ -5,6 +5,13 @@ hand the gateway the split it asks for, and archive every change.
 A rollback is one tick (at most a second): the state machine returns no split, the next
 routing snapshot sends everything to the baseline, which stayed scaled for all of its traffic
 (`baseline_floors`). The canary keeps running for inspection until an operator removes it.
+
+Nothing slow runs in the tick: the samples are read by the collector's own task, and the
+analysis of a window runs in a thread, again only when the window changed, and pausing
+`ANALYSIS_PAUSE` times its own duration between runs (so it takes at most a fifth of a core
+however large the windows); the tick feeds the state machine the latest one. A failing
+analysis wakes the controller at once. A change the store refused is archived on a later
+tick (the split it asks for is in force already).
 """
 
 from __future__ import annotations
@@ -17,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from sluice.control.events import EventLog
-from sluice.control.samples import GroupSamples, SampleCollector
+from sluice.control.samples import GroupSamples, SampleCollector, window_rows
 from sluice.core import Conflict, InstanceState, InstanceStatus, NotFound
 from sluice.policy import rollout as machine
-from sluice.policy.analysis import RequestSample, ResourceUse, analyze
+from sluice.policy.analysis import Analysis, RequestSample, ResourceUse, analyze
 from sluice.policy.rollout import RolloutPhase, RolloutState
 from sluice.policy.routing import CanarySplit
 from sluice.spec import PlatformSpec
@@ -33,6 +40,8 @@ __all__ = ["RolloutRunner"]
 log = logging.getLogger("sluice.rollouts")
 
 ACTIONS = ("pause", "resume", "promote", "abort")
+ANALYSIS_PAUSE = 4.0
+"""After an analysis that took d seconds, the next waits at least 4 d (at most 20% busy)."""
 
 
 @dataclass
@@ -45,9 +54,16 @@ class _Run:
     baseline_floor: int
     window_at: float | None = None
     compare_task: asyncio.Task[None] | None = None
-    previous_baseline: list[dict[str, Any]] = field(default_factory=list)
+    previous_baseline: list[RequestSample] = field(default_factory=list)
     """the baseline's samples of the step before (the 100% step compares against them)"""
     previous_use: ResourceUse | None = None
+    archived: int = 0
+    """transitions of `state` already in the archive (the rest wait for the store)"""
+    analysis: Analysis | None = None
+    analysis_key: tuple[object, ...] | None = None
+    """(window, baseline version, canary version, compared with the step before)"""
+    analyzing: asyncio.Task[None] | None = None
+    next_analysis_at: float = 0.0
 
 
 class RolloutRunner:
@@ -57,10 +73,13 @@ class RolloutRunner:
         events: EventLog,
         collector: SampleCollector,
         on_change: Callable[[], None],
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         """`on_change` publishes the routing snapshot: called the moment a split changes,
-        before anything is written, so a rollback reaches the gateway first."""
+        before anything is written, so a rollback reaches the gateway first. `wake` asks
+        for a tick now (an analysis failed: roll back without waiting for the next one)."""
         self._on_change = on_change
+        self._wake = wake
         self._store = store
         self._events = events
         self._collector = collector
@@ -69,9 +88,14 @@ class RolloutRunner:
 
     async def aclose(self) -> None:
         for run in self._runs.values():
-            if run.compare_task is not None:
-                run.compare_task.cancel()
+            for task in (run.compare_task, run.analyzing):
+                if task is not None:
+                    task.cancel()
         await self._collector.aclose()
+
+    def sampling_status(self) -> dict[str, Any]:
+        """The sample poller's state, for the control API's status."""
+        return self._collector.status()
 
     async def load(self, spec: PlatformSpec) -> None:
         """The latest run of each rollout in the spec: a running one resumes, a promoted one
@@ -126,7 +150,7 @@ class RolloutRunner:
             state=state.to_json(),
             now=now,
         )
-        run = self._runs[name] = _Run(run_id, rs, state, floor)
+        run = self._runs[name] = _Run(run_id, rs, state, floor, archived=len(state.transitions))
         self._on_change()
         if rs.compare is not None:
             run.compare_task = asyncio.create_task(self._compare(run), name=f"compare-{name}")
@@ -158,14 +182,16 @@ class RolloutRunner:
     async def tick(
         self, spec: PlatformSpec, observed: Sequence[InstanceStatus], now: float
     ) -> None:
-        """Poll the instances of every running rollout's groups, analyse the current step's
-        window, and move each state machine on (a rollout that left `spec` holds still)."""
+        """Point the sample poller at the instances of every running rollout's groups, and
+        move each state machine on with the latest analysis of its current step's window (a
+        rollout that left `spec` holds still). Waits for nothing but the store."""
+        for run in self._runs.values():
+            if run.archived < len(run.state.transitions):
+                await self._archive(run)  # a change the store refused before
         names = {r.name for r in spec.rollouts}
         stepping = [r for r in self._runs.values() if not r.state.final]
-        if not stepping:
-            return
         groups = {g for r in stepping for g in (r.spec.baseline, r.spec.canary)}
-        await self._collector.poll(
+        self._collector.watch(
             (i.group, i.id, i.url)
             for i in observed
             if i.group in groups and i.state is InstanceState.READY and i.url
@@ -174,23 +200,62 @@ class RolloutRunner:
             if run.spec.name not in names:
                 continue  # the rollout left the spec; its state holds until it is back
             self._roll_window(run)
-            base = self._collector.window(run.spec.baseline)
-            canary = self._collector.window(run.spec.canary)
-            base_rows, base_use = base.samples, _use(base)
-            if run.state.percent >= 100.0 and run.previous_baseline:
-                base_rows, base_use = run.previous_baseline, run.previous_use
-            analysis = analyze(
-                [RequestSample.from_json(s) for s in base_rows],
-                [RequestSample.from_json(s) for s in canary.samples],
-                base_use,
-                _use(canary),
-                run.spec.analysis,
-            )
+            analysis = self._latest_analysis(run)
+            if analysis is None:
+                continue  # the first analysis of this window is under way
             state = machine.evaluate(run.spec, run.state, analysis, now)
             if state.transitions != run.state.transitions:
                 await self._save(run, state, now)
             else:
                 run.state = state  # latest analysis kept in memory; archived on change
+
+    def _latest_analysis(self, run: _Run) -> Analysis | None:
+        """The newest analysis of the run's current window (None before the first), and a
+        new one started in a thread when the window changed since and one is due."""
+        base = self._collector.window(run.spec.baseline)
+        canary = self._collector.window(run.spec.canary)
+        previous = run.state.percent >= 100.0 and bool(run.previous_baseline)
+        key = (run.window_at, base.version, canary.version, previous)
+        loop = asyncio.get_running_loop()
+        busy = run.analyzing is not None and not run.analyzing.done()
+        if not busy and key != run.analysis_key and loop.time() >= run.next_analysis_at:
+            base_rows, base_use = list(base.samples), _use(base)
+            if previous:
+                base_rows, base_use = run.previous_baseline, run.previous_use
+            run.analyzing = loop.create_task(
+                self._analyze(run, key, base_rows, list(canary.samples), base_use, _use(canary)),
+                name=f"analysis-{run.spec.name}",
+            )
+        if run.analysis_key is None or run.analysis_key[0] != run.window_at:
+            return None
+        return run.analysis
+
+    async def _analyze(
+        self,
+        run: _Run,
+        key: tuple[object, ...],
+        base: list[RequestSample],
+        canary: list[RequestSample],
+        base_use: ResourceUse | None,
+        canary_use: ResourceUse | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            result = await asyncio.to_thread(
+                analyze, base, canary, base_use, canary_use, run.spec.analysis
+            )
+        except Exception:
+            log.exception("rollout %s: analysis failed", run.spec.name)
+            run.next_analysis_at = loop.time() + 5.0
+            return
+        took = loop.time() - started
+        run.next_analysis_at = loop.time() + ANALYSIS_PAUSE * took
+        if key[0] != run.window_at:
+            return  # the step moved on while this ran
+        run.analysis, run.analysis_key = result, key
+        if result.verdict == "fail":
+            self._wake()
 
     def _roll_window(self, run: _Run) -> None:
         """A new step (or a resume) starts a new analysis window for both groups."""
@@ -201,7 +266,9 @@ class RolloutRunner:
         if run.window_at is not None and base.samples:
             run.previous_baseline, run.previous_use = list(base.samples), _use(base)
         run.window_at = started
-        self._collector.reset((run.spec.baseline, run.spec.canary), started)
+        run.next_analysis_at = 0.0
+        rows = window_rows(run.spec.analysis.min_samples)
+        self._collector.reset((run.spec.baseline, run.spec.canary), started, rows)
 
     def point_at(self, urls: Callable[[str], str | None]) -> None:
         """`urls(group)`: a READY instance's base URL (the compare run's targets)."""
@@ -241,10 +308,17 @@ class RolloutRunner:
         )
 
     async def _save(self, run: _Run, state: RolloutState, now: float) -> None:
-        before = run.state
+        """The new state is in force at once (split published); then it is archived. If the
+        store refuses, this raises and a later tick archives it (`tick`)."""
         run.state = state
         self._on_change()
+        await self._archive(run, now)
+
+    async def _archive(self, run: _Run, now: float | None = None) -> None:
+        state = run.state
         final = state.final
+        if now is None:
+            now = state.transitions[-1].at if state.transitions else 0.0
         await asyncio.to_thread(
             self._store.update_rollout,
             run.id,
@@ -254,7 +328,8 @@ class RolloutRunner:
             ended=final,
             conclusion=state.conclusion if final else None,
         )
-        for t in state.transitions[len(before.transitions) :]:
+        new, run.archived = state.transitions[run.archived :], len(state.transitions)
+        for t in new:
             kind = "rollback" if t.to_phase is RolloutPhase.ROLLED_BACK else "rollout"
             await self._events.emit(run.spec.canary, None, kind, f"{run.spec.name}: {t.reason}")
 
@@ -274,6 +349,11 @@ def _use(w: GroupSamples) -> ResourceUse | None:
 def _resume(rec: RolloutRecord) -> _Run:
     spec_data = dict(rec.spec)
     floor = int(spec_data.pop("baseline_floor", 0))
+    state = RolloutState.from_json(rec.state)
     return _Run(
-        rec.id, RolloutSpec.model_validate(spec_data), RolloutState.from_json(rec.state), floor
+        rec.id,
+        RolloutSpec.model_validate(spec_data),
+        state,
+        floor,
+        archived=len(state.transitions),
     )

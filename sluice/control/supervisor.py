@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from sluice.control.events import EventLog
+from sluice.control.events import EventLog, store_outage
 from sluice.core import Clock, InstanceState, InstanceStatus, SluiceError
 from sluice.policy import Endpoint, ProbeRecord, record_probe
 from sluice.runtime import InstanceHandle, LaunchRequest, Runtime
@@ -34,9 +34,20 @@ EXIT_POLL_S = 0.2
 DRAIN_SETTLE_S = 0.5
 """After leaving the routing table, requests already on their way may still arrive."""
 STOP_GRACE_S = 5.0
+"""SIGTERM to SIGKILL, at least: a drained instance gets what is left of its group's
+`drain_timeout_s` if that is more (a request may slip in after the last idle poll)."""
+DRAIN_POLL_S = 0.1
+STATS_TIMEOUT_S = 2.0
+"""One `/stats` read while draining; a failed one is retried until `drain_timeout_s`."""
+WRITE_RETRY_MAX_S = 30.0
+"""A refused instance record is retried after 1 s, doubling to this."""
 
 
 class _Failed(Exception):
+    pass
+
+
+class _PollFailed(Exception):
     pass
 
 
@@ -68,19 +79,29 @@ class _Instance:
 
 
 class InstanceSupervisor:
-    def __init__(self, runtime: Runtime, store: Store, clock: Clock, events: EventLog) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        store: Store,
+        clock: Clock,
+        events: EventLog,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        """`http`: the client for probes, warm-up and /stats (default: made by `start`)."""
         self._runtime = runtime
         self._store = store
         self._clock = clock
         self._events = events
         self._instances: dict[str, _Instance] = {}
-        self._http: httpx.AsyncClient | None = None
+        self._http: httpx.AsyncClient | None = http
         self._writes: asyncio.Queue[InstanceRecord | str | None] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
         self.changed = asyncio.Event()
 
     async def start(self) -> None:
-        self._http = httpx.AsyncClient(timeout=10.0, trust_env=False)
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=10.0, trust_env=False)
         self._writer = asyncio.get_running_loop().create_task(self._write_records())
 
     # --- what the controller sees -------------------------------------------------------
@@ -182,6 +203,7 @@ class InstanceSupervisor:
                 self.remove(inst.id, "sluice is shutting down")
         tasks = [i.task for i in self._instances.values() if i.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._closing.set()
         self._writes.put_nowait(None)
         if self._writer is not None:
             await self._writer
@@ -269,27 +291,44 @@ class InstanceSupervisor:
             await asyncio.sleep(EXIT_POLL_S)
 
     async def _drain(self, inst: _Instance, reason: str) -> None:
-        """S6: out of routing first, then wait until in-flight requests finish, then stop."""
-        await self._events.emit(inst.spec.name, inst.id, "drain", reason)
+        """S6: out of routing first, then wait until in-flight requests finish (two idle
+        `/stats` reads in a row), then stop. A failed read proves nothing: it is retried
+        until `drain_timeout_s`; only a process that is gone ends the wait early. SIGTERM
+        then lets the worker finish what it still has for the rest of that time (at least
+        STOP_GRACE_S) before SIGKILL."""
+        spec = inst.spec
+        await self._events.emit(spec.name, inst.id, "drain", reason)
         await asyncio.sleep(DRAIN_SETTLE_S)
-        deadline = self._clock.now() + inst.spec.drain_timeout_s
-        idle_polls = 0
-        while idle_polls < 2 and self._clock.now() < deadline:
-            inflight = await self._inflight(inst)
-            if inflight is None:
-                break  # the process is gone or unreachable: nothing left to wait for
+        deadline = self._clock.now() + spec.drain_timeout_s
+        idle_polls = failed = 0
+        error = ""
+        drained = False
+        while (left := deadline - self._clock.now()) > 0:
+            if self._exited(inst):
+                drained = True  # nothing left to wait for
+                break
+            try:
+                inflight = await self._inflight(inst, min(STATS_TIMEOUT_S, left))
+            except _PollFailed as exc:
+                failed, error, idle_polls = failed + 1, str(exc), 0
+                await asyncio.sleep(min(1.0, DRAIN_POLL_S * 2**failed, max(0.0, left)))
+                continue
             idle_polls = idle_polls + 1 if inflight == 0 else 0
-            await asyncio.sleep(0.1)
-        else:
-            if idle_polls < 2:
-                await self._events.emit(
-                    inst.spec.name,
-                    inst.id,
-                    "drain-timeout",
-                    f"requests still in flight after "
-                    f"{inst.spec.drain_timeout_s:g}s; stopping anyway",
-                )
-        await self._stop(inst, reason, grace_s=STOP_GRACE_S)
+            if idle_polls >= 2:
+                drained = True
+                break
+            await asyncio.sleep(DRAIN_POLL_S)
+        if not drained:
+            unread = f"; /stats failed {failed} times (last: {error})" if failed else ""
+            await self._events.emit(
+                spec.name,
+                inst.id,
+                "drain-timeout",
+                f"requests may still be in flight after {spec.drain_timeout_s:g}s"
+                f"{unread}; stopping anyway",
+            )
+        grace = max(STOP_GRACE_S, deadline - self._clock.now())
+        await self._stop(inst, reason, grace_s=grace)
 
     async def _stop(self, inst: _Instance, reason: str, grace_s: float) -> None:
         if inst.handle is not None:
@@ -327,15 +366,18 @@ class InstanceSupervisor:
             return False
         return r.status_code == 200
 
-    async def _inflight(self, inst: _Instance) -> int | None:
+    def _exited(self, inst: _Instance) -> bool:
+        return inst.handle is None or self._runtime.exit_code(inst.handle) is not None
+
+    async def _inflight(self, inst: _Instance, timeout_s: float) -> int:
+        """Requests the instance is serving now; _PollFailed if it did not say."""
         assert inst.handle is not None and self._http is not None
-        if self._runtime.exit_code(inst.handle) is not None:
-            return None
         try:
-            r = await self._http.get(f"{inst.handle.url}/stats", timeout=2.0)
+            r = await self._http.get(f"{inst.handle.url}/stats", timeout=timeout_s)
+            r.raise_for_status()
             return int(r.json()["inflight"])
-        except (httpx.HTTPError, ValueError, KeyError):
-            return None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise _PollFailed(f"{type(exc).__name__}: {exc}"[:200]) from None
 
     def _launch_request(self, inst: _Instance) -> LaunchRequest:
         spec = inst.spec
@@ -367,12 +409,32 @@ class InstanceSupervisor:
 
     async def _write_records(self) -> None:
         """One writer, in order, off the event loop: a record, an id to delete, or None
-        to finish. Order matters: a late upsert must never resurrect a deleted instance."""
+        to finish. Order matters: a late upsert must never resurrect a deleted instance.
+        A write the store refuses is retried (1 s doubling to 30 s; once only while
+        shutting down); any other error is logged and the record skipped, so the writer
+        never stops."""
         while (item := await self._writes.get()) is not None:
-            if isinstance(item, str):
-                await asyncio.to_thread(self._store.delete_instance, item)
-            else:
-                await asyncio.to_thread(self._store.upsert_instance, item)
+            retry = 1.0
+            while True:
+                try:
+                    if isinstance(item, str):
+                        await asyncio.to_thread(self._store.delete_instance, item)
+                    else:
+                        await asyncio.to_thread(self._store.upsert_instance, item)
+                    break
+                except Exception as exc:
+                    problem = store_outage(exc)
+                    what = item if isinstance(item, str) else item.id
+                    if problem is None:
+                        log.exception("instance record of %s not written", what)
+                        break
+                    self._events.health.refuse(problem, exc, self._clock.now())
+                    if self._closing.is_set():
+                        log.error("%s: instance record of %s not written", problem, what)
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._closing.wait(), retry)
+                    retry = min(WRITE_RETRY_MAX_S, retry * 2)
 
     def _spawn(self, inst: _Instance, coro: Any) -> None:
         inst.task = asyncio.get_running_loop().create_task(coro, name=f"instance:{inst.id}")

@@ -3,6 +3,23 @@
 A plain Protocol with `httptools` (no web framework) because the data plane must keep up
 with nginx on one core; the per-request work is one parse, one `Exchange`, and coalesced
 writes. Requests on a connection are answered strictly in order; pipelined ones wait.
+
+Everything a client sends before it is authenticated is bounded (`gateway.limits`):
+
+- memory: httptools gathers a header line in full before handing it over, so the bytes of a
+  request in progress are counted read by read, and a read that would take its head past
+  `max_header_bytes` is fed only up to that point; a head still unfinished there is refused
+  (431) and nothing more is read. Header lines are counted (431), the URL measured (414),
+  the body too (413); what is sent after the head (body, chunk framing, trailers, which
+  httptools gathers like headers) may not exceed `max_body_bytes + max_header_bytes` (413).
+- time: `check_deadlines()`, called about once a second by the gateway for every
+  connection, refuses a head not complete within `header_timeout_s` of its first byte (of
+  the connection's opening, for the first request) or a body not complete within
+  `body_timeout_s` of its head (408, then close), and closes a connection idle (nothing
+  received since its last answer) for `keepalive_timeout_s`. Reading the clock is left to
+  that sweep and to one clock read per read from the socket, nothing per byte.
+- connections: one over `max_connections`, or over `max_connections_per_ip` from its
+  address, is answered 503 and closed before anything is read from it.
 """
 
 from __future__ import annotations
@@ -16,7 +33,7 @@ from typing import cast
 import httptools
 
 from sluice.core.errors import SluiceError
-from sluice.gateway.errors import BadRequest, PayloadTooLarge
+from sluice.gateway.errors import BadRequest
 from sluice.gateway.exchange import Exchange
 from sluice.gateway.responses import CONTINUE_100, HOP_BY_HOP
 from sluice.gateway.state import GatewayState
@@ -39,6 +56,8 @@ _REQUEST_HEADERS = {
 }
 """Request headers that need more than forwarding, by lower-cased name."""
 _FORWARD = -1
+_IDLE, _HEAD, _BODY = range(3)
+"""What a connection is reading: nothing (between requests), a head, a body."""
 _header_kinds: dict[bytes, int] = {}
 """The kind of a request header by its name exactly as sent (clients repeat a few spellings),
 so most headers cost one dict hit."""
@@ -61,20 +80,29 @@ class ClientProtocol(asyncio.Protocol):
     __slots__ = (
         "_auth",
         "_body",
+        "_body_at",
         "_body_len",
         "_connection_header",
         "_conns",
+        "_consumed",
         "_current",
         "_discard",
         "_draining",
         "_expect",
+        "_head_at",
         "_headers",
+        "_ip",
+        "_left",
+        "_limits",
         "_on_lost",
         "_parser",
         "_pipelined",
         "_priority",
         "_queue",
+        "_reading",
+        "_requests",
         "_rid",
+        "_rx_at",
         "_state",
         "_t0",
         "_transport",
@@ -88,8 +116,10 @@ class ClientProtocol(asyncio.Protocol):
         self, state: GatewayState, conns: set[ClientProtocol], on_lost: Callable[[], None]
     ) -> None:
         self._state = state
+        self._limits = state.limits
         self._conns = conns  # the gateway's open connections, for shutdown and idle sweeps
         self._on_lost = on_lost
+        self._ip: str | None = None  # counted in `state.clients_by_ip` while set
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._current: Exchange | None = None
@@ -99,7 +129,14 @@ class ClientProtocol(asyncio.Protocol):
         self._discard = False  # a request was refused mid-parse: ignore the rest of the input
         self.closing = False  # answer what is in flight, then close
         self.write_paused = False
-        self.last_active = 0.0
+        # Deadlines (all `time.perf_counter()` seconds; see `check_deadlines`).
+        self.last_active = 0.0  # opened, or last answer sent: idle since then
+        self._reading = _HEAD  # a fresh connection owes its first head
+        self._head_at = 0.0  # the head being read is due `header_timeout_s` after this
+        self._body_at = 0.0  # the body being read is due `body_timeout_s` after this
+        self._rx_at = 0.0  # when the latest read arrived
+        self._left = self._limits.max_header_bytes  # what the request may still take, as sent
+        self._requests = 0  # requests parsed off this connection
         self._reset_request()
 
     def _reset_request(self) -> None:
@@ -112,6 +149,7 @@ class ClientProtocol(asyncio.Protocol):
         self._body_len = 0
         self._expect = False
         self._connection_header = False
+        self._consumed = 0  # header lines not forwarded (the forwarded ones are in _headers)
         self._t0 = 0.0
 
     # -- used by Gateway and Exchange -------------------------------------------------------
@@ -139,7 +177,7 @@ class ClientProtocol(asyncio.Protocol):
 
     def exchange_done(self, exchange: Exchange) -> None:
         self._current = None
-        self.last_active = time.monotonic()
+        self.last_active = time.perf_counter()
         transport = self._transport
         if transport is None:
             return
@@ -154,30 +192,72 @@ class ClientProtocol(asyncio.Protocol):
             self._pipelined = False
             transport.resume_reading()
 
-    def idle_for(self, now: float) -> float:
-        return 0.0 if self._current is not None else now - self.last_active
+    def check_deadlines(self, now: float) -> None:
+        """Enforce the client-side timeouts at `now` (`time.perf_counter()`); the gateway
+        calls this for every connection about once a second. While a request is being
+        answered, only the upstream's timeout runs."""
+        if self._current is not None or self._discard or self._transport is None:
+            return
+        reading = self._reading
+        limits = self._limits
+        if reading == _IDLE:
+            if now - self.last_active > limits.keepalive_timeout_s and not self._queue:
+                if self._transport.get_write_buffer_size():  # not even reading its answers
+                    self._transport.abort()
+                else:
+                    self.shutdown()
+        elif reading == _HEAD:
+            if now - self._head_at > limits.header_timeout_s:
+                if self._t0 == 0.0:  # not one byte of a request since it opened: just close
+                    self._state.metrics.refused["header_timeout"] += 1
+                    self._discard = True
+                    self._transport.close()
+                else:
+                    self._refuse("header_timeout")
+        elif now - self._body_at > limits.body_timeout_s:
+            self._refuse("body_timeout")
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.last_active = time.monotonic()
-        self._conns.add(self)
+        tr = self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.last_active = self._head_at = time.perf_counter()
+        limits = self._limits
+        peer = tr.get_extra_info("peername")
+        ip = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        by_ip = self._state.clients_by_ip
+        if limits.max_connections and len(self._conns) >= limits.max_connections:
+            self._refuse_connection("connections")
+        elif limits.max_connections_per_ip and by_ip.get(ip, 0) >= limits.max_connections_per_ip:
+            self._refuse_connection("connections_per_ip")
+        else:
+            self._ip = ip
+            by_ip[ip] = by_ip.get(ip, 0) + 1
+            self._conns.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self._discard:
             return
-        self.last_active = time.monotonic()
+        self._rx_at = time.perf_counter()
+        if len(data) > self._left:
+            self._feed_bounded(data)  # this read could take a request past its allowance
+            return
+        requests = self._requests
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._t0 == 0.0:  # the request is complete and queued: answer it, then close
-                self._discard = True
-                self.shutdown()
-            else:
-                self._reject(BadRequest("protocol upgrades are not supported"))
+            self._upgrade()
         except httptools.HttpParserError as exc:
-            self._reject(BadRequest(f"malformed HTTP request: {exc}"))
+            self._malformed(exc)
+        if self._reading != _IDLE and self._requests == requests and not self._discard:
+            # A request still unfinished, and this read held nothing but its bytes: count
+            # them (one that began after another request in the same read is not counted
+            # until its next read, so it may overshoot by that read; it never undershoots).
+            self._left -= len(data)
+            if self._reading == _HEAD and (len(self._headers) >> 2) + self._consumed > (
+                self._limits.max_headers
+            ):
+                self._refuse("header_count")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -186,8 +266,17 @@ class ClientProtocol(asyncio.Protocol):
             current.client_gone()
         while self._queue:
             self._queue.popleft().client_gone()
-        self._conns.discard(self)
-        self._on_lost()
+        ip = self._ip
+        if ip is not None:
+            self._ip = None
+            by_ip = self._state.clients_by_ip
+            left = by_ip[ip] - 1
+            if left:
+                by_ip[ip] = left
+            else:
+                del by_ip[ip]
+            self._conns.discard(self)
+            self._on_lost()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -212,7 +301,11 @@ class ClientProtocol(asyncio.Protocol):
         self._body_len = 0
         self._expect = False
         self._connection_header = False
-        self._t0 = time.perf_counter()
+        self._consumed = 0
+        self._t0 = t0 = self._rx_at  # the read that brought its first byte
+        if self._reading == _IDLE:  # (the first request's head is due from the opening)
+            self._head_at = t0
+        self._reading = _HEAD
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -223,13 +316,16 @@ class ClientProtocol(asyncio.Protocol):
             kind = _header_kind(name)
         if kind == _FORWARD:
             self._headers += (name, b": ", value, b"\r\n")
-        elif kind == _AUTH:  # read here, never forwarded: tenants' keys stay out of instances
-            self._auth = value
-        elif kind == _REQUEST_ID:
+            return
+        if kind == _REQUEST_ID:
             self._rid = value
             self._headers += (name, b": ", value, b"\r\n")
+            return
+        self._consumed += 1  # (the forwarded lines are counted by `_headers`)
+        if kind == _AUTH:  # read here, never forwarded: tenants' keys stay out of instances
+            self._auth = value
         elif kind == _LENGTH:  # not forwarded: re-computed from the buffered body
-            if int(value) > self._state.max_body:
+            if int(value) > self._limits.max_body_bytes:
                 self._body_len = -1  # refused in on_headers_complete, before reading the body
         elif kind == _EXPECT:  # answered here, since the body is buffered here
             self._expect = value.lower() == b"100-continue"
@@ -242,8 +338,16 @@ class ClientProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         if self._discard:
             return
-        if self._body_len < 0:
-            self._reject(PayloadTooLarge(f"request body over {self._state.max_body} bytes"))
+        self._reading = _BODY
+        self._body_at = self._rx_at
+        limits = self._limits
+        self._left = limits.max_request_bytes  # (body, framing, trailers: a backstop)
+        if len(self._url) > limits.max_request_line_bytes:
+            self._refuse("request_line")
+        elif (len(self._headers) >> 2) + self._consumed > limits.max_headers:
+            self._refuse("header_count")
+        elif self._body_len < 0:
+            self._refuse("body_bytes")
         elif self._expect and self._current is None and self._transport is not None:
             self._transport.write(CONTINUE_100)
 
@@ -251,8 +355,8 @@ class ClientProtocol(asyncio.Protocol):
         if self._discard:
             return
         self._body_len += len(body)
-        if self._body_len > self._state.max_body:
-            self._reject(PayloadTooLarge(f"request body over {self._state.max_body} bytes"))
+        if self._body_len > self._limits.max_body_bytes:
+            self._refuse("body_bytes")
         else:
             self._body.append(body)
 
@@ -273,6 +377,9 @@ class ClientProtocol(asyncio.Protocol):
             request_id = self._state.next_request_id()
             headers += (b"x-request-id", b": ", request_id, b"\r\n")
         self._t0 = 0.0  # no request in progress
+        self._reading = _IDLE
+        self._requests += 1
+        self._left = self._limits.max_header_bytes
         self._enqueue(
             Exchange(
                 self,
@@ -291,6 +398,61 @@ class ClientProtocol(asyncio.Protocol):
         )
 
     # -- internals --------------------------------------------------------------------------
+
+    def _feed_bounded(self, data: bytes) -> None:
+        """A read longer than the request in progress (or the next one) may still take: feed
+        only that much, and refuse the request if it is still unfinished there; then the
+        rest (body, later requests). What httptools holds stays within the limits."""
+        left = self._left
+        view = memoryview(data)
+        requests = self._requests
+        self._feed(view[:left])
+        if self._discard:
+            return
+        reading = self._reading
+        if reading == _HEAD and self._requests == requests:
+            too_long = len(self._url) > self._limits.max_request_line_bytes
+            self._refuse("request_line" if too_long else "header_bytes")
+            return
+        if reading == _BODY and self._requests == requests and self._left == left:
+            self._refuse("body_bytes")  # (its body's allowance was `left` already)
+            return
+        self._feed(view[left:])
+
+    def _feed(self, data: bytes | memoryview) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._upgrade()
+        except httptools.HttpParserError as exc:
+            self._malformed(exc)
+
+    def _upgrade(self) -> None:
+        if self._t0 == 0.0:  # the request is complete and queued: answer it, then close
+            self._discard = True
+            self.shutdown()
+        else:
+            self._reject(BadRequest("protocol upgrades are not supported"))
+
+    def _malformed(self, exc: httptools.HttpParserError) -> None:
+        if not self._discard:  # (a callback may have refused the request already)
+            self._reject(BadRequest(f"malformed HTTP request: {exc}"))
+
+    def _refuse_connection(self, reason: str) -> None:
+        """Over a connection cap: answer 503 and close, without reading a byte."""
+        self._discard = True
+        self._state.metrics.refused[reason] += 1
+        transport = self._transport
+        if transport is not None:
+            transport.write(self._limits.connection_refusal(reason))
+            transport.close()
+
+    def _refuse(self, reason: str) -> None:
+        """Refuse the request being read for going over a limit (counted by `reason`)."""
+        if self._discard:
+            return
+        self._state.metrics.refused[reason] += 1
+        self._reject(self._limits.error(reason))
 
     def _enqueue(self, exchange: Exchange) -> None:
         if self._current is None and not self._queue:

@@ -12,12 +12,17 @@ from sluice.core.errors import SluiceError, Unavailable, UpstreamError
 
 __all__ = [
     "BadRequest",
+    "HeaderTooLarge",
+    "JsonTooDeep",
     "MethodNotAllowed",
     "Overloaded",
     "PayloadTooLarge",
     "QueueTimeout",
     "RateLimited",
+    "RequestTimeout",
+    "TooManyConnections",
     "UpstreamTimeout",
+    "UriTooLong",
 ]
 
 
@@ -34,6 +39,36 @@ class MethodNotAllowed(SluiceError):
 class PayloadTooLarge(SluiceError):
     http_status = 413
     code = "request_too_large"
+
+
+class HeaderTooLarge(SluiceError):
+    """The request head is over `max_header_bytes`, or has more than `max_headers` lines."""
+
+    http_status = 431
+    code = "request_header_too_large"
+
+
+class UriTooLong(SluiceError):
+    http_status = 414
+    code = "request_uri_too_long"
+
+
+class RequestTimeout(SluiceError):
+    """The client took longer than `header_timeout_s` / `body_timeout_s` to send its request."""
+
+    http_status = 408
+    code = "request_timeout"
+
+
+class JsonTooDeep(BadRequest):
+    code = "json_too_deep"
+
+
+class TooManyConnections(Unavailable):
+    """Over `max_connections` or `max_connections_per_ip`: answered before reading anything."""
+
+    code = "too_many_connections"
+    retry_after_s: ClassVar[int] = 1
 
 
 class UpstreamTimeout(UpstreamError):

@@ -17,13 +17,14 @@ import asyncio
 import json.scanner
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from sluice.core.errors import NotFound, SluiceError, Unauthorized, Unavailable
 from sluice.gateway.errors import (
     BadRequest,
+    JsonTooDeep,
     MethodNotAllowed,
     Overloaded,
     RateLimited,
@@ -41,31 +42,61 @@ if TYPE_CHECKING:
     from sluice.gateway.groups import GroupRuntime
     from sluice.gateway.state import GatewayState
 
-__all__ = ["Exchange", "parse_json"]
+__all__ = ["Exchange", "deeper_than", "parse_json"]
 
 _CHUNKED = b"transfer-encoding: chunked\r\n"
 # The C scanner when available. typeshed wants a `make_scanner` as context; a decoder is one.
 _scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
-def parse_json(data: bytes) -> object:
+def parse_json(data: bytes, max_depth: int = 64) -> object:
     """The JSON value of a request body (the gateway reads only its top-level `model`).
 
     orjson is 2.5x faster than the stdlib's C scanner; what it refuses goes to the stdlib,
-    whose verdict (and error message) stands.
+    whose verdict (and error message) stands. Raises `JsonTooDeep` (a `SluiceError`, not a
+    `ValueError`) for arrays and objects nested more than `max_depth` deep: the body goes on
+    to an instance, whose parser should not have to recurse that far. Checking costs two
+    byte counts: no value nests deeper than it has brackets.
     """
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        pass
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit"):  # orjson stops at 1024 levels
+            raise JsonTooDeep("") from None
+        value = _stdlib_json(data)
+    if data.count(b"[") + data.count(b"{") > max_depth and deeper_than(value, max_depth):
+        raise JsonTooDeep("")
+    return value
+
+
+def _stdlib_json(data: bytes) -> object:
     text = data.decode().strip(" \t\n\r")  # UnicodeDecodeError is a ValueError too
     try:
         value, end = _scan_json(text, 0)
     except StopIteration:
         raise ValueError("no JSON value") from None
+    except RecursionError:  # nested as deep as the interpreter's recursion limit
+        raise JsonTooDeep("") from None
     if end != len(text):
         raise ValueError(f"extra data at character {end}")
     return value
+
+
+def deeper_than(value: object, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels deep in `value` (a top-level
+    array or object is level 1). Level by level, without recursion; stops past `limit`."""
+    level: list[dict[Any, Any] | list[Any]] = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        below: list[dict[Any, Any] | list[Any]] = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item
+            below += [c for c in children if isinstance(c, dict | list)]
+        level = below
+    return False
 
 
 class Exchange(UpstreamRelay):
@@ -238,9 +269,12 @@ class Exchange(UpstreamRelay):
                     "this API key is over its rate limit; retry later", math.ceil(wait)
                 )
         try:
-            payload = parse_json(self.body)
+            payload = parse_json(self.body, state.limits.max_json_depth)
         except ValueError as exc:  # bad UTF-8 included
             raise BadRequest(f"request body is not JSON: {exc}") from None
+        except JsonTooDeep:
+            state.metrics.refused["json_depth"] += 1
+            raise state.limits.error("json_depth") from None
         model = payload.get("model") if isinstance(payload, dict) else None
         if not isinstance(model, str) or not model:
             raise BadRequest("request body needs a string field 'model'")

@@ -30,9 +30,14 @@ __all__ = ["GroupRuntime"]
 _NO_EJECTIONS: dict[str, Ejection] = {}
 
 
-def _outlier_settings(t: GroupTraffic) -> tuple[int, float, int]:
+def _outlier_settings(t: GroupTraffic) -> tuple[int, float, int, float]:
     """What an OutlierDetector is built from; a change of it starts a fresh detector."""
-    return t.outlier_failures, t.outlier_base_ejection_s, t.outlier_max_ejected_percent
+    return (
+        t.outlier_failures,
+        t.outlier_base_ejection_s,
+        t.outlier_max_ejected_percent,
+        t.outlier_max_ejection_s,
+    )
 
 
 class GroupRuntime:

@@ -34,6 +34,7 @@ __all__ = [
     "CONTENT_TYPE",
     "DURATION_BUCKETS_S",
     "QUEUE_BUCKETS_S",
+    "REFUSAL_REASONS",
     "SHED_REASONS",
     "GatewayMetrics",
     "GroupMetrics",
@@ -48,6 +49,21 @@ QUEUE_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 SHED_REASONS = ("overloaded", "evicted", "queue_timeout", "no_instance", "group_removed")
 """Why a request was refused by admission: queue full on arrival, pushed out of the queue by a
 higher priority, waited too long, no ready instance (and no fallback), group left the spec."""
+REFUSAL_REASONS = (
+    "header_bytes",
+    "header_count",
+    "request_line",
+    "body_bytes",
+    "header_timeout",
+    "body_timeout",
+    "connections",
+    "connections_per_ip",
+    "json_depth",
+)
+"""Why the gateway refused a client before routing it (`gateway.limits`): head over
+`max_header_bytes`, more than `max_headers` lines, URL over `max_request_line_bytes`, body over
+`max_body_bytes`, head or body too slow (408, or a silent close when nothing came at all),
+a connection over `max_connections` or `max_connections_per_ip` (503), JSON too deep (400)."""
 
 
 class Histogram:
@@ -110,7 +126,7 @@ class GatewayMetrics:
     """Every group's counters, by group name; `""` holds requests that never reached a group
     (401, 404, rate limited, /healthz, ...)."""
 
-    __slots__ = ("groups", "registry")
+    __slots__ = ("groups", "refused", "registry")
 
     def __init__(
         self,
@@ -118,6 +134,8 @@ class GatewayMetrics:
         version: Callable[[], int],
     ) -> None:
         self.groups: dict[str, GroupMetrics] = {}
+        self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
+        """Clients refused by `gateway.limits`, by reason (see `REFUSAL_REASONS`)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self, runtimes, version))
 
@@ -196,7 +214,15 @@ class _Collector(Collector):
                     shed.add_metric((name, reason), count)
                 mirrored.add_metric((name,), gm.mirrored)
                 queue_wait.add_metric((name,), gm.queue_wait.buckets(), gm.queue_wait.sum)
-        yield from (requests, duration, shed, mirrored, queue_wait)
+        refused = CounterMetricFamily(
+            "sluice_gateway_refused",
+            "Clients refused by the gateway's limits before routing (408, 413, 414, 431, 503, "
+            "400 for JSON too deep), by reason.",
+            labels=("reason",),
+        )
+        for reason, count in self._metrics.refused.items():
+            refused.add_metric((reason,), count)
+        yield from (requests, duration, shed, mirrored, queue_wait, refused)
 
         queue_length = GaugeMetricFamily(
             "sluice_gateway_queue_length",

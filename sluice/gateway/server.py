@@ -15,15 +15,15 @@ from typing import Any, TextIO
 
 from sluice.gateway.accesslog import AccessLog
 from sluice.gateway.client import ClientProtocol
+from sluice.gateway.limits import Limits
 from sluice.gateway.metrics import CONTENT_TYPE
 from sluice.gateway.state import GatewayState
 from sluice.gateway.upstream import UpstreamPool
 from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.routing import GroupTraffic, RoutingSnapshot
+from sluice.spec.models import GatewayLimits
 
-__all__ = ["MAX_BODY_BYTES", "Gateway"]
-
-MAX_BODY_BYTES = 8 * 1024 * 1024
+__all__ = ["Gateway"]
 
 
 class Gateway:
@@ -37,18 +37,19 @@ class Gateway:
         rng: random.Random,
         access_log: TextIO | None = None,
         upstream_timeout_s: float = 300.0,
-        keepalive_timeout_s: float = 75.0,
-        max_body_bytes: int = MAX_BODY_BYTES,
+        limits: GatewayLimits | None = None,
     ) -> None:
+        """`limits`: what one client may cost (`gateway.limits` in the spec; its defaults
+        when None)."""
         self.host = host
         self.port = port
-        self._keepalive_timeout_s = keepalive_timeout_s
+        self._limits = Limits(limits)
         self._pool = UpstreamPool()
         self._state = GatewayState(
             rng=rng,
             pool=self._pool,
             access_log=AccessLog(access_log) if access_log is not None else None,
-            max_body=max_body_bytes,
+            limits=self._limits,
             default_traffic=GroupTraffic(timeout_s=upstream_timeout_s),
         )
         self._conns: set[ClientProtocol] = set()
@@ -99,7 +100,7 @@ class Gateway:
             backlog=1024,
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        self._sweeper = loop.create_task(self._close_idle_clients())
+        self._sweeper = loop.create_task(self._sweep_clients())
 
     async def stop(self, timeout: float = 30.0) -> None:
         """Stop accepting, let requests in flight finish for up to `timeout`, then cut the rest."""
@@ -129,10 +130,12 @@ class Gateway:
         if self._drained is not None and not self._conns:
             self._drained.set()
 
-    async def _close_idle_clients(self) -> None:
-        limit = self._keepalive_timeout_s
+    async def _sweep_clients(self) -> None:
+        """Client-side deadlines (head, body, keep-alive idle): one timer for every
+        connection, not one per request (see `ClientProtocol.check_deadlines`)."""
+        interval = self._limits.sweep_interval()
         while True:
-            await asyncio.sleep(min(limit / 2, 5.0))
-            now = time.monotonic()
-            for conn in [c for c in self._conns if c.idle_for(now) > limit]:
-                conn.shutdown()
+            await asyncio.sleep(interval)
+            now = time.perf_counter()
+            for conn in list(self._conns):
+                conn.check_deadlines(now)

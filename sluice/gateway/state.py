@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sluice.gateway.accesslog import AccessLog
 from sluice.gateway.errors import QueueTimeout
 from sluice.gateway.groups import GroupRuntime
+from sluice.gateway.limits import Limits
 from sluice.gateway.metrics import GatewayMetrics
 from sluice.gateway.responses import sluice_headers
 from sluice.gateway.upstream import UpstreamPool
@@ -63,9 +64,10 @@ class GatewayState:
         "_waiting",
         "access_log",
         "buckets",
+        "clients_by_ip",
         "default_traffic",
         "groups",
-        "max_body",
+        "limits",
         "metrics",
         "outstanding",
         "pool",
@@ -80,7 +82,7 @@ class GatewayState:
         rng: random.Random,
         pool: UpstreamPool,
         access_log: AccessLog | None,
-        max_body: int,
+        limits: Limits | None = None,
         default_traffic: GroupTraffic | None = None,
     ) -> None:
         self.snapshot = EMPTY_SNAPSHOT
@@ -90,7 +92,9 @@ class GatewayState:
         self.rng = rng
         self.pool = pool
         self.access_log = access_log
-        self.max_body = max_body
+        self.limits = limits or Limits()
+        self.clients_by_ip: dict[str, int] = {}
+        """Open client connections per peer address (for `max_connections_per_ip`)."""
         self.default_traffic = default_traffic or GroupTraffic()
         """Settings of a group the snapshot has no `traffic` entry for."""
         self.groups: dict[str, GroupRuntime] = {}

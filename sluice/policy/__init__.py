@@ -4,6 +4,7 @@ from sluice.policy.admission import AdmissionStats, GroupAdmission, Offer
 from sluice.policy.analysis import Analysis, Criterion, RequestSample, ResourceUse, analyze
 from sluice.policy.backoff import CrashBackoff
 from sluice.policy.balance import pick_affinity, pick_endpoint, slow_start_weight
+from sluice.policy.failover import failover_problem, stranded_failovers
 from sluice.policy.health import ProbeRecord, record_probe
 from sluice.policy.impact import Impact, LoggedRequest, Move, route_impact
 from sluice.policy.outlier import Ejection, OutlierDetector
@@ -90,6 +91,7 @@ __all__ = [
     "analyze",
     "api_key_digest",
     "build_routing_snapshot",
+    "failover_problem",
     "first_match",
     "ledger_changes",
     "pick_affinity",
@@ -100,5 +102,6 @@ __all__ = [
     "route_rules",
     "slow_start_weight",
     "split_for",
+    "stranded_failovers",
     "underused_groups",
 ]

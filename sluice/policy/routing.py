@@ -201,6 +201,7 @@ class GroupTraffic:
     affinity_header: str | None = None
     outlier_failures: int = 5
     outlier_base_ejection_s: float = 30.0
+    outlier_max_ejection_s: float = 300.0
     outlier_max_ejected_percent: int = 50
     buffer_when_cold: bool = False
     """Scale-to-zero group: with no ready instance, requests wait in the queue (up to its

@@ -74,6 +74,7 @@ def _traffic(g: GroupSpec) -> GroupTraffic:
         affinity_header=g.affinity_header.lower() if g.affinity_header else None,
         outlier_failures=g.outlier.consecutive_failures,
         outlier_base_ejection_s=g.outlier.base_ejection_s,
+        outlier_max_ejection_s=g.outlier.max_ejection_s,
         outlier_max_ejected_percent=g.outlier.max_ejected_percent,
         buffer_when_cold=g.autoscaling is not None and g.autoscaling.min == 0,
     )

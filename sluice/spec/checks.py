@@ -146,6 +146,7 @@ def _references(spec: PlatformSpec) -> Iterator[Problem]:
             yield ("groups", i, "backup"), f"backup {g.backup!r} must be another existing group"
     for i, r in enumerate(spec.routes):
         yield from _route_groups(i, r, groups)
+        yield from _mirror_tenants(i, r, spec)
     tenant_names = {t.name for t in spec.tenants}
     for i, r in enumerate(spec.routes):
         for j, t in enumerate(r.match.tenants):
@@ -311,6 +312,22 @@ def _rollouts(spec: PlatformSpec) -> Iterator[Problem]:
                 f"tenant {t.name!r} may reach baseline {r.baseline!r} of rollout {r.name!r} "
                 f"but not its canary {r.canary!r}; add {r.canary!r} to its groups",
             )
+
+
+def _mirror_tenants(i: int, route: RouteSpec, spec: PlatformSpec) -> Iterator[Problem]:
+    """A mirror copies a tenant's requests to another group: every tenant the rule can match
+    must be allowed that group too (R7), or its data would reach a group it may not use."""
+    if route.mirror is None:
+        return
+    mirror = route.mirror.group
+    matched = [t for t in spec.tenants if not route.match.tenants or t.name in route.match.tenants]
+    shut_out = [t.name for t in matched if "*" not in t.groups and mirror not in t.groups]
+    if shut_out:
+        yield (
+            ("routes", i, "mirror", "group"),
+            f"tenant(s) {', '.join(shut_out)} may reach this rule but not its mirror group "
+            f"{mirror!r}; add {mirror!r} to their groups or narrow the rule's tenants",
+        )
 
 
 def _route_groups(i: int, route: RouteSpec, groups: dict[str, GroupSpec]) -> Iterator[Problem]:

@@ -23,6 +23,7 @@ __all__ = [
     "SECRET_FIELDS",
     "ControlSpec",
     "EmbeddingParams",
+    "GatewayLimits",
     "GatewaySpec",
     "GroupSpec",
     "HealthSpec",
@@ -167,10 +168,14 @@ class QueueSpec(_Strict):
 
 class OutlierSpec(_Strict):
     """Eject an instance that keeps failing (connect errors, 5xx), like Envoy's outlier
-    detection; each repeat ejection lasts longer (base x times ejected)."""
+    detection; each repeat ejection lasts longer (base x times ejected, at most
+    `max_ejection_s`), and the multiplier decays while the instance stays healthy."""
 
     consecutive_failures: int = Field(default=5, ge=1, le=1000)
     base_ejection_s: float = Field(default=30.0, gt=0, le=3600)
+    max_ejection_s: float = Field(
+        default=300.0, gt=0, le=86_400, description="cap on one ejection (Envoy's default)"
+    )
     max_ejected_percent: int = Field(default=50, ge=0, le=100)
 
 
@@ -440,9 +445,57 @@ class RouteSpec(_Strict):
         return self
 
 
+class GatewayLimits(_Strict):
+    """What one client may cost the gateway before it is authenticated (defaults in the spirit
+    of nginx and Envoy). Each refusal is a JSON error naming the limit and its value."""
+
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="the request head as sent (request line and header lines), bytes: 431",
+    )
+    max_headers: int = Field(default=100, ge=8, le=10_000, description="header lines: 431")
+    max_request_line_bytes: int = Field(
+        default=8 * 1024, ge=256, le=1024 * 1024, description="the request URL, bytes: 414"
+    )
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024, description="bytes: 413"
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="the whole head must arrive within this long of its first byte (of the "
+        "connection's opening, for its first request): 408, then close",
+    )
+    body_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="the whole body must arrive within this long of the end of the head: 408",
+    )
+    keepalive_timeout_s: float = Field(
+        default=75.0, gt=0, le=3600, description="an idle connection closes after this long"
+    )
+    max_connections: int = Field(
+        default=10_000, ge=0, description="client connections at once (0: no cap): 503"
+    )
+    max_connections_per_ip: int = Field(
+        default=256,
+        ge=0,
+        description="client connections at once from one address (0: no cap): 503; raise it "
+        "behind a load balancer, whose connections all come from few addresses",
+    )
+    max_json_depth: int = Field(
+        default=64, ge=2, le=1000, description="nesting of the request body's JSON: 400"
+    )
+
+
 class GatewaySpec(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    limits: GatewayLimits = GatewayLimits()
 
 
 class ReviewSpec(_Strict):
@@ -475,11 +528,39 @@ class ControlSpec(_Strict):
     review: ReviewSpec = ReviewSpec()
 
 
+class RetentionSpec(_Strict):
+    """How much history is kept: logs rotate by size (copy, then truncate, so any process
+    writing them keeps going), store rows expire by age; the audit log is kept longest.
+    Applied every `interval_s` and by `sluice gc`."""
+
+    access_log_max_mb: float = Field(default=100.0, gt=0, le=100_000)
+    access_log_keep: int = Field(default=5, ge=1, le=100, description="rotated files kept")
+    instance_log_max_mb: float = Field(default=20.0, gt=0, le=100_000)
+    instance_log_keep: int = Field(default=2, ge=1, le=100)
+    stopped_instance_logs_days: float = Field(default=7.0, gt=0, le=3650)
+    events_days: float = Field(default=30.0, gt=0, le=3650)
+    decisions_days: float = Field(default=30.0, gt=0, le=3650)
+    loans_days: float = Field(default=90.0, gt=0, le=3650, description="ended loans")
+    audit_days: float = Field(default=400.0, gt=0, le=36_500)
+    interval_s: float = Field(default=300.0, ge=10, le=86_400)
+
+    @model_validator(mode="after")
+    def _audit_kept_longest(self) -> RetentionSpec:
+        longest = max(self.events_days, self.decisions_days, self.loans_days)
+        if self.audit_days < longest:
+            raise ValueError(
+                f"audit_days = {self.audit_days:g} must be >= every other retention "
+                f"({longest:g}): the audit log is kept longest"
+            )
+        return self
+
+
 class PlatformSpec(_Strict):
     """The whole desired state an operator writes (one YAML file)."""
 
     gateway: GatewaySpec = GatewaySpec()
     control: ControlSpec = ControlSpec()
+    retention: RetentionSpec = RetentionSpec()
     pools: list[PoolSpec] = Field(min_length=1)
     groups: list[GroupSpec] = Field(default_factory=list)
     tenants: list[TenantSpec] = Field(default_factory=list)

@@ -36,6 +36,7 @@ from sluice.store.records import (
     InstanceRecord,
     Revision,
 )
+from sluice.store.retention import RetentionStore
 from sluice.store.tokens import TokenStore
 
 __all__ = ["Store"]
@@ -45,7 +46,7 @@ _MIGRATIONS = Path(__file__).with_name("migrations")
 _SQLITE_PRAGMAS = ("PRAGMA busy_timeout=5000", "PRAGMA journal_mode=WAL", "PRAGMA foreign_keys=ON")
 
 
-class Store(JournalStore, TokenStore):
+class Store(JournalStore, TokenStore, RetentionStore):
     """Synchronous access to the state database; open with `Store.open` or `Store.for_home`."""
 
     @classmethod

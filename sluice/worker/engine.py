@@ -40,6 +40,8 @@ class Worker:
         self.queued = 0
         self.served = 0
         self.errors = 0
+        self.disconnected = 0
+        """Requests whose client went away first (stopped at once): neither served nor errors."""
         self.failure: str | None = None
         self.on_failure: Callable[[], None] | None = None
         """Called once if a model fails to load: the process should stop, not idle unready."""
@@ -124,9 +126,13 @@ class Worker:
         self.inflight += 1
 
     def request_finished(self, model: str | None, status: str, seconds: float) -> None:
+        """`status`: the HTTP status sent, 'error' (broke off on this side) or 'disconnected'
+        (the client went away first)."""
         self.inflight -= 1
         if status.isdigit() and int(status) < 400:
             self.served += 1
+        elif status == "disconnected":
+            self.disconnected += 1
         else:
             self.errors += 1
         label = model or "-"
@@ -141,7 +147,8 @@ class Worker:
             "queued": self.queued,
             "served": self.served,
             "errors": self.errors,
-            "requests_total": self.served + self.errors,
+            "disconnected": self.disconnected,
+            "requests_total": self.served + self.errors + self.disconnected,
             "cpu_s_total": time.process_time(),
             "rss_bytes": _rss_bytes(),
             "memory_gb": self.memory_gb,

@@ -18,7 +18,8 @@ class WorkerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "sluice_worker_requests",
-            "Inference requests finished, by model and HTTP status ('error': broke off).",
+            "Inference requests finished, by model and HTTP status ('error': broke off on the "
+            "instance's side; 'disconnected': the client went away first).",
             ["model", "status"],
             registry=self.registry,
         )

@@ -4,22 +4,30 @@ Starlette rather than FastAPI keeps start-up light, since instances are launched
 Every POST under /v1/ passes through `_Accounting`, which counts it from arrival to the last
 byte sent (streams included), labels its metrics, stamps `x-sluice-model-version` and records
 one row in the samples ring (GET /sluice/samples) that canary analysis reads.
+
+A client that goes away stops its request: a stream's generator is closed (Starlette cancels
+it on `http.disconnect`), and a non-streaming generation or embedding runs against the
+client's `http.disconnect` and is cancelled by it, so its concurrency slot (or its place in
+the queue for one) is free at once. Such a request is counted as `disconnected`, not as an
+error: sample status 499, metrics status label `disconnected`, its own /stats counter.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,7 +36,7 @@ from sluice.core.errors import SluiceError, Unavailable
 from sluice.worker import protocol
 from sluice.worker.engine import Worker
 from sluice.worker.protocol import BadRequest, ChunkWriter
-from sluice.worker.runtimes import Endpoint, Runtime, TextRequest
+from sluice.worker.runtimes import Completion, Embeddings, Endpoint, Runtime, TextRequest
 from sluice.worker.samples import SAMPLE_TEXT_CHARS
 
 __all__ = ["build_app"]
@@ -40,10 +48,16 @@ _PATHS = {
     Endpoint.EMBEDDINGS: "/v1/embeddings",
 }
 _ROUTED = frozenset(_PATHS.values())
-_BROKE_OFF = 499
-"""Sample status of a request that broke off before its last byte (client gone, stream
-failed), after nginx's "client closed request"; metrics label it 'error'."""
+_CLIENT_GONE = 499
+"""Sample status of a request whose client went away before its last byte, after nginx's
+"client closed request": for canary analysis neither a success nor an error (a 4xx); metrics
+label it 'disconnected', and /stats counts it apart."""
+_BROKE_OFF = 500
+"""Sample status of a request that broke off on the instance's side (a stream that failed
+after its head went out): an error, as canary analysis counts them; metrics label it
+'error'."""
 _SAMPLES_LIMIT = 1000
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -54,6 +68,8 @@ class _Call:
     version: str | None = None
     status: int | None = None
     broken: bool = False
+    disconnected: bool = False
+    """The client's `http.disconnect` came before the response was complete."""
     started: float = 0.0
     """perf_counter at arrival; time to first token counts from here."""
     ttft_s: float | None = None
@@ -85,21 +101,32 @@ class _Accounting:
                     message = {**message, "headers": [*message.get("headers", []), version]}
             await send(message)
 
+        async def receive_watched() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                call.disconnected = True  # (uvicorn says so too once the response is done)
+            return message
+
         self.worker.request_started()
         try:
-            await self.app(scope, receive, send_stamped)
+            await self.app(scope, receive_watched, send_stamped)
         except BaseException:
             call.broken = True
             raise
         finally:
             seconds = time.perf_counter() - started
-            broken = call.broken or call.status is None
-            self.worker.request_finished(
-                call.model, "error" if broken else str(call.status), seconds
-            )
+            unfinished = call.broken or call.status is None or call.status == _CLIENT_GONE
+            if unfinished and call.disconnected:
+                outcome, status = "disconnected", _CLIENT_GONE
+            elif unfinished:
+                outcome, status = "error", _BROKE_OFF
+            else:
+                assert call.status is not None
+                outcome, status = str(call.status), call.status
+            self.worker.request_finished(call.model, outcome, seconds)
             self.worker.samples.record(
                 call.model,
-                _BROKE_OFF if broken or call.status is None else call.status,
+                status,
                 seconds,
                 call.ttft_s,
                 call.output_tokens,
@@ -178,6 +205,8 @@ def build_app(worker: Worker) -> Starlette:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise BadRequest("request body is not valid JSON") from None
+        except RecursionError:
+            raise BadRequest("request body JSON is nested too deeply") from None
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         model = body.get("model")
@@ -212,9 +241,15 @@ def build_app(worker: Worker) -> Starlette:
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache"},
             )
-        async with worker.slot():
-            result = await runtime.complete(text)
         call: _Call = request.scope[_CALL]
+
+        async def complete() -> Completion:
+            async with worker.slot():
+                return await runtime.complete(text)
+
+        result = await _unless_disconnected(request, complete())
+        if result is None:
+            return _gone()
         call.output_tokens, call.finish_reason = result.completion_tokens, result.finish_reason
         call.text = result.text[:SAMPLE_TEXT_CHARS]
         render = protocol.chat_response if chat else protocol.completion_response
@@ -265,8 +300,14 @@ def build_app(worker: Worker) -> Starlette:
         body, runtime = await admit(request, Endpoint.EMBEDDINGS)
         parsed = protocol.parse(protocol.EmbeddingRequest, body)
         inputs = parsed.inputs()
-        async with worker.slot():
-            result = await runtime.embed(inputs)
+
+        async def embed() -> Embeddings:
+            async with worker.slot():
+                return await runtime.embed(inputs)
+
+        result = await _unless_disconnected(request, embed())
+        if result is None:
+            return _gone()
         width = len(result.vectors[0])
         if parsed.dimensions is not None and parsed.dimensions != width:
             raise BadRequest(f"dimensions: this model's vectors have {width} dimensions")
@@ -288,12 +329,43 @@ def build_app(worker: Worker) -> Starlette:
         ],
         middleware=[Middleware(_Accounting, worker=worker)],
         exception_handlers={
+            ClientDisconnect: _client_disconnected,
             SluiceError: _sluice_error,
             HTTPException: _http_error,
             Exception: _internal_error,
         },
         lifespan=lifespan,
     )
+
+
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, _T]) -> _T | None:
+    """`work`'s result, or None if the client disconnected first: then `work` is cancelled
+    (and has let go of its slot or its place in the queue for one by the time this returns).
+    The body has been read, so the next ASGI message can only be `http.disconnect`."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # (also when this request is cancelled itself)
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()  # finished (or failed) first: answer as usual
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _gone() -> Response:
+    """The answer to a client that went away: never sent (uvicorn drops it), but it tells
+    the accounting what became of the request."""
+    return Response(status_code=_CLIENT_GONE)
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int | None = None) -> int:
@@ -309,6 +381,10 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int | 
         bound = f">= {low}" if high is None else f"between {low} and {high}"
         raise BadRequest(f"{name}: must be {bound}, got {value}")
     return value
+
+
+async def _client_disconnected(_request: Request, _exc: Exception) -> Response:
+    return _gone()  # it left while its body was being read
 
 
 async def _sluice_error(_request: Request, exc: Exception) -> Response:

@@ -396,6 +396,9 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/routes"): "/v1/routes",
     ("GET", "/v1/tokens"): "/v1/tokens",
     ("GET", "/v1/whoami"): "/v1/whoami",
+    ("GET", "/v1/status"): "/v1/status",
+    ("GET", "/v1/openapi.json"): "/v1/openapi.json",
+    ("POST", "/v1/gc"): "/v1/gc",
     ("POST", "/v1/groups/{group}/failover"): "/v1/groups/alpha/failover",
     ("POST", "/v1/groups/{group}/restore"): "/v1/groups/alpha/restore",
     ("POST", "/v1/groups/{group}/scale"): "/v1/groups/alpha/scale",
@@ -410,6 +413,7 @@ ROUTES: dict[tuple[str, str], str] = {
 
 
 ADMIN_POSTS = {
+    "/v1/gc",
     "/v1/proposals/{proposal_id}/approve",
     "/v1/proposals/{proposal_id}/reject",
     "/v1/revisions",
@@ -675,6 +679,8 @@ def every_get(s: Sluice, token: str) -> list[tuple[str, bytes]]:
             "/v1/routes": "/v1/routes",
             "/v1/tokens": "/v1/tokens",
             "/v1/whoami": "/v1/whoami",
+            "/v1/status": "/v1/status",
+            "/v1/openapi.json": "/v1/openapi.json",
         }
         ids = [p["id"] for p in props.json()]
         assert ids, props.text

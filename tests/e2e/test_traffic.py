@@ -173,3 +173,20 @@ def test_every_access_log_line_carries_its_rule_tag(platform: Sluice) -> None:
     assert len(served) == 100
     assert Counter(x["route"] for x in served) == {"chat-split": 50, "risk-main": 50}
     assert all(x["group"] and x["instance"] for x in served)
+
+
+def test_an_apply_that_would_strand_a_failover_is_refused(platform: Sluice) -> None:
+    platform.cli("route", "failover", "chat", "--to", "chat-backup", "--reason", "e2e")
+    try:
+        narrowed = platform.home / "narrowed.yaml"
+        narrowed.write_text(
+            SPEC.replace("groups: [chat, chat-canary, chat-backup]", "groups: [chat, chat-canary]")
+        )
+        before = platform.cli("get", "routes")
+        out = platform.cli("apply", "-f", str(narrowed), "--reason", "e2e", check=False)
+        assert out["error"]["code"] == "conflict", out
+        assert "would strand failover chat -> chat-backup" in out["error"]["message"]
+        assert "tenant(s) search may use 'chat' but not 'chat-backup'" in out["error"]["message"]
+        assert platform.cli("get", "routes") == before  # nothing applied
+    finally:
+        platform.cli("route", "restore", "chat", "--reason", "e2e over")

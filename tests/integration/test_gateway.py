@@ -16,6 +16,7 @@ import pytest
 
 from sluice.gateway import Gateway
 from sluice.policy.routing import RouteRule, RoutingSnapshot, TenantAccess
+from sluice.spec.models import GatewayLimits
 
 from .gateway_fakes import (
     AUTH,
@@ -126,7 +127,8 @@ async def test_headers_naming_internals_are_not_relayed() -> None:
 async def test_errors_are_json_with_known_headers() -> None:
     tenant = TenantAccess("t1", models=frozenset({"m1"}))
     snap = make_snapshot(1, [], tenant=tenant)
-    async with running(snapshot=snap, max_body_bytes=1000) as (_, client, log):
+    limits = GatewayLimits(max_body_bytes=1024)
+    async with running(snapshot=snap, limits=limits) as (_, client, log):
 
         async def call(body: Any, headers: dict[str, str] = AUTH, raw: bytes | None = None):
             content = raw if raw is not None else json.dumps(body).encode()

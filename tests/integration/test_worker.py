@@ -505,3 +505,74 @@ def test_seeded_text_depends_on_version_and_prompt_not_instance(launch: Launch) 
     assert "tok" not in old and len(old.split()) == 12
     assert old != text(first, "new", "tell me a story")
     assert old != text(first, "old", "another prompt")
+
+
+# --- Clients that go away ----------------------------------------------------------------
+
+
+def _raw_post(worker: Worker, path: str, body: dict[str, Any]) -> socket.socket:
+    """A request sent on a socket of its own, whose answer nobody will read."""
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", int(worker.url.rsplit(":", 1)[1])), timeout=5)
+    sock.sendall(
+        b"POST %s HTTP/1.1\r\nhost: w\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (path.encode(), len(payload), payload)
+    )
+    return sock
+
+
+def _wait_idle(worker: Worker, timeout: float = 5.0) -> float:
+    """Seconds until the worker has nothing in flight (fails after `timeout`)."""
+    start = time.monotonic()
+    while (stats := worker.stats())["inflight"] or stats["queued"]:
+        assert time.monotonic() - start < timeout, f"still busy: {stats}"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_a_client_leaving_stops_its_generation_and_frees_the_slot(launch: Launch) -> None:
+    busy = launch({"slow": sim(30.0, output_tokens=300), "fast": sim(0.01)}, max_concurrency=2)
+    busy.wait_for("/ready", START_TIMEOUT_S)
+    chat = {"model": "slow", "messages": [{"role": "user", "content": "x"}]}
+    kinds = [
+        ("/v1/chat/completions", chat),  # non-streaming, in a slot
+        ("/v1/chat/completions", chat | {"stream": True}),  # streaming, in a slot
+        ("/v1/completions", {"model": "slow", "prompt": "x"}),  # waiting for a slot
+        ("/v1/embeddings", {"model": "slow", "input": "x"}),  # waiting for a slot
+    ]
+    socks = [_raw_post(busy, path, body) for path, body in kinds]
+    partial = socket.create_connection(("127.0.0.1", int(busy.url.rsplit(":", 1)[1])))
+    partial.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: w\r\ncontent-length: 99\r\n\r\n{")
+    socks.append(partial)  # and one still sending its body
+    deadline = time.monotonic() + 5
+    while (busy.stats()["inflight"], busy.stats()["queued"]) != (5, 2):
+        assert time.monotonic() < deadline, busy.stats()
+        time.sleep(0.02)
+    assert socks[1].recv(65536).startswith(b"HTTP/1.1 200 OK")  # the stream has begun
+    for sock in socks:
+        sock.close()
+    freed = _wait_idle(busy)
+    start = time.monotonic()
+    fast = busy.post("/v1/completions", {"model": "fast", "prompt": "x"})
+    took = time.monotonic() - start
+    print(
+        f"\n5 clients left: worker idle after {freed * 1000:.0f} ms; next took {took * 1000:.0f} ms"
+    )
+    assert fast.status_code == 200 and took < 5.0
+    stats = busy.stats()
+    assert (stats["disconnected"], stats["errors"], stats["served"]) == (5, 0, 1)
+    assert stats["requests_total"] == 6
+    rows = _samples(busy)["samples"]
+    assert sorted(row["status"] for row in rows) == [200] + [499] * 5
+    streamed = next(r for r in rows if r["status"] == 499 and r["output_tokens"] is not None)
+    assert streamed["output_tokens"] < 300  # stopped early, not generated to the end
+    metrics = busy.get("/metrics").text
+    assert 'sluice_worker_requests_total{model="slow",status="disconnected"} 4.0' in metrics
+    assert 'status="error"' not in metrics
+
+
+def test_deeply_nested_json_is_a_400_on_the_worker(worker: Worker) -> None:
+    deep = b'{"model":"chat-sim","x":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    response = httpx.post(worker.url + "/v1/completions", content=deep, timeout=5)
+    assert response.status_code == 400, response.text
+    assert "nested too deeply" in response.json()["error"]["message"]

@@ -129,8 +129,25 @@ def test_ejection_expires_and_a_repeat_lasts_longer() -> None:
     assert det.record_failure("a", 1.0, 2, "connect") is None  # already ejected
     assert set(det.ejected(9.99)) == {"a"}
     assert det.ejected(10.0) == {}
-    second = det.record_failure("a", 20.0, 2, "connect")
-    assert second is not None and second.times == 2 and second.until == 40.0
+    second = det.record_failure("a", 15.0, 2, "connect")  # back only 5 s: no decay yet
+    assert second is not None and second.times == 2 and second.until == 35.0
+
+
+def test_an_ejection_is_capped_and_the_multiplier_decays_while_healthy() -> None:
+    det = OutlierDetector(1, base_ejection_s=10.0, max_ejected_percent=100, max_ejection_s=45.0)
+    now, untils = 0.0, []
+    for _ in range(6):  # fails again the moment it returns
+        ejection = det.record_failure("a", now, 2, "HTTP 500")
+        assert ejection is not None
+        untils.append(ejection.until - now)
+        now = ejection.until
+    assert untils == [10.0, 20.0, 30.0, 40.0, 45.0, 45.0]  # base x times, at most the cap
+    # 6 ejections deep; 35 s healthy takes 3 off the multiplier: the next lasts 4 x base
+    later = det.record_failure("a", now + 35.0, 2, "HTTP 500")
+    assert later is not None and later.times == 4 and later.until - (now + 35.0) == 40.0
+    # a day later it starts again at the base
+    fresh = det.record_failure("a", later.until + 86_400, 2, "HTTP 500")
+    assert fresh is not None and fresh.times == 1 and fresh.until == later.until + 86_400 + 10.0
 
 
 def test_ejected_share_is_capped_and_forget_drops_gone_instances() -> None:

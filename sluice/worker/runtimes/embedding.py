@@ -3,6 +3,7 @@
 torch and sentence-transformers are imported only inside `load`, so sim workers never pay for
 them. Loading and encoding run in a thread to keep the event loop answering /health; one
 lock serialises encodes because the fast tokenizer is not safe to call from two threads.
+A cancelled request (its client went away) stops between batches.
 """
 
 from __future__ import annotations
@@ -49,9 +50,18 @@ class EmbeddingRuntime(Runtime):
         size = self.params.max_batch
         async with self._lock:
             for start in range(0, len(inputs), size):
-                batch_vectors, batch_tokens = await asyncio.to_thread(
-                    self._encode, inputs[start : start + size]
+                batch = asyncio.ensure_future(
+                    asyncio.to_thread(self._encode, inputs[start : start + size])
                 )
+                try:
+                    batch_vectors, batch_tokens = await asyncio.shield(batch)
+                except asyncio.CancelledError:
+                    # The client went away: stop after this batch, but keep the lock until its
+                    # thread is done (the tokenizer must not run in two threads at once).
+                    await asyncio.wait([batch])
+                    if not batch.cancelled():
+                        batch.exception()  # (retrieved: nobody wants it now)
+                    raise
                 vectors.extend(batch_vectors)
                 prompt_tokens += batch_tokens
         return Embeddings(vectors, prompt_tokens)

@@ -1,0 +1,116 @@
+"""Bounded history: rotate the access log and instance logs by size, drop the logs of
+instances long gone, and expire old store rows, every `retention.interval_s` and on
+`sluice gc`.
+
+Logs rotate by copy-then-truncate (logrotate's `copytruncate`): the gateway and every
+instance keep writing to the same open file (opened for append), so no process has to be
+told; the few lines written between the copy and the truncation can be lost, which is the
+usual price of that method and acceptable for logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sluice.core import Clock
+from sluice.spec import RetentionSpec
+from sluice.store import Store
+
+__all__ = ["Housekeeper", "rotate"]
+
+log = logging.getLogger("sluice.housekeeping")
+_DAY = 86_400.0
+_MB = 1 << 20
+
+
+class Housekeeper:
+    """`running` names the instances whose logs are still being written."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        access_log: Path,
+        instance_logs: Path,
+        running: Callable[[], set[str]],
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._access_log = access_log
+        self._instance_logs = instance_logs
+        self._running = running
+
+    async def run_once(self, retention: RetentionSpec) -> dict[str, Any]:
+        """One pass; returns what it did (rotated files, removed logs, pruned rows)."""
+        running = self._running()
+        files = await asyncio.to_thread(self._logs, retention, running)
+        now = self._clock.now()
+        pruned = await asyncio.to_thread(
+            self._store.prune,
+            events_before=now - retention.events_days * _DAY,
+            decisions_before=now - retention.decisions_days * _DAY,
+            loans_ended_before=now - retention.loans_days * _DAY,
+            audit_before=now - retention.audit_days * _DAY,
+        )
+        return {**files, "pruned": asdict(pruned)}
+
+    async def loop(self, retention: Callable[[], RetentionSpec]) -> None:
+        """Forever, every `interval_s` of the live spec; a failed pass is logged, retried
+        next time, and never stops anything else."""
+        while True:
+            spec = retention()
+            try:
+                done = await self.run_once(spec)
+                if done["rotated"] or done["removed"] or any(done["pruned"].values()):
+                    log.info("housekeeping: %s", done)
+            except Exception:
+                log.exception("housekeeping pass failed; next try in %gs", spec.interval_s)
+            await asyncio.sleep(spec.interval_s)
+
+    def _logs(self, retention: RetentionSpec, running: set[str]) -> dict[str, Any]:
+        rotated: list[str] = []
+        removed: list[str] = []
+        if rotate(self._access_log, retention.access_log_max_mb * _MB, retention.access_log_keep):
+            rotated.append(self._access_log.name)
+        stale_before = time.time() - retention.stopped_instance_logs_days * _DAY
+        for path in sorted(self._instance_logs.glob("*.log")):
+            if path.stem in running:
+                if rotate(path, retention.instance_log_max_mb * _MB, retention.instance_log_keep):
+                    rotated.append(path.name)
+            elif _mtime(path) < stale_before:
+                for old in [path, *path.parent.glob(f"{path.name}.*")]:
+                    old.unlink(missing_ok=True)
+                removed.append(path.name)
+        return {"rotated": rotated, "removed": removed}
+
+
+def rotate(path: Path, max_bytes: float, keep: int) -> bool:
+    """If `path` is over `max_bytes`: shift `path.1..keep-1` up by one (dropping the
+    oldest), copy `path` to `path.1`, truncate `path`. True if it rotated."""
+    try:
+        if path.stat().st_size <= max_bytes:
+            return False
+    except FileNotFoundError:
+        return False
+    for k in range(keep, 1, -1):
+        older = path.with_name(f"{path.name}.{k - 1}")
+        if older.exists():
+            older.replace(path.with_name(f"{path.name}.{k}"))
+    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+    with open(path, "r+b") as f:
+        f.truncate(0)
+    return True
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return float("inf")

@@ -1,0 +1,72 @@
+"""Bounded history on a real store and real files: logs rotate by size while their writer
+keeps writing, logs of long-gone instances go, old rows expire, the audit log lasts longest."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sluice.control.housekeeping import Housekeeper, rotate
+from sluice.core import ManualClock
+from sluice.spec import RetentionSpec
+from sluice.store import Store
+
+DAY = 86_400.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store.for_home(tmp_path)
+    yield s
+    s.close()
+
+
+def test_copy_truncate_rotation_keeps_the_writer_writing(tmp_path: Path) -> None:
+    log = tmp_path / "access.log"
+    with open(log, "a", encoding="utf-8") as writer:  # as the gateway opens it
+        for round_ in range(4):
+            writer.write(f"round {round_}\n" * 100)
+            writer.flush()
+            assert rotate(log, max_bytes=500, keep=2)
+        writer.write("after\n")
+        writer.flush()
+    assert log.read_text() == "after\n"  # the open file went on at the new end
+    assert (tmp_path / "access.log.1").read_text() == "round 3\n" * 100
+    assert (tmp_path / "access.log.2").read_text() == "round 2\n" * 100
+    assert not (tmp_path / "access.log.3").exists()  # keep=2: older ones dropped
+    assert not rotate(log, max_bytes=500, keep=2)  # small again: nothing to do
+    assert not rotate(tmp_path / "missing.log", max_bytes=1, keep=1)
+
+
+def test_a_pass_rotates_prunes_and_keeps_the_audit_longest(store: Store, tmp_path: Path) -> None:
+    clock = ManualClock(1000 * DAY)
+    logs = tmp_path / "instances"
+    logs.mkdir()
+    (logs / "live-1.log").write_text("x" * 3000)
+    (logs / "gone-1.log").write_text("old")
+    (logs / "gone-1.log.1").write_text("older")
+    (logs / "gone-2.log").write_text("recent")
+    ten_days_ago = time.time() - 10 * DAY
+    os.utime(logs / "gone-1.log", (ten_days_ago, ten_days_ago))
+    for age_days in (400.5, 40, 1):
+        at = clock.now() - age_days * DAY
+        store.append_event(group="g", instance=None, kind="k", message="m", detail={}, now=at)
+        store.append_audit(actor="a", action="x", target="t", reason="r", detail={}, now=at)
+    keeper = Housekeeper(store, clock, tmp_path / "access.log", logs, lambda: {"live-1"})
+    retention = RetentionSpec(instance_log_max_mb=0.001, stopped_instance_logs_days=7)
+    done = asyncio.run(keeper.run_once(retention))
+    assert done["rotated"] == ["live-1.log"]
+    assert done["removed"] == ["gone-1.log"]  # gone 10 days; gone-2 only just
+    assert sorted(p.name for p in logs.iterdir()) == ["gone-2.log", "live-1.log", "live-1.log.1"]
+    assert done["pruned"] == {"events": 2, "decisions": 0, "loans": 0, "audit": 1}
+    assert len(store.list_events()) == 1 and len(store.list_audit()) == 2
+
+
+def test_the_audit_log_must_be_kept_longest() -> None:
+    with pytest.raises(ValueError, match="the audit log is kept longest"):
+        RetentionSpec(events_days=500, audit_days=400)
