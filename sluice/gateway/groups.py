@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sluice.gateway.metrics import DURATION_BUCKETS_S, GroupMetrics
 from sluice.policy.admission import GroupAdmission
 from sluice.policy.autoscale.base import TrafficSample
-from sluice.policy.balance import pick_affinity, pick_endpoint
+from sluice.policy.balance import RampHold, pick_affinity, pick_endpoint
 from sluice.policy.outlier import Ejection, OutlierDetector
 from sluice.policy.routing import Endpoint, GroupTraffic
 
@@ -51,6 +51,7 @@ class GroupRuntime:
         "metrics",
         "name",
         "outlier",
+        "ramp",
         "ramping",
         "settle_at",
         "slow_start_s",
@@ -67,6 +68,8 @@ class GroupRuntime:
             self.traffic.max_queue, self.traffic.max_wait_s
         )
         self.outlier = self._detector(self.traffic)
+        self.ramp = RampHold()
+        """Ramp seconds each new instance's failures took back (slow start that listens)."""
         self.endpoints: tuple[Endpoint, ...] = ()
         self.candidates: tuple[Endpoint, ...] = ()
         """What the balancer picks from: endpoints not ejected (all of them in panic mode)."""
@@ -99,7 +102,8 @@ class GroupRuntime:
             traffic.affinity_header.lower().encode() if traffic.affinity_header else None
         )
         self.endpoints = endpoints
-        self.settle_at = max((ep.ready_at for ep in endpoints), default=0.0) + traffic.slow_start_s
+        self.ramp.forget({ep.instance_id for ep in endpoints})
+        self.settle_at = self.ramp.settle_at(endpoints, traffic.slow_start_s)
         self.ramping = traffic.slow_start_s > 0 and time.time() < self.settle_at
         self.outlier.forget({ep.instance_id for ep in endpoints})
         return self.refresh(now)
@@ -140,14 +144,22 @@ class GroupRuntime:
         wall = time.time()
         if wall >= self.settle_at:
             self.ramping = False
-        return pick_endpoint(candidates, outstanding, rng, wall, self.slow_start_s)
+        return pick_endpoint(
+            candidates, outstanding, rng, wall, self.slow_start_s, held=self.ramp.held
+        )
 
     def pick_other(self, failed: Endpoint, outstanding: Mapping[str, int], rng: Random) -> Endpoint:
         """Another instance for a retry, or `failed` itself if it is the only one."""
         wall = time.time()
         slow_start = self.slow_start_s if self.ramping else 0.0
         other = pick_endpoint(
-            self.candidates, outstanding, rng, wall, slow_start, skip=(failed.instance_id,)
+            self.candidates,
+            outstanding,
+            rng,
+            wall,
+            slow_start,
+            skip=(failed.instance_id,),
+            held=self.ramp.held,
         )
         return other if other is not None else failed
 
@@ -156,8 +168,11 @@ class GroupRuntime:
     def failure(self, instance_id: str, reason: str, now: float) -> list[Exchange]:
         """An instance failed a request (connect error, broken response, 5xx); returns the
         waiters admitted if this changed the slots (it never adds any, but keep it uniform)."""
-        if all(ep.instance_id != instance_id for ep in self.endpoints):
+        ep = next((e for e in self.endpoints if e.instance_id == instance_id), None)
+        if ep is None:
             return []  # gone from the group since the request started
+        if self.ramping and self.ramp.failed(ep, time.time(), self.slow_start_s):
+            self.settle_at = self.ramp.settle_at(self.endpoints, self.slow_start_s)
         ejection = self.outlier.record_failure(instance_id, now, len(self.endpoints), reason)
         if ejection is None:
             return []

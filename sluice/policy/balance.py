@@ -4,7 +4,10 @@ slow start for new instances and optional affinity (S3).
 Power of two choices (Mitzenmacher) gets close to least-loaded without every gateway herding
 onto the same instance. Slow start: an instance READY for `t` seconds of `slow_start_s`
 counts its load divided by a weight that ramps from 10% to 100%, so it takes a small share
-first and its full share once it has answered for a while.
+first and its full share once it has answered well for a while. The ramp listens
+(`RampHold`): each request a ramping instance fails takes back a quarter of its ramp, so
+an instance that answers badly stays at a small share (and outlier ejection or the health
+probes take it out), while one that answers well reaches its full share on time.
 """
 
 from __future__ import annotations
@@ -15,19 +18,57 @@ from random import Random
 
 from sluice.policy.routing import Endpoint
 
-__all__ = ["MIN_SLOW_START_WEIGHT", "pick_affinity", "pick_endpoint", "slow_start_weight"]
+__all__ = [
+    "MIN_SLOW_START_WEIGHT",
+    "RampHold",
+    "pick_affinity",
+    "pick_endpoint",
+    "slow_start_weight",
+]
 
 MIN_SLOW_START_WEIGHT = 0.1
+HOLD_BACK = 0.25
+"""Share of `slow_start_s` one failed request takes back from a ramping instance."""
+_NOT_HELD: Mapping[str, float] = {}
 
 
-def slow_start_weight(ep: Endpoint, now: float, slow_start_s: float) -> float:
-    """1.0 for a settled instance; MIN..1.0 linearly over its first `slow_start_s` seconds."""
+def slow_start_weight(ep: Endpoint, now: float, slow_start_s: float, held_s: float = 0.0) -> float:
+    """1.0 for a settled instance; MIN..1.0 linearly over its first `slow_start_s` seconds
+    of ramp (its age less the `held_s` its failures took back)."""
     if slow_start_s <= 0:
         return 1.0
-    age = now - ep.ready_at
+    age = now - ep.ready_at - held_s
     if age >= slow_start_s:
         return 1.0
     return max(MIN_SLOW_START_WEIGHT, age / slow_start_s)
+
+
+class RampHold:
+    """Slow start that listens (S3): the seconds of ramp each instance's failures took
+    back. Mutable, one per group, fed by the data plane."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, float] = {}
+
+    def failed(self, ep: Endpoint, now: float, slow_start_s: float) -> bool:
+        """Count a failed request of `ep`; True if it was ramping (its ramp moved back)."""
+        held = self.held.get(ep.instance_id, 0.0)
+        ramped = now - ep.ready_at - held
+        if slow_start_s <= 0 or ramped >= slow_start_s:
+            return False
+        self.held[ep.instance_id] = held + min(slow_start_s * HOLD_BACK, max(ramped, 0.0))
+        return True
+
+    def settle_at(self, endpoints: Sequence[Endpoint], slow_start_s: float) -> float:
+        """When the last of `endpoints` reaches its full share, if nothing fails."""
+        return (
+            max((ep.ready_at + self.held.get(ep.instance_id, 0.0) for ep in endpoints), default=0.0)
+            + slow_start_s
+        )
+
+    def forget(self, keep: Container[str]) -> None:
+        for iid in [i for i in self.held if i not in keep]:
+            del self.held[iid]
 
 
 def pick_endpoint(
@@ -37,13 +78,15 @@ def pick_endpoint(
     now: float,
     slow_start_s: float = 0.0,
     skip: Container[str] = (),
+    held: Mapping[str, float] = _NOT_HELD,
 ) -> Endpoint | None:
     """Two random candidates (not in `skip`), the one with the lower weighted load wins.
 
     Load is (outstanding + 1) / slow_start_weight. If the winner is already at its
     `max_concurrency`, the least-loaded candidate with a free slot is taken instead (a scan,
     only then). None if every candidate is skipped. `now` and `slow_start_s` are seconds on
-    the clock of `Endpoint.ready_at` (wall clock); `slow_start_s <= 0` turns slow start off.
+    the clock of `Endpoint.ready_at` (wall clock); `slow_start_s <= 0` turns slow start off;
+    `held`: ramp seconds taken back per instance (`RampHold.held`).
     """
     pool = [ep for ep in candidates if ep.instance_id not in skip] if skip else candidates
     n = len(pool)
@@ -62,8 +105,8 @@ def pick_endpoint(
     out_a = outstanding.get(a.instance_id, 0)
     out_b = outstanding.get(b.instance_id, 0)
     if slow_start_s > 0:
-        load_a = (out_a + 1) / slow_start_weight(a, now, slow_start_s)
-        load_b = (out_b + 1) / slow_start_weight(b, now, slow_start_s)
+        load_a = (out_a + 1) / slow_start_weight(a, now, slow_start_s, held.get(a.instance_id, 0))
+        load_b = (out_b + 1) / slow_start_weight(b, now, slow_start_s, held.get(b.instance_id, 0))
         best, out = (a, out_a) if load_a <= load_b else (b, out_b)
     else:  # every weight is 1: compare the counts (the common, settled case)
         best, out = (a, out_a) if out_a <= out_b else (b, out_b)
@@ -75,7 +118,8 @@ def pick_endpoint(
     return min(
         free,
         key=lambda ep: (
-            (outstanding.get(ep.instance_id, 0) + 1) / slow_start_weight(ep, now, slow_start_s)
+            (outstanding.get(ep.instance_id, 0) + 1)
+            / slow_start_weight(ep, now, slow_start_s, held.get(ep.instance_id, 0.0))
         ),
     )
 

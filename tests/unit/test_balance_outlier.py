@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from sluice.policy.balance import pick_affinity, pick_endpoint, slow_start_weight
+from sluice.policy.balance import RampHold, pick_affinity, pick_endpoint, slow_start_weight
 from sluice.policy.outlier import OutlierDetector
 from sluice.policy.ratelimit import TokenBucket
 from sluice.policy.routing import Endpoint
@@ -54,7 +54,9 @@ def test_skip_and_empty() -> None:
     assert pick_endpoint([], {}, rng, 0.0) is None
 
 
-def share_of_new(age_s: float, slow_start_s: float = 10.0, seed: int = 4) -> float:
+def share_of_new(
+    age_s: float, slow_start_s: float = 10.0, seed: int = 4, held: dict[str, float] | None = None
+) -> float:
     """Closed-loop simulation: 40 requests always in flight over two settled instances and one
     that became ready `age_s` ago; the share of picks the new one gets."""
     now = 1000.0
@@ -64,7 +66,7 @@ def share_of_new(age_s: float, slow_start_s: float = 10.0, seed: int = 4) -> flo
     inflight: list[str] = []
     picks: Counter[str] = Counter()
     for step in range(6000):
-        ep = pick_endpoint(pool, load, rng, now, slow_start_s)
+        ep = pick_endpoint(pool, load, rng, now, slow_start_s, held=held or {})
         assert ep is not None
         load[ep.instance_id] += 1
         inflight.append(ep.instance_id)
@@ -83,6 +85,27 @@ def test_slow_start_gives_a_new_instance_a_share_that_grows_with_age() -> None:
     assert shares[-1] == pytest.approx(1 / 3, abs=0.05)  # settled: a fair third
     assert slow_start_weight(Endpoint("x", "h", 1, 1, ready_at=0.0), 5.0, 10.0) == 0.5
     assert slow_start_weight(Endpoint("x", "h", 1, 1, ready_at=0.0), 5.0, 0.0) == 1.0
+
+
+def test_slow_start_listens_failures_take_the_ramp_back() -> None:
+    new = Endpoint("new", "h", 1, 64, ready_at=994.0)  # 6 s into a 10 s ramp at t=1000
+    hold = RampHold()
+    assert hold.failed(new, 1000.0, 10.0)  # a failure while ramping: 2.5 s taken back
+    assert hold.held == {"new": 2.5}
+    assert slow_start_weight(new, 1000.0, 10.0, hold.held["new"]) == pytest.approx(0.35)
+    assert hold.settle_at([new], 10.0) == pytest.approx(994.0 + 2.5 + 10.0)
+    answering_well = share_of_new(6.0)
+    answering_badly = share_of_new(6.0, held=hold.held)
+    assert answering_badly < answering_well * 0.75  # its share stopped growing
+    for _ in range(10):  # it keeps failing: held at the floor, never below
+        hold.failed(new, 1000.0, 10.0)
+    assert hold.held["new"] == pytest.approx(6.0)
+    assert slow_start_weight(new, 1000.0, 10.0, hold.held["new"]) == 0.1
+    settled = Endpoint("old", "h", 1, 64, ready_at=0.0)
+    assert not hold.failed(settled, 1000.0, 10.0)  # settled instances: outlier ejection's job
+    assert not hold.failed(new, 1000.0, 0.0)  # slow start off
+    hold.forget({"old"})
+    assert hold.held == {}
 
 
 # -- affinity ---------------------------------------------------------------------------------
