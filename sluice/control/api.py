@@ -10,10 +10,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Collection
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -32,44 +32,57 @@ from sluice.store import Store
 __all__ = ["build_control_api"]
 
 
-class ScaleRequest(BaseModel):
+RowId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+"""A store row id (SQLite INTEGER): larger ones cannot exist, and SQLite refuses to bind them."""
+GroupName = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
+
+
+class _Body(BaseModel):
+    """A request body. Every `str` gets a (generous) length bound, which also makes pydantic
+    refuse text that is not Unicode (an unpaired surrogate, "\\ud800" in the JSON), so
+    nothing stored or echoed back fails to encode later."""
+
+    model_config = ConfigDict(str_max_length=1 << 24)
+
+
+class ScaleRequest(_Body):
     replicas: int = Field(ge=0, le=1000)
     reason: str = Field(min_length=1, description="why; recorded in the audit log")
 
 
-class FailoverRequest(BaseModel):
+class FailoverRequest(_Body):
     to: str | None = Field(default=None, description="backup group; default: spec `backup`")
     reason: str = Field(min_length=1)
 
 
-class RestoreRequest(BaseModel):
+class RestoreRequest(_Body):
     reason: str = Field(min_length=1)
 
 
-class RolloutRequest(BaseModel):
+class RolloutRequest(_Body):
     reason: str = Field(min_length=1, description="why; recorded in the audit log")
 
 
-class ApplyRequest(BaseModel):
+class ApplyRequest(_Body):
     yaml: str
     source: str = "<api>"
     reason: str = Field(min_length=1)
 
 
-class ProposeRequest(BaseModel):
+class ProposeRequest(_Body):
     yaml: str
     source: str = "<api>"
     reason: str = Field(min_length=1, description="why; recorded with the proposal")
 
 
-class ReviewRequest(BaseModel):
+class ReviewRequest(_Body):
     reason: str = Field(min_length=1, description="why; recorded in the audit log")
 
 
-class TokenRequest(BaseModel):
+class TokenRequest(_Body):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
     role: Role
-    groups: list[str] | None = Field(
+    groups: list[GroupName] | None = Field(
         default=None, min_length=1, description="scope: only these groups"
     )
     expires_in_s: float | None = Field(default=None, gt=0, le=10 * 365 * 86400)
@@ -139,7 +152,8 @@ def build_control_api(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        codes = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+        code = codes.get(exc.status_code, "http_error")
         body = {"error": {"code": code, "message": str(exc.detail)}}
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
@@ -344,17 +358,17 @@ def build_control_api(
         return [p.to_json() for p in await board().proposals(all, limit)]
 
     @api.get("/v1/proposals/{proposal_id}")
-    async def proposal(proposal_id: int) -> dict[str, Any]:
+    async def proposal(proposal_id: RowId) -> dict[str, Any]:
         return (await board().get(proposal_id)).to_json()
 
     @api.post("/v1/proposals/{proposal_id}/approve")
-    async def approve(proposal_id: int, body: ReviewRequest, me: Me) -> dict[str, Any]:
+    async def approve(proposal_id: RowId, body: ReviewRequest, me: Me) -> dict[str, Any]:
         """Apply it as a new revision; 409 for its author or if it is stale."""
         me.require(Role.ADMIN, "approving a proposal")
         return (await board().approve(proposal_id, me.name, body.reason)).to_json()
 
     @api.post("/v1/proposals/{proposal_id}/reject")
-    async def reject(proposal_id: int, body: ReviewRequest, me: Me) -> dict[str, Any]:
+    async def reject(proposal_id: RowId, body: ReviewRequest, me: Me) -> dict[str, Any]:
         """An admin rejects; the author may withdraw their own."""
         if (await board().get(proposal_id)).author != me.name:
             me.require(Role.ADMIN, "rejecting another person's proposal")

@@ -8,6 +8,7 @@ paths too, so each problem is reported as `file:line: field: what is wrong (and 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, get_args, get_origin
@@ -46,13 +47,80 @@ def load_spec_file(path: str | Path) -> LoadedSpec:
     return load_spec_text(text, str(p))
 
 
+MAX_DEPTH = 64
+"""Deepest nesting of collections a spec may have (PyYAML's composer recurses per level)."""
+MAX_NODES = 100_000
+"""Most values a spec may hold once its aliases are expanded ('billion laughs')."""
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader whose constructors report a scalar they cannot build as a YAML error with
+    its mark (PyYAML raises ValueError for `2024-13-45` or 5000 digits, KeyError for
+    `!!bool maybe`, AttributeError for `!!timestamp x`)."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, KeyError, AttributeError, TypeError, OverflowError):
+            kind = str(node.tag).rsplit(":", 1)[-1]
+            value = str(node.value)[:40] if isinstance(node, yaml.ScalarNode) else "this node"
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {value!r} as {kind}", node.start_mark
+            ) from None
+
+
+def check_shape(text: str, source: str) -> None:
+    """Refuse, before composing, what would exhaust the stack or the memory: nesting deeper
+    than MAX_DEPTH, an alias inside the node it names, more than MAX_NODES values once
+    aliases are expanded. PyYAML's parser is iterative: this pass is linear in the text."""
+    sizes: dict[str, int] = {}
+    stack: list[list[Any]] = []  # [anchor, values so far] of each open collection
+    total = 0
+
+    def refuse(event: yaml.Event, why: str) -> SpecError:
+        line = event.start_mark.line + 1 if event.start_mark is not None else None
+        return SpecError([SpecIssue("", why, source, line)])
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            if len(stack) >= MAX_DEPTH:
+                raise refuse(event, f"nested deeper than {MAX_DEPTH} levels")
+            stack.append([event.anchor, 1])
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            anchor, n = stack.pop()
+            if anchor is not None:
+                sizes[anchor] = n
+        elif isinstance(event, yaml.AliasEvent):
+            if any(open_anchor == event.anchor for open_anchor, _ in stack):
+                raise refuse(event, f"alias *{event.anchor} is inside the node it names")
+            n = sizes.get(event.anchor or "", 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            n = 1
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+        else:
+            continue
+        if stack:
+            stack[-1][1] += n
+            count = stack[-1][1]
+        else:
+            total += n
+            count = total
+        if count > MAX_NODES:
+            raise refuse(event, f"more than {MAX_NODES} values once aliases are expanded")
+
+
 def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:
     """Parse, validate fields, then check cross-references; raise SpecError with all issues."""
     try:
+        check_shape(text, source)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader
     except yaml.YAMLError as exc:
-        raise SpecError([_yaml_issue(exc, source)]) from None
+        raise SpecError([_yaml_issue(exc, source, text)]) from None
     if not isinstance(data, dict):
         raise SpecError([SpecIssue("", "the spec must be a YAML mapping (key: value)", source, 1)])
     lines = _line_map(node)
@@ -69,9 +137,14 @@ def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:
     return LoadedSpec(spec, text, source)
 
 
-def _yaml_issue(exc: yaml.YAMLError, source: str) -> SpecIssue:
+_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+
+
+def _yaml_issue(exc: yaml.YAMLError, source: str, text: str | None = None) -> SpecIssue:
     mark = getattr(exc, "problem_mark", None)
     line = mark.line + 1 if mark is not None else None
+    if line is None and isinstance(exc, yaml.reader.ReaderError) and text is not None:
+        line = len(_BREAKS.findall(text, 0, exc.position)) + 1  # no mark: count the breaks
     problem = getattr(exc, "problem", None) or str(exc)
     return SpecIssue("", f"not valid YAML: {problem}", source, line)
 
@@ -134,12 +207,19 @@ def _issues_from_pydantic(
             secret = any(p in SECRET_FIELDS for p in loc) or (
                 loc[:1] == ("tenants",) and len(loc) <= 2
             )
-            shown = "" if secret or isinstance(got, dict | list) else f" (got {got!r})"
+            shown = "" if secret or isinstance(got, dict | list) else f" (got {_shown(got)})"
             text = err["msg"].removeprefix("Value error, ")
             msg = f"{text}{shown}"
         field = _dotted(p for p in loc if not _is_union_tag(p))
         issues.append(SpecIssue(field, msg, source, _line_for(loc, lines)))
     return issues
+
+
+def _shown(value: Any) -> str:
+    try:
+        return repr(value)
+    except ValueError:  # an int past Python's 4300-digit limit for str()
+        return f"an integer of {value.bit_length()} bits"
 
 
 def _is_union_tag(part: str | int) -> bool:

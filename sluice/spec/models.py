@@ -53,7 +53,7 @@ Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PoolSpec(_Strict):
@@ -61,7 +61,7 @@ class PoolSpec(_Strict):
 
     name: Name
     accelerator: str = Field(default="virtual", description="accelerator type, e.g. h100-80g")
-    count: int = Field(ge=0, description="accelerators in the pool")
+    count: int = Field(ge=0, le=1_000_000, description="accelerators in the pool")
     memory_gb: float = Field(gt=0, description="memory of ONE accelerator, in GiB")
     price_per_hour: float = Field(default=0.0, ge=0, description="per accelerator")
     purpose: Literal["inference", "training"] = Field(

@@ -18,20 +18,28 @@ __all__ = ["BudgetSpec", "QuotaSpec"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class QuotaSpec(_Strict):
     """A group's share of its pool, in accelerators."""
 
-    guaranteed: int = Field(default=0, ge=0, description="units it always gets (nominal)")
-    limit: int | None = Field(default=None, ge=0, description="cap; None: the pool's size")
+    guaranteed: int = Field(
+        default=0, ge=0, le=1_000_000, description="units it always gets (nominal)"
+    )
+    limit: int | None = Field(
+        default=None, ge=0, le=1_000_000, description="cap; None: the pool's size"
+    )
     lendable: int | None = Field(
-        default=None, ge=0, description="idle guaranteed units others may borrow; None: all"
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="idle guaranteed units others may borrow; None: all",
     )
     borrow_limit: int | None = Field(
         default=None,
         ge=0,
+        le=1_000_000,
         description="units above its guarantee it may borrow; None: up to `limit`",
     )
     reserved: bool = Field(

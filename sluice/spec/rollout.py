@@ -45,7 +45,7 @@ CRITERIA: tuple[CriterionName, ...] = get_args(CriterionName)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class AnalysisSpec(_Strict):

@@ -20,7 +20,7 @@ import yaml
 
 from sluice.core.errors import SpecError, SpecIssue
 from sluice.spec.checks import check_keys
-from sluice.spec.loader import _dotted, _line_for, _line_map, _yaml_issue
+from sluice.spec.loader import _dotted, _line_for, _line_map, _yaml_issue, check_shape
 from sluice.spec.models import (
     DIGEST_PREFIX,
     KeyPath,
@@ -43,6 +43,7 @@ def redact_secrets(text: str, source: str = "<spec>") -> str:
     `"sha256:<64 lowercase hex>"`; digests, comments and line numbers are left as they are.
     Idempotent. Raises SpecError when `text` is not YAML."""
     try:
+        check_shape(text, source)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         # A node's start includes its anchor and tag; the scalar token's start does not.
         starts = {
@@ -51,7 +52,7 @@ def redact_secrets(text: str, source: str = "<spec>") -> str:
             if isinstance(t, yaml.ScalarToken)
         }
     except yaml.YAMLError as exc:
-        raise SpecError([_yaml_issue(exc, source)]) from None
+        raise SpecError([_yaml_issue(exc, source, text)]) from None
     edits: dict[int, tuple[int, str]] = {}
     for node in _key_scalars(root):
         value = node.value
@@ -79,7 +80,7 @@ def _check_redacted(text: str, source: str) -> None:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
-        raise SpecError([_yaml_issue(exc, source)]) from None
+        raise SpecError([_yaml_issue(exc, source, text)]) from None
     for node in _key_scalars(root):
         if node.tag != _NULL_TAG and node.value.strip() and digest_entry(node.value) is None:
             why = "cannot redact this API key; write it as a plain or quoted string"
