@@ -150,7 +150,7 @@ class InstanceSupervisor:
         self._spawn(inst, self._stop(inst, reason, grace_s=STOP_GRACE_S))
 
     async def recover(self, groups: dict[str, GroupSpec]) -> None:
-        """Adopt the healthy instances a previous run left behind; stop all others."""
+        """Adopt the ready instances a previous run left behind; stop all others."""
         records = await asyncio.to_thread(self._store.list_instances)
         for rec in records:
             handle = (
@@ -160,7 +160,10 @@ class InstanceSupervisor:
             )
             spec = groups.get(rec.group)
             alive = handle is not None and self._runtime.adopt(handle)
-            if alive and spec is not None and handle is not None and await self._probe(handle):
+            # /ready, not /health: a worker still loading its model is alive but must not
+            # be routed to; it is replaced like any other instance that is not ready.
+            ready = alive and handle is not None and await self._probe(handle, path="/ready")
+            if ready and spec is not None and handle is not None:
                 inst = _Instance(
                     rec.id,
                     spec,
@@ -173,7 +176,7 @@ class InstanceSupervisor:
                 self._instances[inst.id] = inst
                 self._spawn(inst, self._watch(inst))
                 await self._events.emit(
-                    rec.group, rec.id, "adopted", "instance of the previous run is healthy; kept"
+                    rec.group, rec.id, "adopted", "instance of the previous run is ready; kept"
                 )
                 continue
             if alive and handle is not None:
@@ -187,7 +190,7 @@ class InstanceSupervisor:
                 + (
                     "group no longer exists"
                     if spec is None
-                    else "unhealthy"
+                    else "not ready (still loading, or unhealthy)"
                     if alive
                     else "process gone"
                 ),
@@ -358,10 +361,12 @@ class InstanceSupervisor:
         if code is not None:
             raise _Failed(f"process exited with code {code}")
 
-    async def _probe(self, handle: InstanceHandle, timeout_s: float = 2.0) -> bool:
+    async def _probe(
+        self, handle: InstanceHandle, timeout_s: float = 2.0, path: str = "/health"
+    ) -> bool:
         assert self._http is not None
         try:
-            r = await self._http.get(f"{handle.url}/health", timeout=timeout_s)
+            r = await self._http.get(f"{handle.url}{path}", timeout=timeout_s)
         except httpx.HTTPError:
             return False
         return r.status_code == 200
