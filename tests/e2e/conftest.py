@@ -35,6 +35,8 @@ class Sluice:
     _pump: threading.Thread | None = None
 
     _tokens: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    """The gateway's port: 0 picks a free one at each start (so a restart may move it)."""
 
     def env(self) -> dict[str, str]:
         """The CLI's environment: it finds the admin token `sluice up` wrote in the home."""
@@ -69,7 +71,8 @@ class Sluice:
         return str(json.loads((self.home / "control.json").read_text())["control_url"])
 
     def start(self, with_spec: bool = True) -> None:
-        cmd = [sys.executable, "-m", "sluice", "up", "--port", "0", "--log-level", "warning"]
+        cmd = [sys.executable, "-m", "sluice", "up", "--port", str(self.port)]
+        cmd += ["--log-level", "warning"]
         if with_spec:
             cmd += ["-f", str(self.spec)]
         self.proc = subprocess.Popen(

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -156,33 +154,9 @@ def free_port() -> int:
 
 @dataclass
 class PinnedSluice(Sluice):
-    """`Sluice` whose gateway listens on a fixed `port` across restarts (the e2e helper
-    always passes `--port 0`, so a restarted gateway would move)."""
+    """`Sluice` whose gateway listens on the same port across restarts."""
 
     port: int = field(default_factory=free_port)
-
-    def start(self, with_spec: bool = True) -> None:
-        cmd = [sys.executable, "-m", "sluice", "up", "--port", str(self.port)]
-        cmd += ["--log-level", "warning", *(["-f", str(self.spec)] if with_spec else [])]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env()
-        )
-        self.output = []
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.output.append(line)
-                if line.startswith("endpoint: "):
-                    self.endpoint = line.split(" ", 1)[1].strip()
-                    ready.set()
-
-        self._pump = threading.Thread(target=pump, daemon=True)
-        self._pump.start()
-        if not ready.wait(60):
-            self.kill()
-            raise AssertionError("sluice up did not print its endpoint:\n" + "".join(self.output))
 
 
 def wait_until(what: str, pred: Callable[[], bool], timeout: float, poll_s: float = 0.1) -> float:
