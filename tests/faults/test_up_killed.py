@@ -9,9 +9,10 @@ they survive; the new run must adopt them: the same instance ids with the same p
 launch, and no extra worker of this state directory running (counted from /proc).
 
 The second test kills `sluice up` while a new instance is still loading its model (8 s):
-the restarted run must not route to it before its `/ready` says 200. It does today (it
-adopts on `/health`, which a loading worker answers 200), so the test is an expected
-failure naming the bug; a fix makes it pass (strict: then drop the mark).
+the restarted run must not route to it before its `/ready` says 200. It did, when
+`InstanceSupervisor.recover` adopted on `/health` (a loading worker answers that 200): the
+gateway sent requests to it and got 503 "still loading" until outlier ejection; recover
+now adopts only on `/ready` and replaces an instance that is not ready.
 """
 
 from __future__ import annotations
