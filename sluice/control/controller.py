@@ -3,21 +3,15 @@
 `tick()` is the whole brain, in numbered steps (snapshot, decide, apply, publish); the
 decisions are `sluice.policy.plan_group`, the same code the simulator runs.
 
-`run()` never ends on an error: a failed tick is logged with its traceback, counted (see
-`status()`), and retried after a backoff (1 s doubling to 30 s, back to normal after a tick
-that succeeds). While the store refuses writes (read-only, full, locked by another process)
-the controller holds the last good state: no tick runs, so the routing snapshot and the
-instances stay as they are, and every retry first tries a small write; once one goes
-through, the events kept meanwhile are stored and the loop goes on.
+`run()` never ends on an error and holds the last good state while the store refuses
+writes (`sluice.control.ticks.TickLoop`); `status()` says how it goes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +23,7 @@ from sluice.control.review import gated_changes
 from sluice.control.rollouts import ACTIONS, RolloutRunner
 from sluice.control.samples import SampleCollector
 from sluice.control.supervisor import InstanceSupervisor
+from sluice.control.ticks import TickLoop
 from sluice.core import Clock, Conflict, InstanceState, InstanceStatus, NotFound
 from sluice.policy import (
     CrashBackoff,
@@ -58,17 +53,8 @@ __all__ = ["Controller"]
 
 log = logging.getLogger("sluice.controller")
 
-TICK_S = 1.0
-"""Longest pause between two reconcile passes; any instance state change wakes it sooner."""
 JOURNAL_HEARTBEAT_S = 60.0
 """A decision that changes nothing is journaled only when its reason changed, or this often."""
-RETRY_MIN_S = 1.0
-RETRY_MAX_S = 30.0
-"""After a failed tick the next try waits RETRY_MIN_S, doubling each failure up to this."""
-PROBE_KEY = "controller.store-probe"
-"""The state row the controller writes to learn whether the store takes writes again."""
-PLATFORM = "*"
-"""The `group` of events about the whole platform (no group may be named so)."""
 
 
 class Controller:
@@ -110,15 +96,7 @@ class Controller:
             wake=self._wake.set,
         )
         self._rollouts.point_at(self._ready_url)
-        self._ticks = 0
-        self._tick_failures = 0
-        self._failing = 0
-        """ticks failed in a row (0: the last one succeeded)"""
-        self._last_error: str | None = None
-        self._last_error_at: float | None = None
-        self._last_ok_at: float | None = None
-        self._retry_s: float | None = None
-        self._durations: deque[float] = deque(maxlen=100)
+        self._loop = TickLoop(self.tick, self._wake, store, events, clock)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -401,106 +379,19 @@ class Controller:
     # --- the loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Tick until cancelled; an error never ends this (see the module's doc)."""
-        retry = 0.0
-        while True:
-            self._wake.clear()
-            if await self._attempt():
-                retry, self._retry_s = 0.0, None
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), TICK_S)
-            else:
-                retry = min(RETRY_MAX_S, max(RETRY_MIN_S, retry * 2))
-                self._retry_s = retry
-                await asyncio.sleep(retry)
-
-    async def _attempt(self) -> bool:
-        """One tick (after a store probe, while the store is known to refuse writes);
-        False if it raised."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        try:
-            if self._events.health.problem is not None:
-                await self._probe_store()
-            await self.tick()
-        except Exception as exc:  # CancelledError is no Exception: stopping still stops
-            self._durations.append(loop.time() - started)
-            self._tick_failed(exc)
-            return False
-        self._durations.append(loop.time() - started)
-        self._ticks += 1
-        self._failing = 0
-        self._last_ok_at = self._clock.now()
-        return True
-
-    def _tick_failed(self, exc: Exception) -> None:
-        now = self._clock.now()
-        problem = store_outage(exc)
-        text = f"{type(exc).__name__}: {store_error_text(exc) if problem else exc}"[:500]
-        self._tick_failures += 1
-        self._failing += 1
-        again = text == self._last_error and self._failing > 1
-        self._last_error, self._last_error_at = text, now
-        if problem is not None:
-            self._events.health.refuse(problem, exc, now)
-        what = f"{problem}; holding the last good state" if problem else "tick failed"
-        retry = min(RETRY_MAX_S, max(RETRY_MIN_S, (self._retry_s or 0.0) * 2))
-        if again:  # the traceback was logged when this error first appeared
-            log.error("%s (%d in a row, retry in %gs): %s", what, self._failing, retry, text)
-        else:
-            log.error("%s (retry in %gs): %s", what, retry, text, exc_info=exc)
-
-    async def _probe_store(self) -> None:
-        """Raises while the store still refuses writes; once one goes through, stores the
-        events kept meanwhile and says how long the outage was."""
-        health = self._events.health
-        now = self._clock.now()
-        await asyncio.to_thread(self._store.put_state, PROBE_KEY, {"at": now}, now)
-        stored, dropped = await self._events.flush()
-        problem, error, since = health.problem, health.error, health.since
-        refused = health.refused
-        health.clear()
-        lasted = now - since if since is not None else 0.0
-        kept = f"; {stored} events kept meanwhile are stored" if stored else ""
-        kept += f", {dropped} more were only logged" if dropped else ""
-        log.warning("the store takes writes again after %.0fs (%s: %s)", lasted, problem, error)
-        await self._events.emit(
-            PLATFORM,
-            None,
-            "store",
-            f"the store takes writes again after {lasted:.0f}s ({problem}: {error}; "
-            f"{refused} writes refused){kept}",
-            since=since,
-            problem=problem,
-            error=error,
-        )
+        """Tick until cancelled; an error never ends this (`TickLoop`)."""
+        await self._loop.run()
 
     def status(self) -> dict[str, Any]:
         """ok, or degraded with why: the store refuses writes, or ticks keep failing. With
         the controller's tick counters and the sample poller's state."""
-        health = self._events.health
-        why = None
-        if health.problem is not None:
-            why = f"{health.problem}: {health.error}"
-        elif self._failing:
-            why = f"ticks failing ({self._failing} in a row): {self._last_error}"
-        recent = list(self._durations)
+        why = self._loop.degraded
         return {
             "status": "degraded" if why else "ok",
             "degraded": why,
             "revision": self._revision,
-            "controller": {
-                "ticks": self._ticks,
-                "tick_failures": self._tick_failures,
-                "failing_in_a_row": self._failing,
-                "last_tick_error": self._last_error,
-                "last_tick_error_at": self._last_error_at,
-                "last_tick_ok_at": self._last_ok_at,
-                "retry_in_s": self._retry_s,
-                "last_tick_s": round(recent[-1], 4) if recent else None,
-                "slowest_recent_tick_s": round(max(recent), 4) if recent else None,
-            },
-            "store": health.to_json(),
+            "controller": self._loop.to_json(),
+            "store": self._events.health.to_json(),
             "samples": self._rollouts.sampling_status(),
         }
 
@@ -512,7 +403,7 @@ class Controller:
 
     @property
     def degraded(self) -> bool:
-        return self._events.health.problem is not None or self._failing > 0
+        return self._loop.degraded is not None
 
     async def tick(self) -> None:
         if self._spec is None:

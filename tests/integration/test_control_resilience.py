@@ -24,7 +24,7 @@ import pytest
 
 from sluice.cli import up
 from sluice.control import Controller, EventLog, InstanceSupervisor, TokenAdmin, build_control_api
-from sluice.control import controller as controller_module
+from sluice.control import ticks as ticks_module
 from sluice.control.auth import Role
 from sluice.core import Conflict, InstanceState, InstanceStatus, SystemClock
 from sluice.policy import Endpoint, RoutingSnapshot
@@ -168,8 +168,8 @@ async def until(what: str, pred: Any, timeout: float = 10.0) -> None:
 
 @pytest.fixture
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(controller_module, "RETRY_MIN_S", 0.05)
-    monkeypatch.setattr(controller_module, "RETRY_MAX_S", 0.4)
+    monkeypatch.setattr(ticks_module, "RETRY_MIN_S", 0.05)
+    monkeypatch.setattr(ticks_module, "RETRY_MAX_S", 0.4)
 
 
 @pytest.mark.asyncio
