@@ -97,7 +97,8 @@ class SampleCollector:
         poll_s: float = POLL_S,
         timeout_s: float = INSTANCE_TIMEOUT_S,
     ) -> None:
-        self._client = client or httpx.AsyncClient(timeout=timeout_s, trust_env=False)
+        self._own_client = client is None
+        self._client = client or self._new_client(timeout_s)
         self._poll_s = poll_s
         self._timeout_s = timeout_s
         self._cursors: dict[str, _Cursor] = {}
@@ -106,6 +107,10 @@ class SampleCollector:
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0
         self.last_round_s = 0.0
+
+    @staticmethod
+    def _new_client(timeout_s: float) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=timeout_s, trust_env=False)
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -148,14 +153,26 @@ class SampleCollector:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            started = loop.time()
-            try:
-                await self.poll(self._targets)
-            except Exception:  # a bug here must not end the polling
-                log.exception("sample poll round failed")
-            self.rounds += 1
-            self.last_round_s = loop.time() - started
-            await asyncio.sleep(max(0.0, self._poll_s - self.last_round_s))
+            while self._targets:
+                started = loop.time()
+                try:
+                    await self.poll(self._targets)
+                except Exception:  # a bug here must not end the polling
+                    log.exception("sample poll round failed")
+                self.rounds += 1
+                self.last_round_s = loop.time() - started
+                await asyncio.sleep(max(0.0, self._poll_s - self.last_round_s))
+            await self._idle()
+            if not self._targets:  # no await from here to the end: watch() sees us done
+                return
+
+    async def _idle(self) -> None:
+        """Nothing to watch: drop the pooled connections. Instances stopped since their last
+        read would otherwise leave them half-closed (CLOSE_WAIT) for as long as we idle."""
+        self._cursors.clear()
+        if self._own_client:
+            client, self._client = self._client, self._new_client(self._timeout_s)
+            await client.aclose()
 
     async def poll(self, instances: Iterable[tuple[str, str, str]]) -> None:
         """One round: read every instance concurrently, each within the timeout."""

@@ -260,6 +260,8 @@ class FakeWorker:
         self.hang = hang
         self.rows: list[dict[str, Any]] = []
         self.reads = 0
+        self.connections = 0
+        """connections open now"""
         self.port = 0
         self._server: asyncio.Server | None = None
         self._feeder: asyncio.Task[None] | None = None
@@ -291,6 +293,7 @@ class FakeWorker:
             await asyncio.sleep(0.05)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while line := await reader.readline():
                 while (await reader.readline()) not in (b"\r\n", b""):
@@ -319,6 +322,7 @@ class FakeWorker:
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            self.connections -= 1
             writer.close()
 
 
@@ -366,6 +370,35 @@ async def test_a_hung_instance_never_stalls_the_tick_nor_the_others_samples(
     finally:
         for w in (good_base, good_canary, hung):
             await w.stop()
+
+
+@pytest.mark.asyncio
+async def test_the_poller_drops_its_connections_when_nothing_is_watched() -> None:
+    """A rollout that ends must not leave the poller's keep-alive connections open: those to
+    instances stopped meanwhile would sit in CLOSE_WAIT for as long as no rollout runs."""
+    from sluice.control.samples import SampleCollector
+
+    worker = await FakeWorker().start()
+    collector = SampleCollector(poll_s=0.05)
+    try:
+        collector.watch([("g", "i-1", worker.url)])
+        async with asyncio.timeout(10):
+            while worker.reads < 4:
+                await asyncio.sleep(0.02)
+        assert worker.connections >= 1
+        collector.watch([])
+        async with asyncio.timeout(10):
+            while worker.connections:
+                await asyncio.sleep(0.02)
+        # and it polls again on the next watch, with a fresh pool
+        reads = worker.reads
+        collector.watch([("g", "i-1", worker.url)])
+        async with asyncio.timeout(10):
+            while worker.reads < reads + 2:
+                await asyncio.sleep(0.02)
+    finally:
+        await collector.aclose()
+        await worker.stop()
 
 
 def test_a_window_keeps_a_bounded_uniform_sample() -> None:
