@@ -293,7 +293,7 @@ def group_memory_problem(
         fixes.append(f"max_concurrency <= {lower} fits")
     fixes.append(f"or a pool with >= {_gib(est.per_device_bytes)} per accelerator")
     return (
-        f"the model needs {est.summary()}; pool {pool.name!r} gives {n * pool.memory_gb:g} GiB "
+        f"needs {est.summary()}; pool {pool.name!r} gives {n * pool.memory_gb:g} GiB "
         f"per instance ({n} x {pool.memory_gb:g} GiB {pool.accelerator}); " + ", ".join(fixes)
     )
 

@@ -228,7 +228,7 @@ def test_group_refusal_has_the_numbers_and_the_fixes() -> None:
     )
     assert msg is not None
     # (15.0 + 16.0 + 0.9 activations + 1 runtime) / 0.9 = 36.5
-    assert msg.startswith("the model needs 36.5 GiB: "), msg
+    assert msg.startswith("needs 36.5 GiB: "), msg
     assert "weights 15.0 GiB (bf16)" in msg
     assert "KV cache 16.0 GiB at context 8192 x concurrency 16" in msg
     assert "overhead" in msg and "pool 'l4' gives 24 GiB per instance (1 x 24 GiB" in msg
