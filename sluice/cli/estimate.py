@@ -104,6 +104,8 @@ def _render(r: dict[str, Any]) -> None:
         weights_how = f"{params}; size of the safetensors files"
     else:
         weights_how = f"{params} x {BYTES_PER_ELEMENT[r['dtype']]:g} B ({r['dtype']})"
+        if r["dtype"] not in ("fp32", "fp16", "bf16"):
+            weights_how += f"; embeddings and LM head in {r['activation_dtype']}"
     kib = r["kv_bytes_per_token"] / 1024
     table = Table(title=f"{r['model_dir']} ({r['model_type']})")
     table.add_column("component")

@@ -13,6 +13,7 @@ missed, so that an estimate never rests on a silently guessed width:
     experts (MoE)     num_local_experts | num_experts | n_routed_experts, num_experts_per_tok,
                       moe_intermediate_size, shared_expert_intermediate_size | n_shared_experts
     context           max_position_embeddings               n_positions (also learned rows)
+    tied LM head      tie_word_embeddings (absent: untied)  always tied
     dtype             torch_dtype | dtype                   (absent: float32, as HF loads it)
 
 A multimodal config (`text_config` inside) is read from its language model; the vision tower

@@ -79,6 +79,8 @@ class MemoryEstimate:
     dtype: str
     """Weights: the dtype used, or 'files' when the safetensors bytes were given."""
     kv_dtype: str
+    activation_dtype: str
+    """What the model computes in (and keeps embeddings in when its weights are quantized)."""
     max_context: int
     concurrency: int
     devices: int
@@ -131,6 +133,7 @@ class MemoryEstimate:
             "active_params": self.active_params,
             "dtype": self.dtype,
             "kv_dtype": self.kv_dtype,
+            "activation_dtype": self.activation_dtype,
             "max_context": self.max_context,
             "concurrency": self.concurrency,
             "devices": self.devices,
@@ -194,6 +197,7 @@ def estimate_memory(
         active_params=counted.active,
         dtype=weights_dtype,
         kv_dtype=kv_name,
+        activation_dtype=compute,
         max_context=context,
         concurrency=concurrency,
         devices=n,
@@ -336,13 +340,15 @@ def _pool_fit(
 ) -> PoolFit:
     if pool.purpose != "inference":
         return PoolFit(pool.name, pool.accelerator, pool.memory_gb, None, None, "training pool")
+    if pool.count == 0:
+        return PoolFit(pool.name, pool.accelerator, pool.memory_gb, None, None, "empty pool")
     fit = _fewest_devices(config, shape, pool, options)
     if fit is not None:
         return fit
-    n = _degrees(shape, pool)[-1:] or [1]
-    est = estimate_memory(config, devices=n[0], **options)
+    n = _degrees(shape, pool)[-1]  # the widest tensor parallel it allows
+    est = estimate_memory(config, devices=n, **options)
     why = (
-        f"needs {_gib(est.per_device_bytes)} on each of {n[0]} accelerator(s), "
+        f"needs {_gib(est.per_device_bytes)} on each of {n} accelerator(s), "
         f"has {pool.memory_gb:g} GiB (pool count {pool.count})"
     )
     return PoolFit(pool.name, pool.accelerator, pool.memory_gb, None, None, why)

@@ -137,7 +137,7 @@ def test_awq_4bit_config_is_near_the_published_checkpoint() -> None:
     # TheBloke/Llama-2-7B-AWQ: model.safetensors is 3.89 GB (4-bit weights plus scales).
     awq = {**LLAMA2_7B, "quantization_config": {"quant_method": "awq", "bits": 4}}
     est = estimate_memory(awq)
-    assert est.dtype == "int4" and est.kv_dtype == "fp16"
+    assert est.dtype == "int4" and est.kv_dtype == est.activation_dtype == "fp16"
     assert near(est.weights_bytes, 3.89e9, 0.05), est.weights_bytes
 
 
@@ -184,6 +184,8 @@ def test_mixtral_on_80_gib_needs_two_devices() -> None:
     lone = PoolSpec(name="lone", count=1, memory_gb=80)
     [fit] = pool_fits(MIXTRAL_8X7B, [lone])
     assert fit.accelerators is None and "has 80 GiB" in fit.reason
+    [empty] = pool_fits(GPT2, [PoolSpec(name="empty", count=0, memory_gb=80)])
+    assert empty.accelerators is None and empty.reason == "empty pool"
 
 
 def test_multimodal_config_reads_its_language_model() -> None:
