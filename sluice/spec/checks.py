@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
+from sluice.spec.hf import model_dir_problem
 from sluice.spec.models import GroupSpec, KeyPath, PlatformSpec, RouteSpec
 from sluice.spec.quota import BudgetSpec
 
-__all__ = ["check_keys", "check_platform"]
+__all__ = ["check_keys", "check_model_files", "check_platform"]
 
 Problem = tuple[tuple[str | int, ...], str]
 
@@ -28,6 +29,21 @@ def check_platform(spec: PlatformSpec) -> list[Problem]:
         *_quotas(spec),
         *_rollouts(spec),
     ]
+
+
+def check_model_files(spec: PlatformSpec) -> list[Problem]:
+    """Every `transformers` model directory exists on this machine and looks loadable, so a
+    wrong path is a located error at `validate` rather than an instance failing at launch.
+    Only for a spec file an operator hands in: a stored revision passed this when applied."""
+    problems: list[Problem] = []
+    for i, g in enumerate(spec.groups):
+        for name, model in g.models.items():
+            if model.transformers is None:
+                continue
+            why = model_dir_problem(model.transformers.model_path)
+            if why is not None:
+                problems.append((("groups", i, "models", name, "transformers", "model_path"), why))
+    return problems
 
 
 def _unique_names(spec: PlatformSpec) -> Iterator[Problem]:

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from sluice.core.errors import NotFound, SpecError, SpecIssue
-from sluice.spec.checks import check_platform
+from sluice.spec.checks import check_model_files, check_platform
 from sluice.spec.models import SECRET_FIELDS, PlatformSpec
 
 __all__ = ["LoadedSpec", "load_spec_file", "load_spec_text"]
@@ -44,7 +44,7 @@ def load_spec_file(path: str | Path) -> LoadedSpec:
         raise NotFound(f"spec file not found: {p}", file=str(p)) from None
     except OSError as exc:
         raise SpecError([SpecIssue("", f"cannot read spec: {exc.strerror}", str(p))]) from None
-    return load_spec_text(text, str(p))
+    return load_spec_text(text, str(p), check_files=True)
 
 
 MAX_DEPTH = 64
@@ -113,8 +113,13 @@ def check_shape(text: str, source: str) -> None:
             raise refuse(event, f"more than {MAX_NODES} values once aliases are expanded")
 
 
-def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:
-    """Parse, validate fields, then check cross-references; raise SpecError with all issues."""
+def load_spec_text(text: str, source: str = "<spec>", check_files: bool = False) -> LoadedSpec:
+    """Parse, validate fields, then check cross-references; raise SpecError with all issues.
+
+    `check_files` also checks what the spec names on this machine's disk (model directories):
+    on for a spec file an operator hands in (`load_spec_file`: validate, apply, up -f), off
+    for stored revisions, which were checked when applied and must load again even if a
+    directory has gone since (its instances then fail at launch, saying why)."""
     try:
         check_shape(text, source)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -130,7 +135,7 @@ def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:
         raise SpecError(_issues_from_pydantic(exc, lines, source)) from None
     problems = [
         SpecIssue(_dotted(path), msg, source, _line_for(path, lines))
-        for path, msg in check_platform(spec)
+        for path, msg in [*check_platform(spec), *(check_model_files(spec) if check_files else [])]
     ]
     if problems:
         raise SpecError(problems)
