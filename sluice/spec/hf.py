@@ -104,17 +104,17 @@ class TransformersParams(BaseModel):
 
 def weights_bytes(directory: Path) -> int:
     """Total size of the weight files directly in `directory` (0 if it cannot be listed)."""
-    try:
+    try:  # (ValueError: a path the OS cannot even name, e.g. one with a lone surrogate)
         entries = list(os.scandir(directory))
-    except OSError:
+    except (OSError, ValueError):
         return 0
     total = 0
     for entry in entries:
-        if entry.name.endswith(_WEIGHT_SUFFIXES) and entry.is_file():
-            try:
+        try:
+            if entry.name.endswith(_WEIGHT_SUFFIXES) and entry.is_file():
                 total += entry.stat().st_size
-            except OSError:
-                continue
+        except OSError:
+            continue
     return total
 
 
@@ -135,9 +135,13 @@ def model_dir_problem(path: str) -> str | None:
     """Why `path` cannot be loaded as a model directory, with the fix; None if it looks
     loadable (a directory with a config.json object and at least one weight file)."""
     directory = Path(path)
-    if not directory.exists():
+    try:
+        exists, is_dir = directory.exists(), directory.is_dir()  # (False for unnameable paths)
+    except OSError as exc:  # too long, a loop of links, no permission on a parent...
+        return f"cannot look at {path}: {exc.strerror}"
+    if not exists:
         return f"model directory {path} does not exist; point model_path at a local model"
-    if not directory.is_dir():
+    if not is_dir:
         return f"{path} is not a directory; model_path names the model's directory"
     config = directory / "config.json"
     try:
