@@ -13,7 +13,7 @@ import json
 import struct
 import time
 import uuid
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -57,6 +57,9 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+_Stop = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+
+
 class _GenerationRequest(_Body):
     model: str
     stream: bool = False
@@ -66,7 +69,7 @@ class _GenerationRequest(_Body):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
-    stop: str | list[str] | None = Field(default=None, max_length=MAX_STOPS)
+    stop: _Stop | Annotated[list[_Stop], Field(max_length=MAX_STOPS)] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -85,9 +88,6 @@ class _GenerationRequest(_Body):
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        for stop in stops:
-            if len(stop) > MAX_STOP_CHARS:
-                raise BadRequest(f"stop: each stop string is at most {MAX_STOP_CHARS} characters")
         return tuple(stop for stop in stops if stop)
 
     def text_request(self) -> TextRequest:

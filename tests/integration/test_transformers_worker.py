@@ -126,11 +126,29 @@ def test_a_text_completion_with_a_stop_string(served: Worker) -> None:
     free = client.completions.create(model="tiny", prompt="the river", max_tokens=40, temperature=0)
     text = free.choices[0].text
     stop = text[15:18]
-    cut = client.completions.create(
-        model="tiny", prompt="the river", max_tokens=40, temperature=0, stop=[stop]
-    )
-    assert cut.choices[0].text == text[: text.find(stop)]
-    assert cut.choices[0].finish_reason == "stop"
+    for given in (stop, [stop, "never-there"]):  # one string, or a list of them
+        cut = client.completions.create(
+            model="tiny", prompt="the river", max_tokens=40, temperature=0, stop=given
+        )
+        assert cut.choices[0].text == text[: text.find(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fragment"),
+    [
+        ("temperature", 2.5, "temperature"),
+        ("top_p", 0, "top_p"),
+        ("stop", ["a", "b", "c", "d", "e"], "at most 4 items"),
+        ("stop", "x" * 1001, "at most 1000 characters"),
+        ("seed", 2**63, "seed"),
+    ],
+)
+def test_sampling_fields_out_of_range_are_400(
+    served: Worker, field: str, value: object, fragment: str
+) -> None:
+    r = served.post("/v1/completions", {"model": "tiny", "prompt": "hi", field: value})
+    assert r.status_code == 400 and fragment in r.json()["error"]["message"]
 
 
 def test_a_prompt_past_the_context_is_a_400_even_for_a_stream(served: Worker) -> None:
