@@ -1,6 +1,7 @@
 """End to end: a `transformers` group (the tiny random GPT-2 of tests/tiny_lm.py) behind a
 real `sluice up`, driven through the gateway with the official openai client: tokens stream
-one by one as they are generated, `usage` is right, and plain completions work."""
+one by one as they are generated, `usage` is right, plain completions work, and a client
+that leaves the gateway mid-stream is a disconnect on the instance (which stops generating)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import Sluice, running
@@ -26,7 +28,7 @@ groups:
       tiny-lm:
         runtime: transformers
         version: r1
-        transformers: {{model_path: "{path}", max_new_tokens: 512}}
+        transformers: {{model_path: "{path}", max_new_tokens: 1000}}
     resources: {{pool: local, accelerators: 1, memory_gb: 1}}
     max_concurrency: 2
     replicas: 1
@@ -122,3 +124,33 @@ def test_text_completions_through_the_gateway(platform: Sluice, tokenizer: Any) 
     )
     assert again.choices[0].text == result.choices[0].text  # greedy: the same every time
     assert result.system_fingerprint == "tiny-lm:r1"
+
+
+def test_a_client_leaving_mid_stream_reaches_the_instance_as_a_disconnect(platform: Sluice) -> None:
+    [instance] = platform.ready("lm")
+    stats_url = instance["url"] + "/stats"
+    before = httpx.get(stats_url, timeout=5).json()
+    body = {"model": "tiny-lm", "messages": MESSAGES, "max_tokens": 1000, "stream": True}
+    headers = {"Authorization": "Bearer sk-e2e"}
+    with (
+        httpx.Client(base_url=platform.endpoint, timeout=30, trust_env=False) as client,
+        client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r,
+    ):
+        assert r.status_code == 200
+        events = 0
+        for line in r.iter_lines():
+            events += line.startswith("data: ")
+            if events == 3:
+                break  # 1000 tokens take the tiny model about a second: leave long before
+    deadline = time.monotonic() + 30
+    after = before
+    while time.monotonic() < deadline:
+        after = httpx.get(stats_url, timeout=5).json()
+        if after["inflight"] == 0 and after["requests_total"] > before["requests_total"]:
+            break
+        time.sleep(0.05)
+    # The gateway cancelled its upstream request and the worker saw the disconnect (not a
+    # response it finished): that closes the stream, which stops the generation thread
+    # within one token (tests/integration/test_transformers_runtime.py counts the passes).
+    assert after["disconnected"] - before["disconnected"] == 1, after
+    assert after["served"] == before["served"] and after["inflight"] == 0
