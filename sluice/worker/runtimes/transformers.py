@@ -8,9 +8,14 @@ forward pass (a client that leaves stops the work within one token), stop string
 exactly and held back from a stream until they can no longer be the start of one, and the
 exact number of tokens sampled for `usage`.
 
-Each generation runs in its own thread; the worker's slots (`max_concurrency`) bound how many
-run at once. torch releases the GIL inside its kernels, so on CPU concurrent requests use
-several cores (`cpu_threads` torch threads each) instead of queueing behind one another.
+Each generation runs in a thread of its own, and the worker's slots (`max_concurrency`) bound
+how many run at once: rather than one lock serialising them, so that a request arriving
+behind a long one starts at once instead of waiting for all of it. Measured on 2 shared
+vCPUs, 4 requests of 100 tokens: aggregate tokens/s side by side vs one after another is
+equal within the noise (tiny model 943 vs 1158 then 774 vs 622; a 19M-parameter GPT-2 104
+vs 105 then 123 vs 97): torch releases the GIL inside its kernels, so with free cores
+concurrent requests can use them (`cpu_threads` torch threads each), and there is no
+batching across requests (that is a serving engine's job: the `command` runtime runs one).
 Tokenizer calls are serialised by a lock (a fast tokenizer's Rust state is not shared safely
 between threads). torch and transformers are imported in `load`, so sim workers never pay
 for them; loading and a warm-up generation run in a thread before the model counts as loaded.
@@ -36,6 +41,7 @@ from sluice.worker.runtimes.base import Completion, Endpoint, Runtime, TextReque
 __all__ = [
     "FALLBACK_CHAT_TEMPLATE",
     "ContextLengthExceeded",
+    "Detokenizer",
     "TransformersRuntime",
     "fallback_chat_prompt",
     "find_stop",
@@ -84,17 +90,45 @@ def find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:
     """How many trailing characters of `text` a stream must not send yet: the longest tail
-    that could still grow into a stop string, or an incomplete character ("\\ufffd": a
-    byte-level tokenizer's half of a multi-byte character)."""
+    that could still grow into a stop string."""
     hold = 0
     for stop in stops:
         for size in range(min(len(stop) - 1, len(text)), hold, -1):
             if text.endswith(stop[:size]):
                 hold = size
                 break
-    if text.endswith("\ufffd"):
-        hold = max(hold, len(text) - len(text.rstrip("\ufffd")))
     return hold
+
+
+class Detokenizer:
+    """The text of a growing list of tokens, one token at a time, for the cost of decoding a
+    short window (the tokens since the last complete piece of text, and those of that piece)
+    instead of the whole output at every token. A token that ends inside a character (a
+    byte-level tokenizer's first bytes of a multi-byte one, decoded as "\\ufffd") gives no
+    text until the tokens that complete it arrive. After vLLM's incremental detokenizer."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self.ids: list[int] = []
+        self._prefix = 0  # the window starts here: the tokens of the last piece given out...
+        self._read = 0  # ...which ends here
+
+    def add(self, token: int) -> str:
+        """Append `token`; the text it completes (possibly empty)."""
+        self.ids.append(token)
+        before = self._decode(self.ids[self._prefix : self._read])
+        window = self._decode(self.ids[self._prefix :])
+        if len(window) > len(before) and not window.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self.ids)
+            return window[len(before) :]
+        return ""
+
+    def rest(self) -> str:
+        """Whatever text is still held back (incomplete characters, decoded as they are)."""
+        before = self._decode(self.ids[self._prefix : self._read])
+        window = self._decode(self.ids[self._prefix :])
+        self._prefix = self._read = len(self.ids)
+        return window[len(before) :]
 
 
 @dataclass(slots=True)
@@ -349,38 +383,44 @@ class TransformersRuntime(Runtime):
             generator.seed()
         else:
             generator.manual_seed(request.seed)
-        generated: list[int] = []
-        sent = 0  # characters of the output already emitted
-        searched = 0  # characters of the output already searched for stop strings
-        finish = "length"
+        text = Detokenizer(self._decode)
+        output = ""  # the text so far
+        sent = 0  # characters of it already emitted
+        eos = False
         with torch.inference_mode():
             cache = _new_cache(self._model)
             step = torch.tensor([prompt], device=self._device)
-            while len(generated) < limit:
+            while len(text.ids) < limit:
                 if cancel is not None and cancel.is_set():
-                    return "cancelled", len(generated)
+                    return "cancelled", len(text.ids)
                 logits = self._forward(step, cache)
                 token = _sample(torch, logits, temperature, top_p, generator)
                 if token in self._eos:
-                    finish = "stop"
+                    eos = True
                     break
-                generated.append(token)
-                text = self._decode(generated)
-                at = find_stop(text, stops, searched)
+                searched = len(output)
+                output += text.add(token)
+                at = find_stop(output, stops, searched)
                 if at is not None:
                     if emit is not None and at > sent:
-                        emit(text[sent:at])
-                    return "stop", len(generated)
-                searched = len(text)
-                ready = len(text) - held_back(text, stops)
+                        emit(output[sent:at])
+                    return "stop", len(text.ids)
+                ready = len(output) - held_back(output, stops)
                 if emit is not None and ready > sent:
-                    emit(text[sent:ready])
+                    emit(output[sent:ready])
                     sent = ready
                 step = torch.tensor([[token]], device=self._device)
-        text = self._decode(generated)  # what was held back never became a stop string
-        if emit is not None and len(text) > sent:
-            emit(text[sent:])
-        return finish, len(generated) + (finish == "stop")  # EOS is a token sampled too
+        # What is still held back: the start of a stop string that never completed, or a
+        # character the last token left incomplete.
+        searched = len(output)
+        output += text.rest()
+        at = find_stop(output, stops, searched)
+        if at is not None:
+            output = output[:at]
+        if emit is not None and len(output) > sent:
+            emit(output[sent:])
+        finish = "stop" if eos or at is not None else "length"
+        return finish, len(text.ids) + eos  # EOS is a token sampled too
 
 
 def _settle(future: asyncio.Future[None]) -> None:
