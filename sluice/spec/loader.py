@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from sluice.core.errors import NotFound, SpecError, SpecIssue
 from sluice.spec.checks import ModelReader, check_platform
-from sluice.spec.modeldir import read_model_dir
+from sluice.spec.modeldir import read_loadable_model_dir
 from sluice.spec.models import SECRET_FIELDS, PlatformSpec
 
 __all__ = ["LoadedSpec", "load_spec_file", "load_spec_text"]
@@ -37,7 +37,9 @@ class LoadedSpec:
         self.source = source
 
 
-def load_spec_file(path: str | Path, read_model: ModelReader | None = read_model_dir) -> LoadedSpec:
+def load_spec_file(
+    path: str | Path, read_model: ModelReader | None = read_loadable_model_dir
+) -> LoadedSpec:
     """Load a spec file as an operator wrote it. Here, at the file edge (validate, up -f,
     apply), model directories are read too, so a model that cannot fit or a directory that
     is not there is refused before launch; `load_spec_text` (revisions from the store, the

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from sluice.core.errors import NotFound, SpecError, SpecIssue
+from sluice.spec.hf import model_dir_problem
 
-__all__ = ["MAX_CONFIG_BYTES", "ModelDir", "read_model_dir"]
+__all__ = ["MAX_CONFIG_BYTES", "ModelDir", "read_loadable_model_dir", "read_model_dir"]
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 """A config.json is a few KiB; refuse to parse a large file by mistake (4 MiB)."""
@@ -57,6 +58,15 @@ def read_model_dir(path: str | Path) -> ModelDir:
         issue = SpecIssue("", f"cannot read config.json: {why}", str(config_path))
         raise SpecError([issue]) from None
     return ModelDir(str(root), config, _weight_bytes(root))
+
+
+def read_loadable_model_dir(path: str | Path) -> ModelDir:
+    """`read_model_dir` for a model a runtime will load: also refuses, saying why, a
+    directory with no weight files or one the OS cannot look at (`spec.hf`)."""
+    why = model_dir_problem(str(path))
+    if why is not None:
+        raise NotFound(why, path=str(path))
+    return read_model_dir(path)
 
 
 def _weight_bytes(root: Path) -> int | None:

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from sluice.spec.autoscaling import AutoscalingSpec, ScheduleEntry, SloSpec
+from sluice.spec.hf import TransformersParams
 from sluice.spec.quota import BudgetSpec, QuotaSpec
 from sluice.spec.rollout import RolloutSpec
 
@@ -42,6 +43,7 @@ __all__ = [
     "ServiceTime",
     "SimParams",
     "TenantSpec",
+    "TransformersParams",
     "WarmupSpec",
     "WeightedTarget",
     "digest_entry",
@@ -120,21 +122,30 @@ class EmbeddingParams(_Strict):
     max_batch: int = Field(default=64, ge=1, le=4096)
 
 
+_PARAM_BLOCKS = ("sim", "embedding", "transformers")
+"""Each runtime's own params block, named as the runtime; a model may hold only its own."""
+
+
 class ModelSpec(_Strict):
-    runtime: Literal["sim", "embedding"]
+    runtime: Literal["sim", "embedding", "transformers"]
     version: str = Field(default="v1", min_length=1, max_length=64)
     sim: SimParams | None = None
     embedding: EmbeddingParams | None = None
+    transformers: TransformersParams | None = None
 
     @model_validator(mode="after")
     def _params_match_runtime(self) -> ModelSpec:
-        other = "embedding" if self.runtime == "sim" else "sim"
-        if getattr(self, other) is not None:
-            raise ValueError(f"runtime is {self.runtime!r}; remove the '{other}:' block")
+        for other in _PARAM_BLOCKS:
+            if other != self.runtime and getattr(self, other) is not None:
+                raise ValueError(f"runtime is {self.runtime!r}; remove the '{other}:' block")
+        if self.runtime == "transformers" and self.transformers is None:
+            raise ValueError("runtime 'transformers' needs a 'transformers:' block with model_path")
         return self
 
     @property
     def memory_gb(self) -> float:
+        if self.transformers is not None:
+            return self.transformers.estimated_memory_gb()
         params = self.sim or self.embedding
         if params is not None:
             return params.memory_gb

@@ -233,7 +233,8 @@ def build_app(worker: Worker) -> Starlette:
         body, runtime = await admit(request, Endpoint.CHAT if chat else Endpoint.COMPLETIONS)
         kind = protocol.ChatRequest if chat else protocol.CompletionRequest
         parsed = protocol.parse(kind, body)
-        text = TextRequest(parsed.prompt_text(), parsed.token_limit())
+        text = parsed.text_request()
+        await runtime.admit(text)
         if parsed.stream:
             writer = ChunkWriter(chat, runtime.model, fingerprint(runtime), parsed.include_usage)
             return _ClosingStreamingResponse(
@@ -278,6 +279,8 @@ def build_app(worker: Worker) -> Starlette:
                             head.append(piece)
                             kept += len(piece)
                         yield writer.piece(piece)
+                if tokens.completion_tokens is not None:  # pieces are not one token each
+                    produced = tokens.completion_tokens
                 call.finish_reason = tokens.finish_reason
                 yield writer.finish(tokens.finish_reason)
                 if writer.include_usage:
