@@ -436,8 +436,9 @@ class Exchange(UpstreamRelay):
 
     # -- client side ------------------------------------------------------------------------
 
-    def client_gone(self) -> None:
-        """The client disconnected: stop the upstream side, free its slot, log what happened."""
+    def client_gone(self, code: str = "client_disconnected") -> None:
+        """The client disconnected (or is being cut off: `code` says why, for the access log):
+        stop the upstream side, free its slot, log what happened."""
         if self.finished:
             return
         if self.conn is not None:
@@ -447,7 +448,7 @@ class Exchange(UpstreamRelay):
         self._end_admission()
         if not self.head_sent:
             self.status = 499  # nginx's "client closed request"
-        self.error_code = "client_disconnected"
+        self.error_code = code
         self.finished = True
         self._log()
 

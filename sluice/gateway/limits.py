@@ -17,6 +17,7 @@ from sluice.gateway.errors import (
     RequestTimeout,
     TooManyConnections,
     UriTooLong,
+    WriteStalled,
 )
 from sluice.gateway.metrics import REFUSAL_REASONS
 from sluice.gateway.responses import json_body, json_response
@@ -50,6 +51,11 @@ _REFUSALS: dict[str, tuple[type[SluiceError], str, str]] = {
         "this client address has {} connections open already; retry later",
     ),
     "json_depth": (JsonTooDeep, "max_json_depth", "request body JSON nests deeper than {} levels"),
+    "write_stall": (
+        WriteStalled,
+        "write_stall_s",
+        "the client read nothing of its answer for {} s: cut off",
+    ),
 }
 """Reason (the metric's label) -> the error, the limit it enforces, what the message says."""
 assert set(_REFUSALS) == set(REFUSAL_REASONS)
@@ -72,6 +78,7 @@ class Limits:
         "max_request_bytes",
         "max_request_line_bytes",
         "spec",
+        "write_stall_s",
     )
 
     def __init__(self, spec: GatewayLimits | None = None) -> None:
@@ -103,6 +110,7 @@ class Limits:
         self.max_connections = spec.max_connections
         self.max_connections_per_ip = spec.max_connections_per_ip
         self.max_json_depth = spec.max_json_depth
+        self.write_stall_s = spec.write_stall_s
         self.max_request_bytes = spec.max_body_bytes + spec.max_header_bytes
         """What may follow a head as sent (body, chunk framing, trailers): a backstop."""
         self._connection_refusals.clear()  # they name the old values
@@ -128,5 +136,10 @@ class Limits:
     def sweep_interval(self) -> float:
         """How often connections' deadlines are checked: a tenth of the shortest timeout,
         20 ms to 1 s (a deadline is enforced that much late at most)."""
-        shortest = min(self.header_timeout_s, self.body_timeout_s, self.keepalive_timeout_s)
+        shortest = min(
+            self.header_timeout_s,
+            self.body_timeout_s,
+            self.keepalive_timeout_s,
+            self.write_stall_s,
+        )
         return min(1.0, max(0.02, shortest / 10))

@@ -490,6 +490,14 @@ class GatewayLimits(_Strict):
     max_json_depth: int = Field(
         default=64, ge=2, le=1000, description="nesting of the request body's JSON: 400"
     )
+    write_stall_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="a client that reads nothing of its answer for this long while the "
+        "gateway has more for it than its buffers hold is cut off, and the instance's "
+        "connection closed so it stops generating",
+    )
 
 
 class GatewaySpec(_Strict):
