@@ -2,10 +2,12 @@
 instances long gone, and expire old store rows, every `retention.interval_s` and on
 `sluice gc`.
 
-Logs rotate by copy-then-truncate (logrotate's `copytruncate`): the gateway and every
-instance keep writing to the same open file (opened for append), so no process has to be
-told; the few lines written between the copy and the truncation can be lost, which is the
-usual price of that method and acceptable for logs.
+Instance logs rotate by rename: the worker notices within a second that its log file was
+renamed and opens a fresh one under the old name (`sluice.worker.logfile`), and until then
+writes on at the end of the renamed one, so no line is lost. The access log rotates by
+copy-then-truncate (logrotate's `copytruncate`): the gateway keeps writing to the same open
+file (opened for append) without being told, and the few lines written between the copy and
+the truncation can be lost, the usual price of that method.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ class Housekeeper:
         stale_before = time.time() - retention.stopped_instance_logs_days * _DAY
         for path in sorted(self._instance_logs.glob("*.log")):
             if path.stem in running:
-                if rotate(path, retention.instance_log_max_mb * _MB, retention.instance_log_keep):
+                max_bytes = retention.instance_log_max_mb * _MB
+                if rotate(path, max_bytes, retention.instance_log_keep, copy=False):
                     rotated.append(path.name)
             elif _mtime(path) < stale_before:
                 for old in [path, *path.parent.glob(f"{path.name}.*")]:
@@ -91,9 +94,12 @@ class Housekeeper:
         return {"rotated": rotated, "removed": removed}
 
 
-def rotate(path: Path, max_bytes: float, keep: int) -> bool:
+def rotate(path: Path, max_bytes: float, keep: int, *, copy: bool = True) -> bool:
     """If `path` is over `max_bytes`: shift `path.1..keep-1` up by one (dropping the
-    oldest), copy `path` to `path.1`, truncate `path`. True if it rotated."""
+    oldest), then copy `path` to `path.1` and truncate `path`, or with `copy=False` rename
+    `path` to `path.1` and create an empty `path` (for a writer that re-opens `path` when
+    it is another file: nothing lost, see the module; readers never miss the file). True
+    if it rotated."""
     try:
         if path.stat().st_size <= max_bytes:
             return False
@@ -103,7 +109,12 @@ def rotate(path: Path, max_bytes: float, keep: int) -> bool:
         older = path.with_name(f"{path.name}.{k - 1}")
         if older.exists():
             older.replace(path.with_name(f"{path.name}.{k}"))
-    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+    first = path.with_name(f"{path.name}.1")
+    if not copy:
+        path.replace(first)
+        path.open("ab").close()  # (the writer may have created it already: both append)
+        return True
+    shutil.copyfile(path, first)
     with open(path, "r+b") as f:
         f.truncate(0)
     return True

@@ -86,6 +86,7 @@ class GroupRuntime:
         """Monotonic time the group lost its last working instance; 0.0 while it has one, or
         never had one (see `holds`)."""
         self.was_up = False
+        """It has had a working instance: one that never had any is not down (start-up)."""
         self.settle_at = 0.0
         """Wall-clock time the youngest instance leaves slow start."""
         self.ramping = False
