@@ -2,12 +2,13 @@
 instances long gone, and expire old store rows, every `retention.interval_s` and on
 `sluice gc`.
 
-Instance logs rotate by rename: the worker notices within a second that its log file was
-renamed and opens a fresh one under the old name (`sluice.worker.logfile`), and until then
-writes on at the end of the renamed one, so no line is lost. The access log rotates by
-copy-then-truncate (logrotate's `copytruncate`): the gateway keeps writing to the same open
-file (opened for append) without being told, and the few lines written between the copy and
-the truncation can be lost, the usual price of that method.
+Logs rotate by rename, and their writer moves to a fresh file under the old name: a worker
+notices within a second that its log was renamed (`sluice.worker.logfile`); the gateway's
+access log is re-opened by `reopen_access_log` right after (`sluice up` gives it). Until
+then each writes on at the end of the renamed file, so no line is lost. Without that hook
+the access log rotates by copy-then-truncate (logrotate's `copytruncate`): the writer keeps
+its open file (opened for append) without being told, and the few lines written between
+the copy and the truncation can be lost, the usual price of that method.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ _MB = 1 << 20
 
 
 class Housekeeper:
-    """`running` names the instances whose logs are still being written."""
+    """`running` names the instances whose logs are still being written;
+    `reopen_access_log`, called on the event loop after every pass, points the access log's
+    writer at the file now named `access_log` (a no-op when it writes there already)."""
 
     def __init__(
         self,
@@ -42,17 +45,21 @@ class Housekeeper:
         access_log: Path,
         instance_logs: Path,
         running: Callable[[], set[str]],
+        reopen_access_log: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._access_log = access_log
         self._instance_logs = instance_logs
         self._running = running
+        self._reopen_access_log = reopen_access_log
 
     async def run_once(self, retention: RetentionSpec) -> dict[str, Any]:
         """One pass; returns what it did (rotated files, removed logs, pruned rows)."""
         running = self._running()
         files = await asyncio.to_thread(self._logs, retention, running)
+        if self._reopen_access_log is not None:  # every pass: a failed one is made up for
+            self._reopen_access_log()
         now = self._clock.now()
         pruned = await asyncio.to_thread(
             self._store.prune,
@@ -79,7 +86,9 @@ class Housekeeper:
     def _logs(self, retention: RetentionSpec, running: set[str]) -> dict[str, Any]:
         rotated: list[str] = []
         removed: list[str] = []
-        if rotate(self._access_log, retention.access_log_max_mb * _MB, retention.access_log_keep):
+        max_bytes = retention.access_log_max_mb * _MB
+        copy = self._reopen_access_log is None
+        if rotate(self._access_log, max_bytes, retention.access_log_keep, copy=copy):
             rotated.append(self._access_log.name)
         stale_before = time.time() - retention.stopped_instance_logs_days * _DAY
         for path in sorted(self._instance_logs.glob("*.log")):

@@ -73,6 +73,12 @@ class Gateway:
         self._state.set_snapshot(snapshot)
         self._pool.retire({(ep.host, ep.port) for eps in snapshot.endpoints.values() for ep in eps})
 
+    def swap_access_log(self, stream: TextIO) -> TextIO | None:
+        """Log to `stream` from the next request on (rotation); returns the old stream,
+        flushed (None if this gateway keeps no access log)."""
+        log = self._state.access_log
+        return None if log is None else log.swap(stream)
+
     def outstanding(self) -> dict[str, int]:
         """Requests in flight per instance id (mirrored copies included)."""
         return dict(self._state.outstanding)
