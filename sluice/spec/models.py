@@ -537,9 +537,9 @@ class ControlSpec(_Strict):
 
 
 class RetentionSpec(_Strict):
-    """How much history is kept: logs rotate by size (an instance log is renamed and its
-    worker opens a fresh one; the access log is copied, then truncated, so the gateway keeps
-    writing), store rows expire by age; the audit log is kept longest.
+    """How much history is kept: logs rotate by size (renamed, and their writer, the
+    gateway or an instance's worker, moves to a fresh file: no line is lost), store rows
+    expire by age; the audit log is kept longest.
     Applied every `interval_s` and by `sluice gc`."""
 
     access_log_max_mb: float = Field(default=100.0, gt=0, le=100_000)
