@@ -5,7 +5,9 @@ lists both instances; their ports refuse connections, so the gateway marks them 
 and the group has nowhere to place a request. Such requests, and the ones that arrive while
 the group has no instance at all, wait in the group's queue (up to its `max_wait_s`) and are
 placed when the replacements are ready, as for a scale-from-zero. So only requests in flight
-on the instances when they died may fail. Recovery: from the kill until the group has 2
+on the instances when they died may fail: sent before both processes were gone (SIGKILL
+takes some milliseconds to end one; until then a connection is still accepted, then reset)
+and not answered before the signals. Recovery: from the kill until the group has 2
 ready instances again; the longest wait in the queue is reported too.
 """
 
@@ -22,7 +24,6 @@ from tests.faults.conftest import (
     Api,
     Load,
     group_spec,
-    in_flight,
     lines,
     platform_spec,
     report,
@@ -32,6 +33,16 @@ from tests.faults.conftest import (
 REPLICAS = 2
 MAX_CONCURRENCY = 8
 RATE = 30.0
+
+
+def alive(pid: int) -> bool:
+    """Not yet gone (a zombie is gone: its sockets are closed)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
 
 SPEC = platform_spec(
     group_spec("chat", replicas=REPLICAS, max_concurrency=MAX_CONCURRENCY),
@@ -48,9 +59,12 @@ def test_kill_9_of_every_instance_loses_only_the_in_flight_ones(tmp_path: Path) 
         try:
             time.sleep(2.0)
             victims = api.ready("chat")
+            at = time.monotonic()
             for victim in victims:
                 os.kill(victim["pid"], signal.SIGKILL)
-            at = time.monotonic()
+            dead = wait_until(
+                "both workers dead", lambda: not any(alive(v["pid"]) for v in victims), 5, 0.001
+            )
             gone = {v["id"] for v in victims}
             back = wait_until(
                 "the group back to 2 ready",
@@ -64,9 +78,12 @@ def test_kill_9_of_every_instance_loses_only_the_in_flight_ones(tmp_path: Path) 
             outcomes = load.stop()
         api.close()
         failed = [o for o in outcomes if not o.ok]
-        bound = min(REPLICAS * MAX_CONCURRENCY, in_flight(outcomes, at))
-        held = [o for o in outcomes if o.ok and o.sent <= back and o.done > at]
-        longest = max((o.done - max(o.sent, at) for o in held), default=0.0)
+        # in flight at the kill: sent before the processes were gone, not answered before
+        # the signals (SIGKILL takes a few ms to end a process on a busy machine)
+        dying = [o for o in outcomes if o.sent <= dead and o.done > at]
+        bound = min(REPLICAS * MAX_CONCURRENCY, len(dying))
+        held = [o for o in outcomes if dead < o.sent < back]  # sent while the group had none
+        longest = max((o.done - o.sent for o in held), default=0.0)
         report(
             "kill-9-all-instances",
             len(outcomes),
@@ -74,6 +91,7 @@ def test_kill_9_of_every_instance_loses_only_the_in_flight_ones(tmp_path: Path) 
             0,
             back - at,
             bound=bound,
+            dying_ms=round((dead - at) * 1000, 1),
             held=len(held),
             longest_hold_s=round(longest, 2),
             statuses=",".join(
@@ -84,7 +102,6 @@ def test_kill_9_of_every_instance_loses_only_the_in_flight_ones(tmp_path: Path) 
         assert len(outcomes) >= RATE * 5
         assert len(failed) <= bound, list(lines(outcomes))
         # a failure may only be a request that was in flight when the instances died
-        for o in failed:
-            assert o.sent <= at < o.done, list(lines(outcomes))
+        assert all(o in dying for o in failed), list(lines(outcomes))
         # the requests sent while the group had no instance were held, then served
-        assert any(at + 0.2 < o.sent < back for o in held), list(lines(outcomes))
+        assert len(held) >= RATE * (back - dead) / 2 and all(o.ok for o in held)
