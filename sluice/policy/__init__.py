@@ -22,6 +22,7 @@ from sluice.policy.quota import (
     underused_groups,
 )
 from sluice.policy.ratelimit import TokenBucket
+from sluice.policy.reachability import Reachability
 from sluice.policy.rollout import (
     CanarySplit,
     RolloutPhase,
@@ -71,6 +72,7 @@ __all__ = [
     "PoolState",
     "ProbeRecord",
     "QuotaState",
+    "Reachability",
     "Reclaim",
     "Remove",
     "RequestMeta",

@@ -501,6 +501,14 @@ class GatewayLimits(_Strict):
     max_json_depth: int = Field(
         default=64, ge=2, le=1000, description="nesting of the request body's JSON: 400"
     )
+    write_stall_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="a client that reads nothing of its answer for this long while the "
+        "gateway has more for it than its buffers hold is cut off, and the instance's "
+        "connection closed so it stops generating",
+    )
 
 
 class GatewaySpec(_Strict):
@@ -540,8 +548,9 @@ class ControlSpec(_Strict):
 
 
 class RetentionSpec(_Strict):
-    """How much history is kept: logs rotate by size (copy, then truncate, so any process
-    writing them keeps going), store rows expire by age; the audit log is kept longest.
+    """How much history is kept: logs rotate by size (renamed, and their writer, the
+    gateway or an instance's worker, moves to a fresh file: no line is lost), store rows
+    expire by age; the audit log is kept longest.
     Applied every `interval_s` and by `sluice gc`."""
 
     access_log_max_mb: float = Field(default=100.0, gt=0, le=100_000)

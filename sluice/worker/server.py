@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sluice.core.errors import SluiceError, Unavailable
 from sluice.worker import protocol
 from sluice.worker.engine import Worker
+from sluice.worker.logfile import LogFile
 from sluice.worker.protocol import BadRequest, ChunkWriter
 from sluice.worker.runtimes import Completion, Embeddings, Endpoint, Runtime, TextRequest
 from sluice.worker.samples import SAMPLE_TEXT_CHARS
@@ -153,11 +154,15 @@ def build_app(worker: Worker) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        log_file = worker.config.log_file
+        follower = asyncio.create_task(LogFile(log_file).follow()) if log_file else None
         worker.start()
         try:
             yield
         finally:
             await worker.stop()
+            if follower is not None:
+                follower.cancel()
 
     async def health(_request: Request) -> Response:
         return JSONResponse(

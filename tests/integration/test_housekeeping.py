@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +43,47 @@ def test_copy_truncate_rotation_keeps_the_writer_writing(tmp_path: Path) -> None
     assert not (tmp_path / "access.log.3").exists()  # keep=2: older ones dropped
     assert not rotate(log, max_bytes=500, keep=2)  # small again: nothing to do
     assert not rotate(tmp_path / "missing.log", max_bytes=1, keep=1)
+
+
+WRITER = """
+import sys, time
+from sluice.worker.logfile import LogFile
+
+log = LogFile(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    print(f"line {i}", file=sys.stdout if i % 2 else sys.stderr, flush=True)
+    if i % 20 == 0:  # (the worker checks once a second; this writes faster)
+        log.reopen_if_moved()
+    time.sleep(0.0002)
+"""
+
+
+def test_rotation_by_rename_loses_no_line_of_a_writer_that_follows(tmp_path: Path) -> None:
+    """A process writing numbered lines to fds 1 and 2 as a worker does, its log rotated
+    again and again while it writes: every line is in exactly one file, and the live
+    name keeps getting new lines (the writer follows it)."""
+    log = tmp_path / "i1.log"
+    lines = 20_000
+    with open(log, "ab") as out:  # as the local runtime starts a worker
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(log), str(lines)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    rotations = 0
+    try:
+        while proc.poll() is None:
+            rotations += rotate(log, max_bytes=8_000, keep=10_000, copy=False)
+            time.sleep(0.005)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert proc.returncode == 0
+    files = [log, *sorted(tmp_path.glob("i1.log.*"), key=lambda p: int(p.suffix[1:]))]
+    seen = [line for f in reversed(files) for line in f.read_text().splitlines()]
+    print(f"\n{lines} lines, {rotations} rotations by rename: {len(set(seen))} kept")
+    assert rotations >= 10  # the writer moved to each new file (else no more rotations)
+    assert seen == [f"line {i}" for i in range(lines)]  # none lost, none twice, in order
 
 
 def test_a_pass_rotates_prunes_and_keeps_the_audit_longest(store: Store, tmp_path: Path) -> None:
