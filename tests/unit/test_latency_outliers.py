@@ -13,8 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.policy.balance import RampHold, pick_endpoint, slow_start_weight
 from sluice.policy.latency import LatencyOutliers
 from sluice.policy.outlier import OutlierDetector
+from sluice.policy.routing import Endpoint
 
 Mix = Callable[[random.Random], float]
 """One request's latency in seconds on a healthy instance."""
@@ -208,3 +210,76 @@ def test_a_latency_verdict_is_ejected_with_the_shared_cap_and_multiplier() -> No
     assert det.eject("c", 2.0, 4, "slow") is None  # 50% of 4 are out: the cap holds
     second = det.eject("a", 31.0, 4, "slow again")  # back for 1 s, slow again: longer
     assert second is not None and second.times == 2 and second.until == 31.0 + 45.0
+
+
+# -- slow start that listens to latency -------------------------------------------------------
+
+
+def test_a_lagging_new_instance_stops_gaining_share_and_one_in_line_ramps_on_time() -> None:
+    det = LatencyOutliers(3.0, 20)
+    for _ in range(40):
+        det.observe("old1", 0.05)
+        det.observe("old2", 0.05)
+    for _ in range(4):
+        det.observe("new", 0.10)  # 2x: not bad enough to eject, not in line either
+    assert not det.slower("new")  # 4 requests: too few to judge
+    det.observe("new", 0.10)
+    assert det.slower("new") and det.observe("new", 0.10) is None
+    assert not det.slower("old1")
+
+    new = Endpoint("new", "h", 1, 64, ready_at=1000.0)
+    hold = RampHold()
+    assert not hold.answered(new, 1002.0, 10.0, lagging=False)  # in line: ramps on
+    assert hold.answered(new, 1003.0, 10.0, lagging=True)  # lagging: that second taken back
+    assert hold.answered(new, 1006.0, 10.0, lagging=True)
+    assert hold.held == {"new": pytest.approx(4.0)}
+    assert slow_start_weight(new, 1006.0, 10.0, hold.held["new"]) == pytest.approx(0.2)
+    assert not hold.answered(new, 1007.0, 10.0, lagging=False)  # back in line: grows again
+    assert slow_start_weight(new, 1007.0, 10.0, hold.held["new"]) == pytest.approx(0.3)
+    for t in range(1008, 1200):  # lagging for good: held, but for at most 5 ramps
+        hold.answered(new, float(t), 10.0, lagging=True)
+    assert hold.held["new"] == pytest.approx(50.0)
+    assert slow_start_weight(new, 1200.0, 10.0, hold.held["new"]) == 1.0
+    assert not hold.answered(Endpoint("old", "h", 1, 64), 1000.0, 10.0, lagging=True)
+    hold.forget(set())
+    assert hold.held == {}
+
+
+def ramp_share(new_latency_s: float, seed: int = 4) -> tuple[float, float]:
+    """Closed loop as the gateway runs it over a 10 s ramp: 40 requests always in flight
+    over two settled instances (50 ms) and a new one, the ramp fed by the same estimates.
+    Returns the new instance's share of the picks and the ramp seconds it lost."""
+    now, slow_start_s = 1000.0, 10.0
+    pool = [Endpoint(f"old{k}", "h", 1, 64) for k in range(2)]
+    pool.append(Endpoint("new", "h", 1, 64, ready_at=now))
+    det, hold = LatencyOutliers(3.0, 20), RampHold()
+    rng = random.Random(seed)
+    for _ in range(60):
+        det.observe("old0", 0.05)
+        det.observe("old1", 0.05)
+    load: Counter[str] = Counter()
+    inflight: list[Endpoint] = []
+    picks: Counter[str] = Counter()
+    steps = 4000
+    for step in range(steps):
+        t = now + step * slow_start_s / steps
+        ep = pick_endpoint(pool, load, rng, t, slow_start_s, held=hold.held)
+        assert ep is not None
+        load[ep.instance_id] += 1
+        inflight.append(ep)
+        picks[ep.instance_id] += 1
+        if len(inflight) >= 40:  # one finishes, at random
+            done = inflight.pop(rng.randrange(len(inflight)))
+            load[done.instance_id] -= 1
+            latency = new_latency_s if done.instance_id == "new" else 0.05
+            det.observe(done.instance_id, latency * math.exp(rng.gauss(0.0, 0.1)))
+            if done.instance_id == "new":
+                hold.answered(done, t, slow_start_s, det.slower("new"))
+    return picks["new"] / steps, hold.held.get("new", 0.0)
+
+
+def test_a_lagging_new_instance_keeps_a_small_share_through_its_ramp() -> None:
+    in_line, in_line_held = ramp_share(0.05)
+    lagging, lagging_held = ramp_share(0.10)  # 2x: not bad enough to eject
+    assert in_line_held == 0.0 and lagging_held > 5.0
+    assert lagging < 0.6 * in_line, (lagging, in_line)
