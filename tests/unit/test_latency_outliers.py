@@ -13,10 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.core import SpecError
+from sluice.policy import build_routing_snapshot
 from sluice.policy.balance import RampHold, pick_endpoint, slow_start_weight
 from sluice.policy.latency import LatencyOutliers
 from sluice.policy.outlier import OutlierDetector
-from sluice.policy.routing import Endpoint
+from sluice.policy.routing import Endpoint, GroupTraffic
+from sluice.spec import load_spec_text
 
 Mix = Callable[[random.Random], float]
 """One request's latency in seconds on a healthy instance."""
@@ -283,3 +286,34 @@ def test_a_lagging_new_instance_keeps_a_small_share_through_its_ramp() -> None:
     lagging, lagging_held = ramp_share(0.10)  # 2x: not bad enough to eject
     assert in_line_held == 0.0 and lagging_held > 5.0
     assert lagging < 0.6 * in_line, (lagging, in_line)
+
+
+# -- the spec's knobs -------------------------------------------------------------------------
+
+SPEC = """\
+pools: [{name: p, count: 4, memory_gb: 16}]
+groups:
+  - name: chat
+    owner: o
+    business: b
+    alert_channel: c
+    models: {m: {runtime: sim}}
+    resources: {pool: p, memory_gb: 1}
+OUTLIER
+routes:
+  - {tag: main, match: {models: [m]}, to: chat}
+"""
+
+
+def traffic(outlier: str) -> GroupTraffic:
+    spec = load_spec_text(SPEC.replace("OUTLIER", outlier)).spec
+    return build_routing_snapshot(spec, {}, 1).traffic["chat"]
+
+
+def test_latency_ejection_is_on_by_default_and_its_knobs_reach_the_gateway() -> None:
+    assert (traffic("").outlier_latency_ratio, traffic("").outlier_latency_min_requests) == (3, 20)
+    tuned = traffic("    outlier: {latency_ratio: 5, latency_min_requests: 100}")
+    assert (tuned.outlier_latency_ratio, tuned.outlier_latency_min_requests) == (5, 100)
+    assert traffic("    outlier: {latency: false}").outlier_latency_ratio == 0.0  # off
+    with pytest.raises(SpecError, match="latency_ratio"):
+        traffic("    outlier: {latency_ratio: 1.0}")  # 1x its peers is not an outlier
