@@ -7,6 +7,7 @@ from sluice.policy.balance import pick_affinity, pick_endpoint, slow_start_weigh
 from sluice.policy.failover import failover_problem, stranded_failovers
 from sluice.policy.health import ProbeRecord, record_probe
 from sluice.policy.impact import Impact, LoggedRequest, Move, route_impact
+from sluice.policy.latency import LatencyOutliers
 from sluice.policy.outlier import Ejection, OutlierDetector
 from sluice.policy.plan import Action, Drain, GroupTarget, Launch, Remove, plan_group
 from sluice.policy.quota import (
@@ -64,6 +65,7 @@ __all__ = [
     "GroupTarget",
     "GroupTraffic",
     "Impact",
+    "LatencyOutliers",
     "Launch",
     "LoggedRequest",
     "Move",
