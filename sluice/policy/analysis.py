@@ -214,7 +214,7 @@ NO_PRIOR = Prior()
 
 def _errors(samples: Sequence[RequestSample]) -> tuple[int, int]:
     head = samples[:FAST_PREFIX]
-    return sum(1 for s in head if s.error), len(head)
+    return len([1 for s in head if s.status >= 500 or s.status < 100]), len(head)
 
 
 def _fast(total: Table, spec: AnalysisSpec, alpha: float) -> Criterion | None:

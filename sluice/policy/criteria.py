@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -174,22 +174,20 @@ def _quantile(
     this window's q-quantile ratio is at least halfway to `max_ratio` and the quantile grew
     by more than `min_delta` seconds."""
     label = f"p{round(q * 100)}"
-    if base and canary:
-        thr = float(np.quantile(np.concatenate([base, canary]), q))
+    xb, xc = np.asarray(base, dtype=float), np.asarray(canary, dtype=float)
+    if xb.size and xc.size:
+        thr = float(np.quantile(np.concatenate([xb, xc]), q))
         current = Table(
-            int(np.count_nonzero(np.asarray(base) > thr)),
-            len(base),
-            int(np.count_nonzero(np.asarray(canary) > thr)),
-            len(canary),
+            int(np.count_nonzero(xb > thr)), xb.size, int(np.count_nonzero(xc > thr)), xc.size
         )
     else:
-        current = Table(0, len(base), 0, len(canary))
+        current = Table(0, xb.size, 0, xc.size)
     strata = _strata(prior, name, current)
     thin = _too_few(name, current, strata, what)
     if thin is not None or not base or not canary:
         why = thin.skip if thin is not None else f"no {what} on one side this step"
         return Judged(name, skip=why, tables={name: current})
-    qb, qc = float(np.quantile(base, q)), float(np.quantile(canary, q))
+    qb, qc = float(np.quantile(xb, q)), float(np.quantile(xc, q))
     ratio = qc / qb if qb > 0 else (1.0 if qc <= 0 else math.inf)
     p = stratified_exact(strata)
     above = current.hits_canary / current.n_canary
@@ -326,18 +324,46 @@ def _resources(
     return [cpu, mem]
 
 
-def _values(
-    samples: Sequence[RequestSample], get: Callable[[RequestSample], float | None]
-) -> list[float]:
-    return [v for s in samples if s.ok and (v := get(s)) is not None]
+@dataclass(slots=True)
+class _Side:
+    """One side's answers as the columns the criteria read, in one pass (a look reads up
+    to (RATIO_CAP + 1) x the step's samples a side; one pass instead of one a criterion)."""
+
+    answers: int = 0
+    errors: int = 0
+    latency: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    tokens: list[float] = field(default_factory=list)
+    empty: list[bool] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
 
 
-def _empty(s: RequestSample) -> bool | None:
-    if s.output_tokens is not None:
-        return s.output_tokens == 0
-    if s.text is not None:
-        return not s.text.strip()
-    return None
+def _columns(samples: Sequence[RequestSample]) -> _Side:
+    side = _Side(answers=len(samples))
+    for s in samples:
+        st = s.status
+        if st >= 500 or st < 100:
+            side.errors += 1
+        if not 100 <= st < 400:
+            continue
+        side.latency.append(s.latency_s)
+        if s.ttft_s is not None:
+            side.ttft.append(s.ttft_s)
+        if s.tpot_s is not None:
+            side.tpot.append(s.tpot_s)
+        text = s.text
+        if s.output_tokens is not None:
+            side.tokens.append(s.output_tokens)
+            side.empty.append(s.output_tokens == 0)
+        elif text is not None:
+            side.empty.append(not text.strip())
+        if s.finish_reason is not None:
+            side.truncated.append(s.finish_reason == "length")
+        if text is not None and text.strip():
+            side.texts.append(text)
+    return side
 
 
 def _table(base: Sequence[bool], canary: Sequence[bool]) -> Table:
@@ -354,25 +380,23 @@ def judge_all(
 ) -> list[Judged]:
     """Every criterion on this window, in CRITERIA order (disabled ones included: the
     caller marks them); `prior` holds the earlier steps' tables."""
-    ok_b = [s for s in baseline if s.ok]
-    ok_c = [s for s in canary if s.ok]
+    b, c = _columns(baseline), _columns(canary)
     out = [
         _rate(
             "error_rate",
             "error_rate",
-            _table([s.error for s in baseline], [s.error for s in canary]),
+            Table(b.errors, b.answers, c.errors, c.answers),
             prior,
             spec.error_rate_max_increase,
             "answers",
         )
     ]
-    lat_b, lat_c = _values(baseline, lambda s: s.latency_s), _values(canary, lambda s: s.latency_s)
     timing = "successful answers"
     out.append(
         _quantile(
             "latency_p50",
-            lat_b,
-            lat_c,
+            b.latency,
+            c.latency,
             prior,
             0.5,
             spec.latency_p50_max_ratio,
@@ -383,8 +407,8 @@ def judge_all(
     out.append(
         _quantile(
             "latency_p95",
-            lat_b,
-            lat_c,
+            b.latency,
+            c.latency,
             prior,
             0.95,
             spec.latency_p95_max_ratio,
@@ -395,8 +419,8 @@ def judge_all(
     out.append(
         _quantile(
             "ttft_p95",
-            _values(baseline, lambda s: s.ttft_s),
-            _values(canary, lambda s: s.ttft_s),
+            b.ttft,
+            c.ttft,
             prior,
             0.95,
             spec.ttft_p95_max_ratio,
@@ -407,8 +431,8 @@ def judge_all(
     out.append(
         _quantile(
             "tpot_p50",
-            _values(baseline, lambda s: s.tpot_s),
-            _values(canary, lambda s: s.tpot_s),
+            b.tpot,
+            c.tpot,
             prior,
             0.5,
             spec.tpot_p50_max_ratio,
@@ -418,39 +442,29 @@ def judge_all(
     )
     out.append(
         _distribution(
-            "output_length",
-            _values(baseline, lambda s: s.output_tokens),
-            _values(canary, lambda s: s.output_tokens),
-            spec.output_length_max_ks,
-            "output lengths",
+            "output_length", b.tokens, c.tokens, spec.output_length_max_ks, "output lengths"
         )
     )
-    emp_b = [e for s in ok_b if (e := _empty(s)) is not None]
-    emp_c = [e for s in ok_c if (e := _empty(s)) is not None]
     out.append(
         _rate(
             "empty_rate",
             "empty_rate",
-            _table(emp_b, emp_c),
+            _table(b.empty, c.empty),
             prior,
             spec.empty_rate_max_increase,
             "answers with output",
         )
     )
-    fin_b = [s.finish_reason == "length" for s in ok_b if s.finish_reason is not None]
-    fin_c = [s.finish_reason == "length" for s in ok_c if s.finish_reason is not None]
     out.append(
         _rate(
             "truncated_rate",
             "truncated_rate",
-            _table(fin_b, fin_c),
+            _table(b.truncated, c.truncated),
             prior,
             spec.truncated_rate_max_increase,
             "answers with a finish reason",
         )
     )
     out.extend(_resources(base_use, canary_use, spec))
-    txt_b = [s.text for s in ok_b if s.text is not None and s.text.strip()]
-    txt_c = [s.text for s in ok_c if s.text is not None and s.text.strip()]
-    out.append(_style(txt_b, txt_c, prior, spec))
+    out.append(_style(b.texts, c.texts, prior, spec))
     return out
