@@ -51,37 +51,11 @@ from sluice.spec.rollout import RolloutSpec  # noqa: E402
 
 POOL = 20_000
 """Requests in a version's pool; both sides of an A/A run draw from the same one."""
-WORDS = [
-    "the",
-    "order",
-    "ships",
-    "today",
-    "and",
-    "arrives",
-    "on",
-    "monday",
-    "with",
-    "tracking",
-    "sent",
-    "by",
-    "mail",
-    "so",
-    "you",
-    "can",
-    "follow",
-    "it",
-    "each",
-    "step",
-    "of",
-    "the",
-    "way",
-    "from",
-    "our",
-    "store",
-    "to",
-    "your",
-    "door",
-]
+PROSE = (
+    "the order ships today and arrives on monday with tracking sent by mail so you can "
+    "follow it each step of the way from our store to your door"
+)
+WORDS = tuple(PROSE.split())
 REFUSAL = "I'm sorry, but I cannot help with that request."
 
 
@@ -527,7 +501,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=14)
     args = ap.parse_args()
     aa_runs = args.runs or (10 if args.quick else 60)
-    ab_runs = args.ab_runs or (10 if args.quick else 40)
+    ab_runs = args.ab_runs or (10 if args.quick else 30)
     started = time.monotonic()
     spec = RolloutSpec(name="bench", baseline="base", canary="canary")
     plan = plan_rollout(spec)
