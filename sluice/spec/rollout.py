@@ -91,7 +91,7 @@ class AnalysisSpec(_Strict):
     gross_error_rate: float = Field(
         default=0.2,
         gt=0,
-        le=1,
+        lt=1,
         description="a canary failing this share of its answers, where the baseline fails "
         "under a quarter of it, is rolled back as soon as the evidence holds, between looks",
     )

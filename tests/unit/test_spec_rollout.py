@@ -95,6 +95,8 @@ def test_field_level_rules() -> None:
         AnalysisSpec.model_validate({"alpha": 0.05})
     with pytest.raises(ValidationError, match="false_rollback_rate"):
         AnalysisSpec(false_rollback_rate=0.5)
+    with pytest.raises(ValidationError, match="gross_error_rate"):
+        AnalysisSpec(gross_error_rate=1.0)  # a canary can fail no more than all its answers
 
 
 def test_bad_analysis_knobs_are_located() -> None:
