@@ -94,6 +94,7 @@ class Controller:
             SampleCollector(),
             on_change=lambda: self._publish_routing(self.spec),
             wake=self._wake.set,
+            traffic=traffic,
         )
         self._rollouts.point_at(self._ready_url)
         self._loop = TickLoop(self.tick, self._wake, store, events, clock)
@@ -165,6 +166,9 @@ class Controller:
             ),
             None,
         )
+
+    def rollout_plan(self, name: str) -> dict[str, Any]:
+        return self._rollouts.plan(self.spec, name)
 
     def rollout_live(self, name: str) -> dict[str, Any] | None:
         state = self._rollouts.live_state(name)

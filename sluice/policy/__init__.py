@@ -1,9 +1,10 @@
 """Pure decisions shared by live and simulated runs: no I/O, no clock reads, no global random."""
 
 from sluice.policy.admission import AdmissionStats, GroupAdmission, Offer
-from sluice.policy.analysis import Analysis, Criterion, RequestSample, ResourceUse, analyze
+from sluice.policy.analysis import Analysis, Criterion, Prior, RequestSample, ResourceUse, analyze
 from sluice.policy.backoff import CrashBackoff
 from sluice.policy.balance import pick_affinity, pick_endpoint, slow_start_weight
+from sluice.policy.canary_plan import RolloutPlan, StepPlan, plan_rollout
 from sluice.policy.failover import failover_problem, stranded_failovers
 from sluice.policy.health import ProbeRecord, record_probe
 from sluice.policy.impact import Impact, LoggedRequest, Move, route_impact
@@ -72,6 +73,7 @@ __all__ = [
     "Offer",
     "OutlierDetector",
     "PoolState",
+    "Prior",
     "ProbeRecord",
     "QuotaState",
     "Reachability",
@@ -81,12 +83,14 @@ __all__ = [
     "RequestSample",
     "ResourceUse",
     "RolloutPhase",
+    "RolloutPlan",
     "RolloutState",
     "Route",
     "RouteRule",
     "RouteTable",
     "RoutingSnapshot",
     "RunningInstance",
+    "StepPlan",
     "StepRecord",
     "TenantAccess",
     "TokenBucket",
@@ -101,6 +105,7 @@ __all__ = [
     "pick_affinity",
     "pick_endpoint",
     "plan_group",
+    "plan_rollout",
     "record_probe",
     "route_impact",
     "route_rules",
