@@ -393,6 +393,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/revisions"): "/v1/revisions",
     ("GET", "/v1/rollouts"): "/v1/rollouts",
     ("GET", "/v1/rollouts/{name}"): "/v1/rollouts/nope",
+    ("GET", "/v1/rollouts/{name}/plan"): "/v1/rollouts/nope/plan",
     ("GET", "/v1/routes"): "/v1/routes",
     ("GET", "/v1/tokens"): "/v1/tokens",
     ("GET", "/v1/whoami"): "/v1/whoami",
@@ -493,7 +494,11 @@ def test_every_route_refuses_a_missing_malformed_or_unknown_token(platform: Slui
                 assert_error(r, 403, "forbidden", f"needs the {needs} role")
             else:
                 r = c.request(method, path, headers=bearer(viewer))
-                expected = {"/v1/tokens": 403, "/v1/rollouts/{name}": 404}.get(route, 200)
+                expected = {
+                    "/v1/tokens": 403,
+                    "/v1/rollouts/{name}": 404,
+                    "/v1/rollouts/{name}/plan": 404,
+                }.get(route, 200)
                 assert r.status_code == expected, (path, r.status_code, r.text)
         assert calls == (len(ROUTES) - 1) * len(bad_auth)
 
@@ -676,6 +681,7 @@ def every_get(s: Sluice, token: str) -> list[tuple[str, bytes]]:
             "/v1/revisions": "/v1/revisions?limit=1000",
             "/v1/rollouts": "/v1/rollouts",
             "/v1/rollouts/{name}": "/v1/rollouts/none",
+            "/v1/rollouts/{name}/plan": "/v1/rollouts/none/plan",
             "/v1/routes": "/v1/routes",
             "/v1/tokens": "/v1/tokens",
             "/v1/whoami": "/v1/whoami",
