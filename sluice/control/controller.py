@@ -47,6 +47,7 @@ from sluice.spec import (
     resolve_key_sources,
     revision_diff,
 )
+from sluice.spec.servers import external_replicas
 from sluice.store import Revision, Store
 
 __all__ = ["Controller"]
@@ -285,6 +286,13 @@ class Controller:
                 "autoscaling.min/max in the spec and `sluice apply` it instead",
                 group=group,
             )
+        endpoints = external_replicas(spec.models)
+        if endpoints is not None and replicas > endpoints:
+            raise Conflict(
+                f"group {group!r} fronts {endpoints} external endpoint(s), one instance each; "
+                f"it can have at most {endpoints} replicas",
+                group=group,
+            )
         pool = self.spec.pool(spec.resources.pool)
         assert pool is not None  # the spec checks guarantee it
         others = self._pool_held_by_others(self.spec, spec)
@@ -441,7 +449,8 @@ class Controller:
                 group = spec.group(action.group)
                 assert group is not None
                 if self._backoff.get(group.name, CrashBackoff()).launch_allowed(now):
-                    self._supervisor.launch(group, action.template, action.reason)
+                    pool = spec.pool(group.resources.pool)
+                    self._supervisor.launch(group, action.template, action.reason, pool)
             elif isinstance(action, Drain):
                 self._supervisor.drain(action.instance_id, action.reason)
             elif isinstance(action, Remove):

@@ -4,6 +4,7 @@ from sluice.policy.admission import AdmissionStats, GroupAdmission, Offer
 from sluice.policy.analysis import Analysis, Criterion, RequestSample, ResourceUse, analyze
 from sluice.policy.backoff import CrashBackoff
 from sluice.policy.balance import pick_affinity, pick_endpoint, slow_start_weight
+from sluice.policy.devices import DeviceGrant, DeviceHold, assign_devices
 from sluice.policy.failover import failover_problem, stranded_failovers
 from sluice.policy.health import ProbeRecord, record_probe
 from sluice.policy.impact import Impact, LoggedRequest, Move, route_impact
@@ -54,6 +55,8 @@ __all__ = [
     "CanarySplit",
     "CrashBackoff",
     "Criterion",
+    "DeviceGrant",
+    "DeviceHold",
     "Drain",
     "Ejection",
     "Endpoint",
@@ -90,6 +93,7 @@ __all__ = [
     "allocate",
     "analyze",
     "api_key_digest",
+    "assign_devices",
     "build_routing_snapshot",
     "failover_problem",
     "first_match",

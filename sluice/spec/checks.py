@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
+from sluice.spec.devices import device_problems
 from sluice.spec.models import GroupSpec, KeyPath, PlatformSpec, RouteSpec
 from sluice.spec.quota import BudgetSpec
+from sluice.spec.servers import server_problems
 
 __all__ = ["check_keys", "check_platform"]
 
@@ -27,6 +29,8 @@ def check_platform(spec: PlatformSpec) -> list[Problem]:
         *_schedules(spec),
         *_quotas(spec),
         *_rollouts(spec),
+        *device_problems(spec),
+        *(p for i, g in enumerate(spec.groups) for p in server_problems(i, g)),
     ]
 
 

@@ -15,8 +15,10 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from sluice.spec.autoscaling import AutoscalingSpec, ScheduleEntry, SloSpec
+from sluice.spec.devices import DeviceId, pool_devices_problem
 from sluice.spec.quota import BudgetSpec, QuotaSpec
 from sluice.spec.rollout import RolloutSpec
+from sluice.spec.servers import CommandSpec, ExternalSpec, external_replicas
 
 __all__ = [
     "DIGEST_PREFIX",
@@ -67,6 +69,21 @@ class PoolSpec(_Strict):
     purpose: Literal["inference", "training"] = Field(
         default="inference", description="inference groups never use training pools (Q5)"
     )
+    devices: list[DeviceId] | None = Field(
+        default=None,
+        description="this machine's device ids (CUDA indices or UUIDs): each instance is "
+        "pinned to its own (CUDA_VISIBLE_DEVICES); unset: virtual units, nothing pinned",
+    )
+    units_per_device: int = Field(
+        default=1, ge=1, le=64, description="quota units per device (fractional accelerators)"
+    )
+
+    @model_validator(mode="after")
+    def _devices_add_up(self) -> PoolSpec:
+        problem = pool_devices_problem(self.count, self.devices, self.units_per_device)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class FixedServiceTime(_Strict):
@@ -121,23 +138,37 @@ class EmbeddingParams(_Strict):
 
 
 class ModelSpec(_Strict):
-    runtime: Literal["sim", "embedding"]
+    """`sim`, `embedding`: Sluice's own worker serves the model; `command`: any
+    OpenAI-compatible server Sluice launches; `external`: servers that already run."""
+
+    runtime: Literal["sim", "embedding", "command", "external"]
     version: str = Field(default="v1", min_length=1, max_length=64)
     sim: SimParams | None = None
     embedding: EmbeddingParams | None = None
+    command: CommandSpec | None = None
+    external: ExternalSpec | None = None
 
     @model_validator(mode="after")
     def _params_match_runtime(self) -> ModelSpec:
-        other = "embedding" if self.runtime == "sim" else "sim"
-        if getattr(self, other) is not None:
-            raise ValueError(f"runtime is {self.runtime!r}; remove the '{other}:' block")
+        for block in ("sim", "embedding", "command", "external"):
+            if block != self.runtime and getattr(self, block) is not None:
+                raise ValueError(f"runtime is {self.runtime!r}; remove the '{block}:' block")
+        if self.runtime in ("command", "external") and getattr(self, self.runtime) is None:
+            raise ValueError(f"runtime {self.runtime!r} needs a '{self.runtime}:' block")
         return self
 
     @property
+    def server(self) -> CommandSpec | ExternalSpec | None:
+        """The server that is not Sluice's worker, if the model runs on one."""
+        return self.command or self.external
+
+    @property
     def memory_gb(self) -> float:
-        params = self.sim or self.embedding
+        params = self.sim or self.embedding or self.command
         if params is not None:
             return params.memory_gb
+        if self.runtime == "external":
+            return 0.0  # on machines Sluice does not run
         return SimParams().memory_gb if self.runtime == "sim" else EmbeddingParams().memory_gb
 
 
@@ -145,6 +176,9 @@ class ResourcesSpec(_Strict):
     pool: Name
     accelerators: int = Field(default=1, ge=1, le=64, description="per instance")
     memory_gb: float = Field(gt=0, description="accelerator memory one instance needs, GiB")
+    fractional: bool = Field(
+        default=False, description="may take part of one device, shared with other such"
+    )
 
 
 class WarmupSpec(_Strict):
@@ -211,6 +245,15 @@ class GroupSpec(_Strict):
     slo: SloSpec | None = None
     quota: QuotaSpec = QuotaSpec()
     budget: BudgetSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_instance_per_endpoint(self) -> GroupSpec:
+        """An external group runs one instance per endpoint: that is its `replicas` unless
+        written (`server_problems` refuses a count that differs)."""
+        n = external_replicas(self.models)
+        if n is not None and "replicas" not in self.model_fields_set:
+            object.__setattr__(self, "replicas", n)  # frozen; this runs while it is built
+        return self
 
     def template(self) -> str:
         """Fingerprint of what an instance runs; a change rolls the group's instances."""
