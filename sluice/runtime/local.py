@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from sluice.core import SluiceError
@@ -45,8 +46,11 @@ class LocalRuntime:
         host: str = "127.0.0.1",
         python: str = sys.executable,
         port_timeout_s: float = PORT_TIMEOUT_S,
+        port_picker: Callable[[str], int] = pick_port,
     ):
+        """`port_picker`: chooses a command server's port on the host (`pick_port`)."""
         self._dir = home / "instances"
+        self._pick_port = port_picker
         self._host = host
         self._python = python
         self._port_timeout_s = port_timeout_s
@@ -92,7 +96,7 @@ class LocalRuntime:
     async def _launch_command(self, req: LaunchRequest, cmd: CommandLaunch) -> InstanceHandle:
         """Start a server from its argv template on a port picked here; return once its
         process group listens on it (`runtime.command`)."""
-        port = pick_port(self._host)
+        port = self._pick_port(self._host)
         argv, extra = rendered(cmd, self._host, port)
         env = {
             **os.environ,

@@ -38,6 +38,7 @@ def parse() -> argparse.Namespace:
 
 
 ARGS = parse()
+GARBAGE = b"\x00\x01\xfe\xff\x1b[2J binary noise \xc3\x28\n"
 STARTED = time.monotonic()
 
 
@@ -73,6 +74,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"ok": True})
         elif self.path == "/v1/models":
             if ARGS.garbage:
+                sys.stdout.buffer.write(GARBAGE)
+                sys.stdout.flush()
                 self._send(200, b"\x00\xff\xfe garbage \x1b[31m", "application/octet-stream")
             elif ARGS.never_ready or time.monotonic() - STARTED < ARGS.load_s:
                 self._json(503, {"error": {"message": "loading"}})
@@ -169,7 +172,7 @@ class Handler(BaseHTTPRequestHandler):
 
 def main() -> None:
     if ARGS.garbage:
-        sys.stdout.buffer.write(b"\x00\x01\xfe\xff\x1b[2J binary noise \xc3\x28\n")
+        sys.stdout.buffer.write(GARBAGE)
         sys.stdout.flush()
     print(f"stub {ARGS.name}: loading", flush=True)
     time.sleep(ARGS.bind_after)
