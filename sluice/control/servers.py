@@ -25,6 +25,7 @@ import httpx
 from sluice.runtime import CommandLaunch, InstanceHandle, LaunchRequest
 from sluice.spec import GroupSpec
 from sluice.spec.models import WarmupSpec
+from sluice.spec.servers import EndpointSpec
 
 __all__ = [
     "ProbeFailed",
@@ -32,6 +33,7 @@ __all__ = [
     "Probes",
     "WarmupCall",
     "launch_request",
+    "least_held_endpoint",
     "probes_for",
     "ready_verdict",
     "stop_grace_s",
@@ -204,3 +206,13 @@ def launch_request(
 def stop_grace_s(spec: GroupSpec, at_least: float) -> float:
     """`at_least`, or longer if the group's command asks for more time to stop."""
     return max([at_least, *(m.command.stop_grace_s for m in spec.models.values() if m.command)])
+
+
+def least_held_endpoint(spec: GroupSpec, held: list[str]) -> EndpointSpec | None:
+    """For a new instance of an external group: the endpoint fewest of its instances (of
+    the same template; `held`: their URLs) front, the first such in the spec's order. A
+    rolling update thus puts one new instance on each endpoint. None: not external."""
+    external = next((m.external for m in spec.models.values() if m.external), None)
+    if external is None:
+        return None
+    return min(external.endpoints, key=lambda e: held.count(e.url))

@@ -33,6 +33,7 @@ from sluice.control.servers import (
     Prober,
     Probes,
     launch_request,
+    least_held_endpoint,
     probes_for,
     stop_grace_s,
 )
@@ -72,10 +73,6 @@ class _Failed(Exception):
 
 class _Unhealthy(_Failed):
     """Health probes failed `failure_threshold` times in a row (the process may live on)."""
-
-
-class _PollFailed(Exception):
-    pass
 
 
 @dataclass(eq=False)
@@ -136,6 +133,7 @@ class InstanceSupervisor:
         self._clock = clock
         self._events = events
         self._instances: dict[str, _Instance] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self._http: httpx.AsyncClient | None = http
         self._asks: Prober | None = None
         self._writes: asyncio.Queue[InstanceRecord | str | None] = asyncio.Queue()
@@ -187,15 +185,12 @@ class InstanceSupervisor:
         return inst.id
 
     def _free_endpoint(self, spec: GroupSpec, template: str) -> EndpointSpec | None:
-        external = next((m.external for m in spec.models.values() if m.external), None)
-        if external is None:
-            return None
-        held = [
-            i.endpoint.url
+        mine = [
+            i
             for i in self._instances.values()
-            if i.spec.name == spec.name and i.template == template and i.endpoint is not None
+            if (i.spec.name, i.template) == (spec.name, template)
         ]
-        return min(external.endpoints, key=lambda e: held.count(e.url))
+        return least_held_endpoint(spec, [i.endpoint.url for i in mine if i.endpoint is not None])
 
     def drain(self, instance_id: str, reason: str) -> None:
         inst = self._instances.get(instance_id)
@@ -286,8 +281,8 @@ class InstanceSupervisor:
                 self.drain(inst.id, "sluice is shutting down")
             else:
                 self.remove(inst.id, "sluice is shutting down")
-        tasks = [i.task for i in self._instances.values() if i.task is not None]
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # every task still running, also of instances already gone (writing "stopped")
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._closing.set()
         self._writes.put_nowait(None)
         if self._writer is not None:
@@ -462,7 +457,7 @@ class InstanceSupervisor:
                 break
             try:
                 inflight = await self._inflight(inst, min(STATS_TIMEOUT_S, left))
-            except _PollFailed as exc:
+            except ProbeFailed as exc:
                 failed, error, idle_polls = failed + 1, str(exc), 0
                 await asyncio.sleep(min(1.0, DRAIN_POLL_S * 2**failed, max(0.0, left)))
                 continue
@@ -472,7 +467,8 @@ class InstanceSupervisor:
                 break
             await asyncio.sleep(DRAIN_POLL_S)
         if not drained:
-            unread = f"; in-flight count failed {failed} times (last: {error})" if failed else ""
+            source = "/stats" if inst.probes.own_inflight else "the gateway's in-flight count"
+            unread = f"; {source} failed {failed} times (last: {error})" if failed else ""
             await self._events.emit(
                 spec.name,
                 inst.id,
@@ -528,16 +524,13 @@ class InstanceSupervisor:
         return inst.handle is None or self._runtime_of(inst).exit_code(inst.handle) is not None
 
     async def _inflight(self, inst: _Instance, timeout_s: float) -> int:
-        """Requests the instance is serving now; _PollFailed if that is not known."""
+        """Requests the instance is serving now; ProbeFailed if that is not known."""
         assert inst.handle is not None
         if not inst.probes.own_inflight:
             if self._gateway_inflight is None:
-                raise _PollFailed("no gateway in this process counts its requests")
+                raise ProbeFailed("no gateway in this process counts its requests")
             return self._gateway_inflight().get(inst.id, 0)
-        try:
-            return await self._prober.worker_inflight(inst.handle, timeout_s)
-        except ProbeFailed as exc:
-            raise _PollFailed(str(exc)) from None
+        return await self._prober.worker_inflight(inst.handle, timeout_s)
 
     def _set_state(self, inst: _Instance, state: InstanceState, reason: str) -> None:
         inst.state, inst.reason = state, reason
@@ -588,6 +581,8 @@ class InstanceSupervisor:
 
     def _spawn(self, inst: _Instance, coro: Any) -> None:
         inst.task = asyncio.get_running_loop().create_task(coro, name=f"instance:{inst.id}")
+        self._tasks.add(inst.task)
+        inst.task.add_done_callback(self._tasks.discard)
         inst.task.add_done_callback(self._task_done)
 
     def _cancel(self, inst: _Instance) -> None:
