@@ -18,8 +18,17 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.conftest import Sluice, running
-from tests.faults.conftest import Api, Load, Outcome, in_flight, lines, report, wait_until
+from tests.e2e.conftest import Sluice, kill_workers_of, running
+from tests.faults.conftest import (
+    Api,
+    Load,
+    Outcome,
+    PinnedSluice,
+    in_flight,
+    lines,
+    report,
+    wait_until,
+)
 
 STUB = str(Path(__file__).with_name("openai_stub.py"))
 TOKENS = 10
@@ -244,3 +253,37 @@ def test_bad_commands_go_failed_with_their_log_lines_and_back_off(tmp_path: Path
                 assert all(line.isprintable() for line in tail)
             assert any(e["kind"] == "backoff" for e in evs), (name, [e["kind"] for e in evs])
         assert not api.ready("never")
+
+
+def test_a_restarted_sluice_adopts_command_servers_with_their_devices(tmp_path: Path) -> None:
+    """SIGKILL of `sluice up`: the servers live on in their own sessions; the next run knows
+    them by SLUICE_INSTANCE_ID in their environment, keeps them, and remembers their
+    devices, so a new instance is not pinned to a device one of them holds."""
+    spec = tmp_path / "platform.yaml"
+    spec.write_text(CHAT)
+    s = PinnedSluice(tmp_path, spec)
+    s.start()
+    try:
+        with Api(s) as api:
+            wait_until("2 ready", lambda: len(api.ready("chat")) == 2, 60)
+            before = {i["id"]: (i["pid"], i["devices"]) for i in api.instances("chat")}
+        s.kill()
+        s.start(with_spec=False)
+        with Api(s) as api:
+            wait_until(
+                "the same 2 ready", lambda: {i["id"] for i in api.ready("chat")} == set(before), 60
+            )
+            after = {i["id"]: (i["pid"], i["devices"]) for i in api.instances("chat")}
+            assert after == before  # same processes, same devices
+            assert sum(e["kind"] == "adopted" for e in api.events("chat")) == 2
+            s.cli("scale", "chat", "3", "--reason", "one more")
+            wait_until("3 ready", lambda: len(api.ready("chat")) == 3, 60)
+            devices = [i["devices"] for i in api.ready("chat")]
+            assert len(set(devices)) == 3, devices  # the new one took a free device
+        r = s.client("sk-search").chat.completions.create(
+            model="m-chat", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert r.choices[0].message.content == "w0 w1"
+    finally:
+        s.kill()
+        kill_workers_of(tmp_path)
