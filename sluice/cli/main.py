@@ -31,6 +31,7 @@ from sluice.cli.common import (
     ts,
 )
 from sluice.cli.compare import compare
+from sluice.cli.estimate import estimate
 from sluice.cli.review import approve, proposal_app, proposals, propose, reject
 from sluice.cli.rollout import rollout_app
 from sluice.cli.simulate import simulate
@@ -589,6 +590,7 @@ def gc(as_json: JsonOpt = False, home: HomeOpt = None, control: ControlOpt = Non
 
 app.command("simulate")(simulate)
 app.command("compare")(compare)
+app.command("estimate")(estimate)
 for _review_command in (propose, proposals, approve, reject):
     app.command()(_review_command)
 

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import uvicorn
@@ -108,19 +109,18 @@ class _Up:
         return {} if self.gateway is None else self.gateway.outstanding()
 
     async def run(self) -> None:
-        # Buffered: the gateway flushes every 0.1 s and on stop (a line per syscall: ~10%).
-        access_log = open(self.settings.access_log, "a", buffering=1 << 16, encoding="utf-8")  # noqa: SIM115
+        self.access_log = _open_access_log(self.settings.access_log)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop.set)
         try:
             await self.supervisor.start()
-            await self._serve(access_log)
+            await self._serve(self.access_log)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 self.settings.control_file.unlink()
             await self.supervisor.shutdown()
-            access_log.close()
+            self.access_log.close()
             print("sluice stopped; all instances stopped", flush=True)
 
     async def _serve(self, access_log: TextIO) -> None:
@@ -170,6 +170,8 @@ class _Up:
             settings.access_log,
             settings.home / "instances",
             running=lambda: {s.id for s in self.supervisor.statuses()},
+            reopen_access_log=lambda: self._reopen_access_log(gateway),
+            copy_truncate=self.supervisor.command_instances,
         )
         api = build_control_api(
             controller,
@@ -249,6 +251,26 @@ class _Up:
         await controller.close()
         if failure is not None:
             raise failure
+
+    def _reopen_access_log(self, gateway: Gateway) -> None:
+        """Once rotation renamed the access log, the gateway logs to a fresh file under its
+        name (what it wrote in between went to the end of the renamed one: nothing lost)."""
+        path = self.settings.access_log
+        current = os.fstat(self.access_log.fileno())
+        with contextlib.suppress(FileNotFoundError):
+            named = os.stat(path)
+            if (named.st_dev, named.st_ino) == (current.st_dev, current.st_ino):
+                return
+        fresh = _open_access_log(path)
+        old = gateway.swap_access_log(fresh)
+        self.access_log = fresh
+        if old is not None:
+            old.close()
+
+
+def _open_access_log(path: Path) -> TextIO:
+    # Buffered: the gateway flushes every 0.1 s and on stop (a line per syscall: ~10%).
+    return open(path, "a", buffering=1 << 16, encoding="utf-8")
 
 
 RESTARTS = 5

@@ -2,10 +2,15 @@
 instances long gone, and expire old store rows, every `retention.interval_s` and on
 `sluice gc`.
 
-Logs rotate by copy-then-truncate (logrotate's `copytruncate`): the gateway and every
-instance keep writing to the same open file (opened for append), so no process has to be
-told; the few lines written between the copy and the truncation can be lost, which is the
-usual price of that method and acceptable for logs.
+Logs rotate by rename, and their writer moves to a fresh file under the old name: a worker
+notices within a second that its log was renamed (`sluice.worker.logfile`); the gateway's
+access log is re-opened by `reopen_access_log` right after (`sluice up` gives it). Until
+then each writes on at the end of the renamed file, so no line is lost. Without that hook
+the access log rotates by copy-then-truncate (logrotate's `copytruncate`): the writer keeps
+its open file (opened for append) without being told, and the few lines written between
+the copy and the truncation can be lost, the usual price of that method. The log of a
+server Sluice did not write (`command`) rotates that way too: it cannot be told to re-open,
+and after a rename it would write on into the renamed file, unbounded, then deleted.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ _MB = 1 << 20
 
 
 class Housekeeper:
-    """`running` names the instances whose logs are still being written."""
+    """`running` names the instances whose logs are still being written; `copy_truncate`
+    those of them whose writer cannot re-open its log (command servers);
+    `reopen_access_log`, called on the event loop after every pass, points the access log's
+    writer at the file now named `access_log` (a no-op when it writes there already)."""
 
     def __init__(
         self,
@@ -40,17 +48,24 @@ class Housekeeper:
         access_log: Path,
         instance_logs: Path,
         running: Callable[[], set[str]],
+        reopen_access_log: Callable[[], None] | None = None,
+        copy_truncate: Callable[[], set[str]] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._access_log = access_log
         self._instance_logs = instance_logs
         self._running = running
+        self._reopen_access_log = reopen_access_log
+        self._copy_truncate = copy_truncate or set
 
     async def run_once(self, retention: RetentionSpec) -> dict[str, Any]:
         """One pass; returns what it did (rotated files, removed logs, pruned rows)."""
         running = self._running()
-        files = await asyncio.to_thread(self._logs, retention, running)
+        copied = self._copy_truncate()
+        files = await asyncio.to_thread(self._logs, retention, running, copied)
+        if self._reopen_access_log is not None:  # every pass: a failed one is made up for
+            self._reopen_access_log()
         now = self._clock.now()
         pruned = await asyncio.to_thread(
             self._store.prune,
@@ -74,15 +89,21 @@ class Housekeeper:
                 log.exception("housekeeping pass failed; next try in %gs", spec.interval_s)
             await asyncio.sleep(spec.interval_s)
 
-    def _logs(self, retention: RetentionSpec, running: set[str]) -> dict[str, Any]:
+    def _logs(
+        self, retention: RetentionSpec, running: set[str], copied: set[str]
+    ) -> dict[str, Any]:
         rotated: list[str] = []
         removed: list[str] = []
-        if rotate(self._access_log, retention.access_log_max_mb * _MB, retention.access_log_keep):
+        max_bytes = retention.access_log_max_mb * _MB
+        copy = self._reopen_access_log is None
+        if rotate(self._access_log, max_bytes, retention.access_log_keep, copy=copy):
             rotated.append(self._access_log.name)
         stale_before = time.time() - retention.stopped_instance_logs_days * _DAY
         for path in sorted(self._instance_logs.glob("*.log")):
             if path.stem in running:
-                if rotate(path, retention.instance_log_max_mb * _MB, retention.instance_log_keep):
+                max_bytes = retention.instance_log_max_mb * _MB
+                copy = path.stem in copied
+                if rotate(path, max_bytes, retention.instance_log_keep, copy=copy):
                     rotated.append(path.name)
             elif _mtime(path) < stale_before:
                 for old in [path, *path.parent.glob(f"{path.name}.*")]:
@@ -91,9 +112,12 @@ class Housekeeper:
         return {"rotated": rotated, "removed": removed}
 
 
-def rotate(path: Path, max_bytes: float, keep: int) -> bool:
+def rotate(path: Path, max_bytes: float, keep: int, *, copy: bool = True) -> bool:
     """If `path` is over `max_bytes`: shift `path.1..keep-1` up by one (dropping the
-    oldest), copy `path` to `path.1`, truncate `path`. True if it rotated."""
+    oldest), then copy `path` to `path.1` and truncate `path`, or with `copy=False` rename
+    `path` to `path.1` and create an empty `path` (for a writer that re-opens `path` when
+    it is another file: nothing lost, see the module; readers never miss the file). True
+    if it rotated."""
     try:
         if path.stat().st_size <= max_bytes:
             return False
@@ -103,7 +127,12 @@ def rotate(path: Path, max_bytes: float, keep: int) -> bool:
         older = path.with_name(f"{path.name}.{k - 1}")
         if older.exists():
             older.replace(path.with_name(f"{path.name}.{k}"))
-    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+    first = path.with_name(f"{path.name}.1")
+    if not copy:
+        path.replace(first)
+        path.open("ab").close()  # (the writer may have created it already: both append)
+        return True
+    shutil.copyfile(path, first)
     with open(path, "r+b") as f:
         f.truncate(0)
     return True

@@ -36,6 +36,7 @@ __all__ = [
     "least_held_endpoint",
     "probes_for",
     "ready_verdict",
+    "runs_command",
     "stop_grace_s",
 ]
 
@@ -216,3 +217,8 @@ def least_held_endpoint(spec: GroupSpec, held: list[str]) -> EndpointSpec | None
     if external is None:
         return None
     return min(external.endpoints, key=lambda e: held.count(e.url))
+
+
+def runs_command(spec: GroupSpec) -> bool:
+    """The group's instances run a command server (not Sluice's worker, not a URL)."""
+    return any(m.command is not None for m in spec.models.values())

@@ -35,6 +35,7 @@ from sluice.control.servers import (
     launch_request,
     least_held_endpoint,
     probes_for,
+    runs_command,
     stop_grace_s,
 )
 from sluice.core import Clock, InstanceState, InstanceStatus, SluiceError
@@ -151,6 +152,10 @@ class InstanceSupervisor:
 
     def statuses(self) -> list[InstanceStatus]:
         return [i.status() for i in self._instances.values()]
+
+    def command_instances(self) -> set[str]:
+        """Instances running a command server (housekeeping: logs that cannot follow a rename)."""
+        return {i.id for i in self._instances.values() if runs_command(i.spec)}
 
     def ready_endpoints(self) -> dict[str, list[Endpoint]]:
         out: dict[str, list[Endpoint]] = {}

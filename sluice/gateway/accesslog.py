@@ -119,6 +119,13 @@ class AccessLog:
         fixed = self._fixed[key] = (head, where)
         return fixed
 
+    def swap(self, stream: TextIO) -> TextIO:
+        """Write to `stream` from now on (the log was rotated); returns the old stream,
+        flushed, for the caller to close."""
+        self.flush()
+        old, self._stream = self._stream, stream
+        return old
+
     def flush(self) -> None:
         """Write out buffered lines; also cancels a pending timed flush (the gateway calls
         this on stop, so no timer fires after the caller closed the stream)."""

@@ -18,6 +18,11 @@ Everything a client sends before it is authenticated is bounded (`gateway.limits
   `body_timeout_s` of its head (408, then close), and closes a connection idle (nothing
   received since its last answer) for `keepalive_timeout_s`. Reading the clock is left to
   that sweep and to one clock read per read from the socket, nothing per byte.
+- a client that stops reading: while its answer waits in a full send buffer (writing
+  paused, so the instance's connection is not read either and its own timeout does not
+  run), the sweep watches the buffer; if it has not shrunk for `write_stall_s`, the
+  connection is aborted, the request's instance connection closed (not pooled: the worker
+  sees the disconnect and stops generating) and its slot freed, counted as `write_stall`.
 - connections: one over `max_connections`, or over `max_connections_per_ip` from its
   address, is answered 503 and closed before anything is read from it.
 """
@@ -25,6 +30,11 @@ Everything a client sends before it is authenticated is bounded (`gateway.limits
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import logging
+import sys
+import termios
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,12 +43,14 @@ from typing import cast
 import httptools
 
 from sluice.core.errors import SluiceError
-from sluice.gateway.errors import BadRequest
+from sluice.gateway.errors import BadRequest, WriteStalled
 from sluice.gateway.exchange import Exchange
 from sluice.gateway.responses import CONTINUE_100, HOP_BY_HOP
 from sluice.gateway.state import GatewayState
 
 __all__ = ["LINGER_S", "ClientProtocol"]
+
+log = logging.getLogger("sluice.gateway")
 
 LINGER_S = 2.0
 """How long to keep draining a client's upload after refusing it (see `_linger`)."""
@@ -74,6 +86,20 @@ def _header_kind(name: bytes) -> int:
     return kind
 
 
+def _unsent(transport: asyncio.Transport) -> int:
+    """Bytes of answers the client has not taken: the transport's buffer plus the kernel's
+    send queue (TIOCOUTQ: sent or not, not acknowledged). The transport's buffer alone moves
+    in steps of half the kernel's buffer (the socket turns writable only then), megabytes
+    on a fast link, so a client reading slowly but steadily would look stalled."""
+    size = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError, ValueError):  # closed, or not Linux: the buffer only
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+            size += int.from_bytes(queued, sys.byteorder, signed=True)
+    return size
+
+
 class ClientProtocol(asyncio.Protocol):
     """Parses requests off one client connection and runs them one at a time."""
 
@@ -103,6 +129,8 @@ class ClientProtocol(asyncio.Protocol):
         "_requests",
         "_rid",
         "_rx_at",
+        "_stall_at",
+        "_stall_size",
         "_state",
         "_t0",
         "_transport",
@@ -129,6 +157,8 @@ class ClientProtocol(asyncio.Protocol):
         self._discard = False  # a request was refused mid-parse: ignore the rest of the input
         self.closing = False  # answer what is in flight, then close
         self.write_paused = False
+        self._stall_at = 0.0  # writing paused, and the send buffer last shrank, at this time
+        self._stall_size = 0  # bytes in the send buffer then
         # Deadlines (all `time.perf_counter()` seconds; see `check_deadlines`).
         self.last_active = 0.0  # opened, or last answer sent: idle since then
         self._reading = _HEAD  # a fresh connection owes its first head
@@ -195,7 +225,9 @@ class ClientProtocol(asyncio.Protocol):
     def check_deadlines(self, now: float) -> None:
         """Enforce the client-side timeouts at `now` (`time.perf_counter()`); the gateway
         calls this for every connection about once a second. While a request is being
-        answered, only the upstream's timeout runs."""
+        answered, only the upstream's timeout runs, and the write stall (see the module)."""
+        if self.write_paused and self._transport is not None and self._stalled(now):
+            return
         if self._current is not None or self._discard or self._transport is None:
             return
         reading = self._reading
@@ -280,6 +312,9 @@ class ClientProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self._stall_at = time.perf_counter()
+        if self._transport is not None:
+            self._stall_size = _unsent(self._transport)
         if self._current is not None:
             self._current.pause_upstream()
 
@@ -287,6 +322,39 @@ class ClientProtocol(asyncio.Protocol):
         self.write_paused = False
         if self._current is not None:
             self._current.resume_upstream()
+
+    def _stalled(self, now: float) -> bool:
+        """Writing is paused: cut the client off if what it has not taken yet (see
+        `_unsent`) has not shrunk (it read nothing) for `write_stall_s`. Measured here, once
+        a sweep, because the transport says nothing between pausing and resuming."""
+        transport = self._transport
+        assert transport is not None
+        size = _unsent(transport)
+        if size < self._stall_size:  # it read something since the last look
+            self._stall_size = size
+            self._stall_at = now
+            return False
+        limit = self._limits.write_stall_s
+        if now - self._stall_at <= limit:
+            return False
+        self._state.metrics.refused["write_stall"] += 1
+        current = self._current
+        log.warning(
+            "client %s read nothing of its answer for %.1f s (gateway.limits.write_stall_s is "
+            "%g): cut off with %d bytes unsent%s",
+            self._ip,
+            now - self._stall_at,
+            limit,
+            size,
+            f", request {current.request_id.decode('latin-1')} to {current.instance}"
+            if current is not None
+            else "",
+        )
+        if current is not None:  # before the abort, so the access log says why
+            current.client_gone(WriteStalled.code)
+        self._discard = True
+        transport.abort()
+        return True
 
     # -- httptools callbacks ----------------------------------------------------------------
 

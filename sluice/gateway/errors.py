@@ -23,6 +23,7 @@ __all__ = [
     "TooManyConnections",
     "UpstreamTimeout",
     "UriTooLong",
+    "WriteStalled",
 ]
 
 
@@ -58,6 +59,13 @@ class RequestTimeout(SluiceError):
 
     http_status = 408
     code = "request_timeout"
+
+
+class WriteStalled(RequestTimeout):
+    """The client read nothing of its answer for `write_stall_s`. Never sent (the connection
+    is cut); its code is what the access log and the refusal count say."""
+
+    code = "write_stall"
 
 
 class JsonTooDeep(BadRequest):

@@ -324,6 +324,7 @@ class Exchange(UpstreamRelay):
         group = self.group
         serving = g is not None and bool(g.candidates)
         why = "overloaded" if serving else "no ready instance"
+        now = time.monotonic()
         for name in snapshot.fallbacks(route, tenant, model):
             if name == group or name in snapshot.redirects:
                 continue  # never chain: a failed-over fallback is not tried
@@ -339,12 +340,11 @@ class Exchange(UpstreamRelay):
                 self.grp = fg
                 self._dispatch(fg)
                 return
-        if g is None or not (serving or g.traffic.buffer_when_cold):
+        if g is None or not (serving or g.holds(now)):  # (it holds just after an outage)
             if g is not None:
                 g.metrics.shed["no_instance"] += 1
             raise Unavailable("no ready instance serves this model right now", model=model)
         assert self.priority is not None
-        now = time.monotonic()
         offer, evicted = g.admission.offer_nowait(self, self.priority, now)
         if offer is Offer.SHED:
             g.metrics.shed["overloaded"] += 1
@@ -367,6 +367,8 @@ class Exchange(UpstreamRelay):
         state = self.state
         endpoint = g.pick(self.headers, state.outstanding, state.rng)
         if endpoint is None:  # the group lost its instances while this one waited
+            if self._requeue(g):
+                return
             raise Unavailable("no ready instance serves this model right now", model=self.model)
         self._attempt(endpoint, reuse=True)
 
@@ -405,6 +407,24 @@ class Exchange(UpstreamRelay):
         except Exception as exc:
             self._crash(exc)
 
+    def _requeue(self, g: GroupRuntime) -> bool:
+        """Every instance of the group refused a connection (or the group has none left):
+        give the slot back and wait in the queue, where the request stood when it first
+        asked (its `max_wait_s` counts from then), until an instance is back. False if the
+        group does not hold requests now (`GroupRuntime.holds`): then it fails as before."""
+        now = time.monotonic()
+        if g.candidates or not g.holds(now):
+            return False
+        assert self.priority is not None
+        since = self.queued_at or now  # (0.0: it never waited)
+        self.queued_at = since
+        self.waiting = True
+        self.state.watch_queue(g)
+        woken = g.admission.requeue(self, self.priority, since)
+        if woken:
+            self.state.wake(g, woken, now)
+        return True
+
     def refused_in_queue(self, err: SluiceError, reason: str, now: float) -> None:
         """Admission dropped it from the queue (expired, evicted, group removed): answer `err`."""
         g, self.grp = self.grp, None
@@ -436,8 +456,9 @@ class Exchange(UpstreamRelay):
 
     # -- client side ------------------------------------------------------------------------
 
-    def client_gone(self) -> None:
-        """The client disconnected: stop the upstream side, free its slot, log what happened."""
+    def client_gone(self, code: str = "client_disconnected") -> None:
+        """The client disconnected (or is being cut off: `code` says why, for the access log):
+        stop the upstream side, free its slot, log what happened."""
         if self.finished:
             return
         if self.conn is not None:
@@ -447,7 +468,7 @@ class Exchange(UpstreamRelay):
         self._end_admission()
         if not self.head_sent:
             self.status = 499  # nginx's "client closed request"
-        self.error_code = "client_disconnected"
+        self.error_code = code
         self.finished = True
         self._log()
 

@@ -20,6 +20,7 @@ from sluice.policy.admission import GroupAdmission
 from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.balance import RampHold, pick_affinity, pick_endpoint
 from sluice.policy.outlier import Ejection, OutlierDetector
+from sluice.policy.reachability import Reachability
 from sluice.policy.routing import Endpoint, GroupTraffic
 
 if TYPE_CHECKING:
@@ -47,17 +48,20 @@ class GroupRuntime:
         "admission",
         "affinity",
         "candidates",
+        "down_since",
         "endpoints",
         "metrics",
         "name",
         "outlier",
         "ramp",
         "ramping",
+        "reach",
         "settle_at",
         "slow_start_s",
         "timeout_s",
         "traffic",
         "unejects_at",
+        "was_up",
     )
 
     def __init__(self, name: str, metrics: GroupMetrics) -> None:
@@ -68,13 +72,21 @@ class GroupRuntime:
             self.traffic.max_queue, self.traffic.max_wait_s
         )
         self.outlier = self._detector(self.traffic)
+        self.reach = Reachability()
+        """Instances that refused a connection: out of rotation, no panic (see `refresh`)."""
         self.ramp = RampHold()
         """Ramp seconds each new instance's failures took back (slow start that listens)."""
         self.endpoints: tuple[Endpoint, ...] = ()
         self.candidates: tuple[Endpoint, ...] = ()
-        """What the balancer picks from: endpoints not ejected (all of them in panic mode)."""
+        """What the balancer picks from: endpoints reachable and not ejected (all reachable
+        ones in panic mode); none when every instance refused a connection."""
         self.unejects_at = 0.0
-        """Monotonic time the earliest ejection ends; 0.0 when nothing is ejected."""
+        """Monotonic time the earliest ejection (or unreachable mark) ends; 0.0 if none."""
+        self.down_since = 0.0
+        """Monotonic time the group lost its last working instance; 0.0 while it has one, or
+        never had one (see `holds`)."""
+        self.was_up = False
+        """It has had a working instance: one that never had any is not down (start-up)."""
         self.settle_at = 0.0
         """Wall-clock time the youngest instance leaves slow start."""
         self.ramping = False
@@ -102,6 +114,7 @@ class GroupRuntime:
             traffic.affinity_header.lower().encode() if traffic.affinity_header else None
         )
         self.endpoints = endpoints
+        self.reach.forget({ep.instance_id for ep in endpoints})
         self.ramp.forget({ep.instance_id for ep in endpoints})
         self.settle_at = self.ramp.settle_at(endpoints, traffic.slow_start_s)
         self.ramping = traffic.slow_start_s > 0 and time.time() < self.settle_at
@@ -110,16 +123,66 @@ class GroupRuntime:
 
     def refresh(self, now: float) -> list[Exchange]:
         """Recompute candidates and slots from the ejections in force at `now`; returns the
-        waiters that slots freed by this admit."""
+        waiters that slots freed by this admit.
+
+        An instance that refused a connection is left out even in panic mode: it can serve
+        nobody. So a group whose every instance refused has no candidates and no slots, and
+        its requests wait (`holds`) until an instance is back, instead of failing.
+        """
         ejected = self.outlier.ejected(now)
+        unreachable = self.reach.unreachable(now)
+        endpoints = self.endpoints
+        if unreachable:
+            endpoints = tuple(ep for ep in endpoints if ep.instance_id not in unreachable)
         if ejected:
-            alive = tuple(ep for ep in self.endpoints if ep.instance_id not in ejected)
-            self.candidates = alive or self.endpoints  # all ejected: panic mode, use them all
+            alive = tuple(ep for ep in endpoints if ep.instance_id not in ejected)
+            self.candidates = alive or endpoints  # all ejected: panic mode, use them all
             self.unejects_at = min(e.until for e in ejected.values())
         else:
-            self.candidates = self.endpoints
+            self.candidates = endpoints
             self.unejects_at = 0.0
+        if unreachable:
+            soonest = min(unreachable.values())
+            self.unejects_at = min(self.unejects_at, soonest) if self.unejects_at else soonest
+        self._track_outage(now)
         return self.admission.set_slots(sum(ep.max_concurrency for ep in self.candidates))
+
+    def _track_outage(self, now: float) -> None:
+        """`down_since`: set when no candidate is left that is not suspect (see
+        `Reachability`), cleared when one is; a group that never had one is not down."""
+        reach = self.reach
+        working = any(not reach.suspect(ep.instance_id) for ep in self.candidates)
+        if working:
+            self.down_since = 0.0
+        elif not self.down_since and self.was_up:
+            self.down_since = now
+        self.was_up = self.was_up or working
+
+    def holds(self, now: float) -> bool:
+        """Whether a request with no instance to go to waits in the queue (else it is
+        refused at once): in a scale-to-zero group always; in any other for `max_wait_s`
+        after it lost its last working instance (every one refused a connection, or the
+        controller's table has none left), so an outage shorter than a request may wait
+        costs latency, not errors, and a longer one is refused without waiting."""
+        if self.traffic.buffer_when_cold:
+            return True
+        return bool(self.down_since) and now - self.down_since < self.traffic.max_wait_s
+
+    def unreachable(self, instance_id: str, now: float) -> list[Exchange]:
+        """A connection to the instance failed (refused, unreachable, timed out): out of
+        rotation at once (see `refresh`). Returns the waiters admitted if this changed the
+        slots (it never adds any, but keep it uniform)."""
+        if not any(ep.instance_id == instance_id for ep in self.endpoints):
+            return []  # gone from the group since the request started
+        if self.reach.failed(instance_id, now):
+            return self.refresh(now)
+        return []
+
+    def reached(self, instance_id: str) -> list[Exchange]:
+        """A connection to the instance succeeded; returns waiters admitted if it was out."""
+        if self.reach.connected(instance_id):
+            return self.refresh(time.monotonic())
+        return []
 
     def ejected_now(self, now: float) -> dict[str, Ejection]:
         return self.outlier.ejected(now) if self.unejects_at else _NO_EJECTIONS
@@ -201,6 +264,7 @@ class GroupRuntime:
             "in_use": stats.in_use,
             "queued": stats.queued,
             "instances": len(self.endpoints),
+            "unreachable": sorted(self.reach.unreachable(now)),
             "ejected": [
                 {
                     "instance": e.instance_id,

@@ -1,9 +1,10 @@
 """What one client may cost the gateway (`gateway.limits` in the spec), and how each refusal
 reads.
 
-The spec's `GatewayLimits` is copied into a plain slotted object once, because connections
-read it on every request. Every refusal is a `SluiceError` whose message names the limit and
-its value, and is counted in `sluice_gateway_refused_total{reason}` (see `metrics`).
+The spec's `GatewayLimits` is copied into a plain slotted object, because connections read
+it on every request; a live `apply` re-configures that one object (see `Limits.configure`).
+Every refusal is a `SluiceError` whose message names the limit and its value, and is counted
+in `sluice_gateway_refused_total{reason}` (see `metrics`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sluice.gateway.errors import (
     RequestTimeout,
     TooManyConnections,
     UriTooLong,
+    WriteStalled,
 )
 from sluice.gateway.metrics import REFUSAL_REASONS
 from sluice.gateway.responses import json_body, json_response
@@ -49,6 +51,11 @@ _REFUSALS: dict[str, tuple[type[SluiceError], str, str]] = {
         "this client address has {} connections open already; retry later",
     ),
     "json_depth": (JsonTooDeep, "max_json_depth", "request body JSON nests deeper than {} levels"),
+    "write_stall": (
+        WriteStalled,
+        "write_stall_s",
+        "the client read nothing of its answer for {} s: cut off",
+    ),
 }
 """Reason (the metric's label) -> the error, the limit it enforces, what the message says."""
 assert set(_REFUSALS) == set(REFUSAL_REASONS)
@@ -71,10 +78,27 @@ class Limits:
         "max_request_bytes",
         "max_request_line_bytes",
         "spec",
+        "write_stall_s",
     )
 
     def __init__(self, spec: GatewayLimits | None = None) -> None:
-        spec = spec or GatewayLimits()
+        self._connection_refusals: dict[str, bytes] = {}
+        self._apply(spec or GatewayLimits())
+
+    def configure(self, spec: GatewayLimits) -> None:
+        """Enforce `spec` from now on (a live `apply`; a no-op when it is what is enforced).
+
+        In place, because every open connection holds this object: a change reaches every
+        connection, open ones included, from its next check (the timeouts, at the next sweep;
+        header count and size, at its next read; body size, at its next body) or its next
+        request (byte allowances: a request already being read keeps the allowance it
+        started with); the connection caps apply from the next connection accepted, and
+        connections already open over a lowered cap stay open.
+        """
+        if spec != self.spec:
+            self._apply(spec)
+
+    def _apply(self, spec: GatewayLimits) -> None:
         self.spec = spec
         self.max_header_bytes = spec.max_header_bytes
         self.max_headers = spec.max_headers
@@ -86,9 +110,10 @@ class Limits:
         self.max_connections = spec.max_connections
         self.max_connections_per_ip = spec.max_connections_per_ip
         self.max_json_depth = spec.max_json_depth
+        self.write_stall_s = spec.write_stall_s
         self.max_request_bytes = spec.max_body_bytes + spec.max_header_bytes
         """What may follow a head as sent (body, chunk framing, trailers): a backstop."""
-        self._connection_refusals: dict[str, bytes] = {}
+        self._connection_refusals.clear()  # they name the old values
 
     def error(self, reason: str) -> SluiceError:
         """The refusal for `reason` (one of `REFUSAL_REASONS`), naming the limit and value."""
@@ -111,5 +136,10 @@ class Limits:
     def sweep_interval(self) -> float:
         """How often connections' deadlines are checked: a tenth of the shortest timeout,
         20 ms to 1 s (a deadline is enforced that much late at most)."""
-        shortest = min(self.header_timeout_s, self.body_timeout_s, self.keepalive_timeout_s)
+        shortest = min(
+            self.header_timeout_s,
+            self.body_timeout_s,
+            self.keepalive_timeout_s,
+            self.write_stall_s,
+        )
         return min(1.0, max(0.02, shortest / 10))

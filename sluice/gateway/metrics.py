@@ -59,11 +59,14 @@ REFUSAL_REASONS = (
     "connections",
     "connections_per_ip",
     "json_depth",
+    "write_stall",
 )
 """Why the gateway refused a client before routing it (`gateway.limits`): head over
 `max_header_bytes`, more than `max_headers` lines, URL over `max_request_line_bytes`, body over
 `max_body_bytes`, head or body too slow (408, or a silent close when nothing came at all),
-a connection over `max_connections` or `max_connections_per_ip` (503), JSON too deep (400)."""
+a connection over `max_connections` or `max_connections_per_ip` (503), JSON too deep (400),
+a client that stopped reading its answer for `write_stall_s` (cut off, no answer: see
+`ClientProtocol.check_deadlines`)."""
 
 
 class Histogram:

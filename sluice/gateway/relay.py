@@ -9,6 +9,7 @@ slots, no extra allocation or indirection per request.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sluice.core.errors import SluiceError, UpstreamError
@@ -60,6 +61,8 @@ class UpstreamRelay:
         def _fail(self, err: SluiceError) -> None: ...
         def _finish(self) -> None: ...
 
+        _requeue: Callable[[GroupRuntime], bool]
+
     # -- upstream attempts ------------------------------------------------------------------
 
     def _attempt(self, endpoint: Endpoint, *, reuse: bool) -> None:
@@ -88,9 +91,16 @@ class UpstreamRelay:
             return
         if conn is None:  # refused, unreachable or timed out: nothing was sent, so retry
             self._release_slot()
+            if not isinstance(exc, ConnectionAbortedError):  # (that is the gateway stopping)
+                self._unreachable()
             self._instance_failed(f"connect: {exc!r}")
             self._retry()
         else:
+            g = self.grp
+            if g is not None and self.instance is not None:
+                woken = g.reached(self.instance)  # (a dict miss unless it refused before)
+                if woken:
+                    self.state.wake(g, woken, time.monotonic())
             self._send(conn)
 
     def _send(self, conn: UpstreamConnection) -> None:
@@ -125,6 +135,15 @@ class UpstreamRelay:
         if g is not None and self.instance is not None:
             now = time.monotonic()
             woken = g.failure(self.instance, reason, now)
+            if woken:
+                self.state.wake(g, woken, now)
+
+    def _unreachable(self) -> None:
+        """The instance tried refused the connection: out of its group's rotation now."""
+        g = self.grp
+        if g is not None and self.instance is not None:
+            now = time.monotonic()
+            woken = g.unreachable(self.instance, now)
             if woken:
                 self.state.wake(g, woken, now)
 
@@ -215,13 +234,17 @@ class UpstreamRelay:
             self._retry()
 
     def _retry(self) -> None:
-        """The instance got nothing or answered nothing: try again where it is safe to."""
+        """The instance got nothing or answered nothing: try again where it is safe to, or
+        wait in the queue if the group has no instance left to try (see `_requeue`)."""
         endpoint = self.endpoint
         g = self.grp
         assert endpoint is not None
         if self.reused:  # a stale pooled connection: the same instance, on a fresh one
             self._attempt(endpoint, reuse=False)
-        elif not self.retried and g is not None:
+            return
+        if g is not None and not g.candidates and self._requeue(g):
+            return  # placed again when an instance is back
+        if not self.retried and g is not None:
             self.retried = True
             state = self.state
             self._attempt(g.pick_other(endpoint, state.outstanding, state.rng), reuse=True)

@@ -40,7 +40,7 @@ class Gateway:
         limits: GatewayLimits | None = None,
     ) -> None:
         """`limits`: what one client may cost (`gateway.limits` in the spec; its defaults
-        when None)."""
+        when None) until a snapshot brings others (`update`)."""
         self.host = host
         self.port = port
         self._limits = Limits(limits)
@@ -63,6 +63,8 @@ class Gateway:
 
     def update(self, snapshot: RoutingSnapshot) -> None:
         """Serve `snapshot` from the next request on; close idle connections to gone instances.
+        Its `limits` (when set) are enforced from each connection's next check or request,
+        open connections included (see `Limits.configure`).
 
         Groups that stay keep their queues, slots in use and ejections; slots follow the new
         instances at once (waiters are admitted if they grew); waiters of a group that is
@@ -70,6 +72,12 @@ class Gateway:
         """
         self._state.set_snapshot(snapshot)
         self._pool.retire({(ep.host, ep.port) for eps in snapshot.endpoints.values() for ep in eps})
+
+    def swap_access_log(self, stream: TextIO) -> TextIO | None:
+        """Log to `stream` from the next request on (rotation); returns the old stream,
+        flushed (None if this gateway keeps no access log)."""
+        log = self._state.access_log
+        return None if log is None else log.swap(stream)
 
     def outstanding(self) -> dict[str, int]:
         """Requests in flight per instance id (mirrored copies included)."""
@@ -132,10 +140,10 @@ class Gateway:
 
     async def _sweep_clients(self) -> None:
         """Client-side deadlines (head, body, keep-alive idle): one timer for every
-        connection, not one per request (see `ClientProtocol.check_deadlines`)."""
-        interval = self._limits.sweep_interval()
+        connection, not one per request (see `ClientProtocol.check_deadlines`); its period
+        follows the limits in force."""
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self._limits.sweep_interval())
             now = time.perf_counter()
             for conn in list(self._conns):
                 conn.check_deadlines(now)

@@ -115,9 +115,12 @@ class GatewayState:
     # -- snapshots ------------------------------------------------------------------------------
 
     def set_snapshot(self, snapshot: RoutingSnapshot) -> None:
-        """Serve `snapshot` from now on; carry group state over, settle what it changes."""
+        """Serve `snapshot` from now on; carry group state over, settle what it changes
+        (its `limits` too, when it has them: see `Limits.configure`)."""
         now = time.monotonic()
         self.snapshot = snapshot
+        if snapshot.limits is not None:
+            self.limits.configure(snapshot.limits)
         self._tenants = {}
         self._routes = {}
         self._uses_headers = snapshot.routes.uses_headers

@@ -23,6 +23,7 @@ from sluice.policy.quota import (
     underused_groups,
 )
 from sluice.policy.ratelimit import TokenBucket
+from sluice.policy.reachability import Reachability
 from sluice.policy.rollout import (
     CanarySplit,
     RolloutPhase,
@@ -74,6 +75,7 @@ __all__ = [
     "PoolState",
     "ProbeRecord",
     "QuotaState",
+    "Reachability",
     "Reclaim",
     "Remove",
     "RequestMeta",

@@ -10,7 +10,9 @@ gateway's async shell parks queued requests on futures and wakes the ones return
 - when the queue is full, a newcomer evicts the *newest* waiter of the lowest priority below
   its own; with none below it, the newcomer itself is shed (429). So overload sheds `low`
   before `normal` before `high`;
-- a waiter older than `max_wait_s` is expired (the gateway answers 503/429).
+- a waiter older than `max_wait_s` is expired (the gateway answers 503/429);
+- a request whose instances all refused it goes back to the queue (`requeue`) in the place
+  its arrival time gives it.
 """
 
 from __future__ import annotations
@@ -99,6 +101,21 @@ class GroupAdmission(Generic[T]):
         self._queued += 1
         self._queued_total += 1
         return Offer.QUEUED, evicted
+
+    def requeue(self, item: T, priority: str, since: float) -> list[T]:
+        """`item` gives its slot back unserved (every instance it could go to refused it)
+        and waits again, in order of `since`: when it first asked for a slot, so its
+        `max_wait_s` counts from then and it goes ahead of those who asked then or later.
+        It is no newcomer, so `max_queue` does not shed it (the queue may run over by as
+        many as held slots). Returns waiters admitted now (it too, if a slot is free)."""
+        self.in_use -= 1
+        queue = self._queues[_RANK[priority]]
+        at = len(queue)
+        while at and queue[at - 1][1] >= since:  # the queue stays sorted by time, for expire
+            at -= 1
+        queue.insert(at, (item, since))
+        self._queued += 1
+        return self._fill()
 
     def release(self) -> list[T]:
         """A request finished and gives its slot back; returns waiters admitted now."""

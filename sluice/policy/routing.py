@@ -20,6 +20,7 @@ from random import Random
 from types import MappingProxyType
 
 from sluice.core.errors import Forbidden, NotFound
+from sluice.spec.models import GatewayLimits
 
 __all__ = [
     "ANY",
@@ -298,6 +299,9 @@ class RoutingSnapshot:
     traffic: Mapping[str, GroupTraffic] = field(default_factory=dict)
     canaries: Mapping[str, CanarySplit] = field(default_factory=dict)
     """baseline group -> the rollout split in force for its traffic"""
+    limits: GatewayLimits | None = None
+    """`gateway.limits` of the revision in force, so that an `apply` changing them reaches a
+    running gateway the way routes do; None keeps the limits the gateway has."""
 
     def tenant_for_key(self, api_key: str) -> TenantAccess | None:
         return self.tenants_by_key.get(api_key_digest(api_key))

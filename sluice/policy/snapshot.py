@@ -106,4 +106,5 @@ def build_routing_snapshot(
         redirects=dict(redirects or {}),
         traffic={g.name: _traffic(g) for g in spec.groups},
         canaries={c.baseline: c for c in canaries},
+        limits=spec.gateway.limits,
     )

@@ -11,9 +11,11 @@ environment, and is stopped with its own stop signal.
 
 Each worker runs in its own session (process group) so a Ctrl-C on `sluice up` reaches only
 Sluice, which then drains instances in order instead of having them die mid-request. Output
-goes to `<home>/instances/<id>.log` (rotated by housekeeping). After a crash of Sluice,
-`adopt` recognises a surviving worker by its pid and the instance id on its command line (a
-command server: in its environment); anything else is not ours.
+goes to `<home>/instances/<id>.log`, which the worker re-opens when housekeeping renames it
+(rotation: `sluice.worker.logfile`; a command server cannot, so its log rotates by copy and
+truncate). After a crash of Sluice, `adopt` recognises a surviving worker by its pid and the
+instance id on its command line (a command server: in its environment); anything else is not
+ours.
 """
 
 from __future__ import annotations
@@ -64,15 +66,16 @@ class LocalRuntime:
             return await self._launch_command(req, req.command)
         port_file = self._dir / f"{req.instance_id}.port"
         port_file.unlink(missing_ok=True)  # a stale one from an earlier run must not be read
+        log_path = self._dir / f"{req.instance_id}.log"
         config = {
             **req.worker_config,
             "host": self._host,
             "port": 0,
             "port_file": str(port_file),
+            "log_file": str(log_path),  # it follows the file across rotation by rename
         }
         cmd = [self._python, "-m", "sluice.worker", "--config-json", json.dumps(config)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **req.env}
-        log_path = self._dir / f"{req.instance_id}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 cmd,

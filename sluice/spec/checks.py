@@ -1,25 +1,36 @@
 """Cross-reference checks a field validator cannot do: names, pools, memory fit, targets.
 
 Each problem is `(path, message)`; the loader turns paths into file:line. A spec that could
-not start (a model that does not fit its accelerator) is rejected here, before launch (G2).
+not start (a model that does not fit its accelerator) is rejected here, before launch (G2):
+by its declared `memory_gb`, and, for a model whose runtime names a local model directory
+(`model_path`), by the estimate from its config.json (`spec.memory`). Reading that directory
+is I/O, so the caller hands in the reader; without one that check is skipped.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+from sluice.core.errors import SluiceError, SpecError
 from sluice.spec.devices import device_problems
-from sluice.spec.models import GroupSpec, KeyPath, PlatformSpec, RouteSpec
+from sluice.spec.hfconfig import ModelConfigError, normalise_dtype
+from sluice.spec.keys import KeyPath
+from sluice.spec.memory import group_memory_problem
+from sluice.spec.modeldir import ModelDir
+from sluice.spec.models import GroupSpec, PlatformSpec, RouteSpec
 from sluice.spec.quota import BudgetSpec
-from sluice.spec.servers import server_problems
+from sluice.spec.servers import names_model_dir, server_problems
 
-__all__ = ["check_keys", "check_platform"]
+__all__ = ["ModelReader", "check_keys", "check_platform", "model_path_of"]
 
 Problem = tuple[tuple[str | int, ...], str]
+ModelReader = Callable[[str], ModelDir]
+"""Reads a model directory (`spec.modeldir.read_model_dir`); raises SluiceError."""
 
 
-def check_platform(spec: PlatformSpec) -> list[Problem]:
+def check_platform(spec: PlatformSpec, read_model: ModelReader | None = None) -> list[Problem]:
+    """Every cross-reference problem; `read_model` enables the model-directory checks."""
     return [
         *_unique_names(spec),
         *check_keys(spec),
@@ -31,6 +42,7 @@ def check_platform(spec: PlatformSpec) -> list[Problem]:
         *_rollouts(spec),
         *device_problems(spec),
         *(p for i, g in enumerate(spec.groups) for p in server_problems(i, g)),
+        *(_model_memory(spec, read_model) if read_model is not None else ()),
     ]
 
 
@@ -356,3 +368,72 @@ def _route_groups(i: int, route: RouteSpec, groups: dict[str, GroupSpec]) -> Ite
                 f"group {name!r} does not serve model(s) {', '.join(missing)}; it "
                 f"serves {', '.join(group.models)}",
             )
+
+
+def model_path_of(model: object) -> tuple[str, str] | None:
+    """(params block, model_path) when the model's runtime block names a local model
+    directory (`transformers: {model_path: ...}`, a `command` with `{model_path}`); None for
+    runtimes that have none (sim, embedding). Duck-typed, so a runtime only has to call its
+    field `model_path` to be checked."""
+    runtime = getattr(model, "runtime", None)
+    params = getattr(model, runtime, None) if isinstance(runtime, str) else None
+    path = getattr(params, "model_path", None)
+    if runtime == "command" and isinstance(path, str) and not names_model_dir(path):
+        return None  # a hub id or a single file (GGUF): the server reads it, not Sluice
+    return (runtime, path) if isinstance(runtime, str) and isinstance(path, str) and path else None
+
+
+def _model_memory(spec: PlatformSpec, read: ModelReader) -> Iterator[Problem]:
+    """A model directory that is missing or has no readable config.json is located at its
+    `model_path`; a model whose estimate (at the group's max_concurrency, and the params'
+    max_context / max_model_len or else the config's own) exceeds the instance's
+    accelerators is located at the group's `resources`, with the numbers."""
+    for i, g in enumerate(spec.groups):
+        pool = spec.pool(g.resources.pool)
+        for mid, model in g.models.items():
+            found = model_path_of(model)
+            if found is None:
+                continue
+            block, path = found
+            at: tuple[str | int, ...] = ("groups", i, "models", mid, block, "model_path")
+            try:
+                mdir = read(path)
+            except SpecError as exc:
+                yield at, "; ".join(f"{issue.file}: {issue.message}" for issue in exc.issues)
+                continue
+            except SluiceError as exc:
+                yield at, exc.message
+                continue
+            if pool is None or pool.purpose != "inference":
+                continue  # reported by _group_resources
+            params = getattr(model, block)
+            dtype = _param_dtype(params)
+            try:
+                problem = group_memory_problem(
+                    mdir.config,
+                    g.resources,
+                    pool,
+                    concurrency=g.max_concurrency,
+                    max_context=_param_int(params, "max_context", "max_model_len"),
+                    dtype=dtype,
+                    weight_bytes=mdir.weight_bytes if dtype is None else None,
+                )
+            except (ModelConfigError, ValueError) as exc:
+                yield at, f"{mdir.path}/config.json: {exc}"
+                continue
+            if problem is not None:
+                yield ("groups", i, "resources"), f"model {mid!r} {problem}"
+
+
+def _param_int(params: object, *names: str) -> int | None:
+    for name in names:
+        value = getattr(params, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _param_dtype(params: object) -> str | None:
+    """The params' dtype when it overrides the checkpoint's ('auto' / unset: None)."""
+    value = getattr(params, "dtype", None)
+    return normalise_dtype(value) if isinstance(value, str) else None

@@ -91,7 +91,8 @@ def device_problems(spec: PlatformSpec) -> Iterator[Problem]:
                 "to share a device",
             )
         for mid, m in g.models.items():
-            if m.command is not None and pool.devices is None and m.command.uses("gpu_ids"):
+            cmd = getattr(m, "command", None)  # duck-typed, like the model-directory checks
+            if cmd is not None and pool.devices is None and cmd.uses("gpu_ids"):
                 yield (
                     ("groups", i, "models", mid, "command", "argv"),
                     f"the command uses {{gpu_ids}} but pool {pool.name!r} lists no devices; "

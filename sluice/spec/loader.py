@@ -17,7 +17,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from sluice.core.errors import NotFound, SpecError, SpecIssue
-from sluice.spec.checks import check_platform
+from sluice.spec.checks import ModelReader, check_platform
+from sluice.spec.modeldir import read_loadable_model_dir
 from sluice.spec.models import SECRET_FIELDS, PlatformSpec
 
 __all__ = ["LoadedSpec", "load_spec_file", "load_spec_text"]
@@ -36,7 +37,13 @@ class LoadedSpec:
         self.source = source
 
 
-def load_spec_file(path: str | Path) -> LoadedSpec:
+def load_spec_file(
+    path: str | Path, read_model: ModelReader | None = read_loadable_model_dir
+) -> LoadedSpec:
+    """Load a spec file as an operator wrote it. Here, at the file edge (validate, up -f,
+    apply), model directories are read too, so a model that cannot fit or a directory that
+    is not there is refused before launch; `load_spec_text` (revisions from the store, the
+    control API on its event loop) skips that I/O unless given a reader."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -44,7 +51,7 @@ def load_spec_file(path: str | Path) -> LoadedSpec:
         raise NotFound(f"spec file not found: {p}", file=str(p)) from None
     except OSError as exc:
         raise SpecError([SpecIssue("", f"cannot read spec: {exc.strerror}", str(p))]) from None
-    return load_spec_text(text, str(p))
+    return load_spec_text(text, str(p), read_model)
 
 
 MAX_DEPTH = 64
@@ -113,8 +120,11 @@ def check_shape(text: str, source: str) -> None:
             raise refuse(event, f"more than {MAX_NODES} values once aliases are expanded")
 
 
-def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:
-    """Parse, validate fields, then check cross-references; raise SpecError with all issues."""
+def load_spec_text(
+    text: str, source: str = "<spec>", read_model: ModelReader | None = None
+) -> LoadedSpec:
+    """Parse, validate fields, then check cross-references; raise SpecError with all issues.
+    `read_model`: check model directories too (see `load_spec_file`)."""
     try:
         check_shape(text, source)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -130,7 +140,7 @@ def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:
         raise SpecError(_issues_from_pydantic(exc, lines, source)) from None
     problems = [
         SpecIssue(_dotted(path), msg, source, _line_for(path, lines))
-        for path, msg in check_platform(spec)
+        for path, msg in check_platform(spec, read_model)
     ]
     if problems:
         raise SpecError(problems)

@@ -8,14 +8,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from sluice.spec.autoscaling import AutoscalingSpec, ScheduleEntry, SloSpec
 from sluice.spec.devices import DeviceId, pool_devices_problem
+from sluice.spec.hf import TransformersParams
+from sluice.spec.keys import (
+    DIGEST_PREFIX,
+    KEY_SOURCE_FIELDS,
+    SECRET_FIELDS,
+    ApiKey,
+    EnvVarName,
+    KeyDigest,
+    KeyFilePath,
+    KeyPath,
+    check_digest,
+    digest_entry,
+    key_digest,
+)
 from sluice.spec.quota import BudgetSpec, QuotaSpec
 from sluice.spec.rollout import RolloutSpec
 from sluice.spec.servers import CommandSpec, ExternalSpec, external_replicas
@@ -44,6 +57,7 @@ __all__ = [
     "ServiceTime",
     "SimParams",
     "TenantSpec",
+    "TransformersParams",
     "WarmupSpec",
     "WeightedTarget",
     "digest_entry",
@@ -137,22 +151,29 @@ class EmbeddingParams(_Strict):
     max_batch: int = Field(default=64, ge=1, le=4096)
 
 
-class ModelSpec(_Strict):
-    """`sim`, `embedding`: Sluice's own worker serves the model; `command`: any
-    OpenAI-compatible server Sluice launches; `external`: servers that already run."""
+_PARAM_BLOCKS = ("sim", "embedding", "transformers", "command", "external")
+"""Each runtime's own params block, named as the runtime; a model may hold only its own."""
 
-    runtime: Literal["sim", "embedding", "command", "external"]
+
+class ModelSpec(_Strict):
+    """`sim`, `embedding`, `transformers`: Sluice's own worker serves the model; `command`:
+    any OpenAI-compatible server Sluice launches; `external`: servers that already run."""
+
+    runtime: Literal["sim", "embedding", "transformers", "command", "external"]
     version: str = Field(default="v1", min_length=1, max_length=64)
     sim: SimParams | None = None
     embedding: EmbeddingParams | None = None
+    transformers: TransformersParams | None = None
     command: CommandSpec | None = None
     external: ExternalSpec | None = None
 
     @model_validator(mode="after")
     def _params_match_runtime(self) -> ModelSpec:
-        for block in ("sim", "embedding", "command", "external"):
-            if block != self.runtime and getattr(self, block) is not None:
-                raise ValueError(f"runtime is {self.runtime!r}; remove the '{block}:' block")
+        for other in _PARAM_BLOCKS:
+            if other != self.runtime and getattr(self, other) is not None:
+                raise ValueError(f"runtime is {self.runtime!r}; remove the '{other}:' block")
+        if self.runtime == "transformers" and self.transformers is None:
+            raise ValueError("runtime 'transformers' needs a 'transformers:' block with model_path")
         if self.runtime in ("command", "external") and getattr(self, self.runtime) is None:
             raise ValueError(f"runtime {self.runtime!r} needs a '{self.runtime}:' block")
         return self
@@ -164,6 +185,8 @@ class ModelSpec(_Strict):
 
     @property
     def memory_gb(self) -> float:
+        if self.transformers is not None:
+            return self.transformers.estimated_memory_gb()
         params = self.sim or self.embedding or self.command
         if params is not None:
             return params.memory_gb
@@ -269,81 +292,6 @@ class GroupSpec(_Strict):
 Priority = Literal["high", "normal", "low"]
 
 
-KeyPath = tuple[str | int, ...]
-"""Where a key came from, relative to its tenant: ("api_keys", 2), ("api_keys_env",), ..."""
-
-DIGEST_PREFIX = "sha256:"
-"""An `api_keys` entry `sha256:<64 lowercase hex>` is a key's digest, not a plain key."""
-
-SECRET_FIELDS = frozenset({"api_keys", "api_key_sha256", "api_keys_env"})
-"""Tenant fields whose values no error message may echo: they hold keys, or may hold a key
-pasted by mistake where a digest or a variable's name belongs."""
-
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def key_digest(key: str) -> str:
-    """How a key is kept: the sha256 hex digest (lowercase) of its UTF-8 bytes."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def digest_entry(entry: str) -> str | None:
-    """The digest in a well-formed `sha256:<64 lowercase hex>` entry, else None."""
-    if entry.startswith(DIGEST_PREFIX):
-        digest = entry[len(DIGEST_PREFIX) :]
-        if _HEX64.fullmatch(digest):
-            return digest
-    return None
-
-
-def _check_key(entry: str) -> str:
-    if not entry.strip():
-        raise ValueError("an API key must not be empty or blank; write the key or remove the entry")
-    if not _is_utf8(entry):
-        raise ValueError("an API key must be valid Unicode text (no lone surrogate escapes)")
-    if entry.startswith(DIGEST_PREFIX) and digest_entry(entry) is None:
-        raise ValueError(
-            f"a '{DIGEST_PREFIX}' entry must be followed by exactly 64 lowercase hex digits "
-            "(the key's sha256 digest, e.g. `printf %s KEY | sha256sum`); fix the digest"
-        )
-    return entry
-
-
-def _check_digest(digest: str) -> str:
-    if not _HEX64.fullmatch(digest):
-        hint = (
-            f"; drop the '{DIGEST_PREFIX}' prefix here"
-            if digest.startswith(DIGEST_PREFIX)
-            else "; plain keys go under api_keys"
-        )
-        raise ValueError(
-            "a key digest is exactly 64 lowercase hex digits (the key's sha256, e.g. "
-            f"`printf %s KEY | sha256sum`){hint}"
-        )
-    return digest
-
-
-def _check_path(path: str) -> str:
-    if not path.strip() or "\0" in path:
-        raise ValueError("a key file path must be non-empty text; name the file holding the keys")
-    return path
-
-
-ApiKey = Annotated[str, AfterValidator(_check_key)]
-KeyDigest = Annotated[str, AfterValidator(_check_digest)]
-EnvVarName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=255)]
-KeyFilePath = Annotated[str, AfterValidator(_check_path), Field(max_length=4096)]
-_SOURCE_FIELDS = frozenset({"api_keys_env", "api_keys_file"})
-
-
 class RateLimitSpec(_Strict):
     """Token bucket: `rps` sustained requests per second, bursts up to `burst`."""
 
@@ -436,9 +384,9 @@ class TenantSpec(_Strict):
         kept = [
             (at, d)
             for at, d in zip(origins[n_plain:], self.api_key_sha256, strict=True)
-            if at[0] not in _SOURCE_FIELDS
+            if at[0] not in KEY_SOURCE_FIELDS
         ]
-        kept += [(at, _check_digest(d)) for at, d in found]
+        kept += [(at, check_digest(d)) for at, d in found]
         copy = self.model_copy(update={"api_key_sha256": [d for _, d in kept]})
         copy._key_origins = (*origins[:n_plain], *(at for at, _ in kept))
         return copy
@@ -533,6 +481,14 @@ class GatewayLimits(_Strict):
     max_json_depth: int = Field(
         default=64, ge=2, le=1000, description="nesting of the request body's JSON: 400"
     )
+    write_stall_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="a client that reads nothing of its answer for this long while the "
+        "gateway has more for it than its buffers hold is cut off, and the instance's "
+        "connection closed so it stops generating",
+    )
 
 
 class GatewaySpec(_Strict):
@@ -572,8 +528,9 @@ class ControlSpec(_Strict):
 
 
 class RetentionSpec(_Strict):
-    """How much history is kept: logs rotate by size (copy, then truncate, so any process
-    writing them keeps going), store rows expire by age; the audit log is kept longest.
+    """How much history is kept: logs rotate by size (renamed, and their writer, the
+    gateway or an instance's worker, moves to a fresh file: no line is lost), store rows
+    expire by age; the audit log is kept longest.
     Applied every `interval_s` and by `sluice gc`."""
 
     access_log_max_mb: float = Field(default=100.0, gt=0, le=100_000)

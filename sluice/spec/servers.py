@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -27,6 +28,7 @@ __all__ = [
     "ExternalSpec",
     "ReadinessSpec",
     "external_replicas",
+    "names_model_dir",
     "server_problems",
     "usable_key",
 ]
@@ -138,6 +140,16 @@ def _http_url(url: str) -> str:
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
         raise ValueError(f"{url!r} must be http://HOST:PORT, with no path, query or user")
     return f"http://{parts.netloc}"
+
+
+def names_model_dir(model_path: str) -> bool:
+    """Whether a command's `model_path` is a local model directory for validate to read
+    (config.json, the memory estimate): a path written as one (`/`, `./`, `../`, `~`) that
+    is not an existing file. A hub id (`Qwen/Qwen2.5-0.5B-Instruct`) is the server's to
+    fetch, and a single-file model (a GGUF) has no config.json; neither is read."""
+    if not model_path.startswith(("/", "./", "../", "~")):
+        return False
+    return not Path(model_path).expanduser().is_file()
 
 
 def usable_key(key: str) -> bool:

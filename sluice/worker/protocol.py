@@ -1,7 +1,9 @@
 """OpenAI wire format: request bodies in, response bodies and stream chunks out.
 
-Only what the official `openai` client needs to round-trip; unknown request fields (e.g.
-`temperature`) are accepted and ignored, as a model server that does not sample would.
+Only what the official `openai` client needs to round-trip. The sampling fields
+(`temperature`, `top_p`, `seed`, `stop`) are checked and handed to the runtime, which may
+ignore them (the sim does not sample); other unknown request fields (e.g. `logit_bias`) are
+accepted and ignored, as a model server that does not support them would.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import json
 import struct
 import time
 import uuid
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sluice.core.errors import SluiceError
-from sluice.worker.runtimes import Completion, Embeddings
+from sluice.worker.runtimes import Completion, Embeddings, TextRequest
 
 __all__ = [
     "BadRequest",
@@ -32,6 +34,11 @@ __all__ = [
 ]
 
 MAX_TOKENS = 100_000
+MAX_STOPS = 4
+"""Stop strings per request, as OpenAI allows."""
+MAX_STOP_CHARS = 1000
+"""Longest stop string: a stream holds back a tail as long as the longest one, and checks it
+after every token."""
 SSE_DONE = b"data: [DONE]\n\n"
 
 
@@ -50,12 +57,19 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+_Stop = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+
+
 class _GenerationRequest(_Body):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     n: int = Field(default=1, ge=1, le=1, description="one choice per request")
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    stop: _Stop | Annotated[list[_Stop], Field(max_length=MAX_STOPS)] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -67,6 +81,26 @@ class _GenerationRequest(_Body):
 
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    def messages_text(self) -> tuple[tuple[str, str], ...] | None:
+        """A chat's (role, text) turns; None for a text completion."""
+        return None
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(stop for stop in stops if stop)
+
+    def text_request(self) -> TextRequest:
+        """What the runtime is asked to generate."""
+        return TextRequest(
+            self.prompt_text(),
+            self.token_limit(),
+            messages=self.messages_text(),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=self.stop_strings(),
+        )
 
 
 class ContentPart(_Body):
@@ -93,6 +127,9 @@ class ChatRequest(_GenerationRequest):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def messages_text(self) -> tuple[tuple[str, str], ...]:
+        return tuple((message.role, message.text()) for message in self.messages)
 
 
 class CompletionRequest(_GenerationRequest):

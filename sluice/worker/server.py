@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sluice.core.errors import SluiceError, Unavailable
 from sluice.worker import protocol
 from sluice.worker.engine import Worker
+from sluice.worker.logfile import LogFile
 from sluice.worker.protocol import BadRequest, ChunkWriter
 from sluice.worker.runtimes import Completion, Embeddings, Endpoint, Runtime, TextRequest
 from sluice.worker.samples import SAMPLE_TEXT_CHARS
@@ -153,11 +154,15 @@ def build_app(worker: Worker) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        log_file = worker.config.log_file
+        follower = asyncio.create_task(LogFile(log_file).follow()) if log_file else None
         worker.start()
         try:
             yield
         finally:
             await worker.stop()
+            if follower is not None:
+                follower.cancel()
 
     async def health(_request: Request) -> Response:
         return JSONResponse(
@@ -233,7 +238,8 @@ def build_app(worker: Worker) -> Starlette:
         body, runtime = await admit(request, Endpoint.CHAT if chat else Endpoint.COMPLETIONS)
         kind = protocol.ChatRequest if chat else protocol.CompletionRequest
         parsed = protocol.parse(kind, body)
-        text = TextRequest(parsed.prompt_text(), parsed.token_limit())
+        text = parsed.text_request()
+        await runtime.admit(text)
         if parsed.stream:
             writer = ChunkWriter(chat, runtime.model, fingerprint(runtime), parsed.include_usage)
             return _ClosingStreamingResponse(
@@ -278,6 +284,8 @@ def build_app(worker: Worker) -> Starlette:
                             head.append(piece)
                             kept += len(piece)
                         yield writer.piece(piece)
+                if tokens.completion_tokens is not None:  # pieces are not one token each
+                    produced = tokens.completion_tokens
                 call.finish_reason = tokens.finish_reason
                 yield writer.finish(tokens.finish_reason)
                 if writer.include_usage:

@@ -292,6 +292,76 @@ async def test_dead_instance_is_retried_on_another() -> None:
     await up.stop()
 
 
+def g1_of(version: int, *ups: FakeUpstream, max_wait_s: float = 5.0) -> RoutingSnapshot:
+    return snapshot(
+        version,
+        {"g1": ups},
+        [RouteRule("r1", (("g1", 1),))],
+        traffic={"g1": q(max_wait_s=max_wait_s)},
+    )
+
+
+@pytest.mark.asyncio
+async def test_an_instance_that_refuses_a_connection_is_out_at_once() -> None:
+    dead, alive = FakeUpstream("dead"), FakeUpstream("alive")
+    async with running(dead, alive, snapshot=lambda: g1_of(1, dead, alive)) as (gw, client, log):
+        await groups_of(client, 10)
+        await dead.stop()  # its port refuses from now on
+        served = await groups_of(client, 20, concurrency=1, header="x-sluice-instance")
+        assert served == {"alive": 20}
+        # one request found the port closed and went to the other; the rest did not try it
+        # (not five in a row until outlier ejection, with a retry each)
+        assert sum(line["retried"] for line in log_lines(log)) == 1
+        group = gw.status()["groups"]["g1"]
+        assert group["unreachable"] == ["dead"] and group["slots"] == 8
+
+
+@pytest.mark.asyncio
+async def test_requests_wait_while_every_instance_refuses_then_go_to_a_new_one() -> None:
+    """Every instance dies at once: until the controller's next table, requests wait in the
+    queue (they would have failed with 502, then 503) and go to the instance it brings."""
+    a, b, c = FakeUpstream("a"), FakeUpstream("b"), FakeUpstream("c")
+    async with running(a, b, c, snapshot=lambda: g1_of(1, a, b)) as (gw, client, log):
+        await groups_of(client, 10)
+        await a.stop()
+        await b.stop()
+        waiting = [asyncio.create_task(chat(client)) for _ in range(6)]
+        async with asyncio.timeout(3):
+            while gw.status()["groups"]["g1"]["queued"]["normal"] < 6:
+                await asyncio.sleep(0.01)
+        group = gw.status()["groups"]["g1"]
+        assert group["unreachable"] == ["a", "b"] and group["slots"] == group["in_use"] == 0
+        gw.update(g1_of(2))  # the controller saw them exit: no instance at all for a while
+        await asyncio.sleep(0.3)
+        waiting.append(asyncio.create_task(chat(client)))  # (arrives with none: waits too)
+        await asyncio.sleep(0.1)
+        assert not any(t.done() for t in waiting)
+        gw.update(g1_of(3, c))  # the replacement is ready
+        async with asyncio.timeout(3):
+            answers = await asyncio.gather(*waiting)
+        assert [r.status_code for r in answers] == [200] * 7
+        assert {r.headers["x-sluice-instance"] for r in answers} == {"c"}
+        assert all(line["queue_ms"] >= 300 for line in log_lines(log)[-7:-1])
+        assert gw.status()["groups"]["g1"]["in_use"] == 0 and gw.outstanding() == {}
+
+
+@pytest.mark.asyncio
+async def test_an_outage_longer_than_max_wait_is_refused_without_waiting() -> None:
+    a = FakeUpstream("a")
+    async with running(a, snapshot=lambda: g1_of(1, a, max_wait_s=0.3)) as (_gw, client, _log):
+        assert (await chat(client)).status_code == 200
+        await a.stop()
+        start = time.perf_counter()
+        resp = await chat(client)  # the outage is new: it waits its max_wait_s, in vain
+        assert resp.status_code == 503 and resp.json()["error"]["code"] == "queue_timeout"
+        assert 0.25 < time.perf_counter() - start < 1.0
+        await asyncio.sleep(0.1)
+        start = time.perf_counter()
+        resp = await chat(client)  # down for longer than max_wait_s: no point waiting
+        assert time.perf_counter() - start < 0.2
+        assert resp.status_code == 503 and resp.json()["error"]["code"] == "unavailable"
+
+
 @pytest.mark.asyncio
 async def test_stale_pooled_connection_never_loses_the_request() -> None:
     up = FakeUpstream("i1", mode="once")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -143,7 +144,7 @@ def test_limits_have_defaults_and_are_validated() -> None:
     assert limits.header_timeout_s == 10.0 and limits.body_timeout_s == 60.0
     assert limits.keepalive_timeout_s == 75.0
     assert limits.max_connections == 10_000 and limits.max_connections_per_ip == 256
-    assert limits.max_json_depth == 64
+    assert limits.max_json_depth == 64 and limits.write_stall_s == 30.0
     spec = GatewaySpec.model_validate({"limits": {"max_headers": 50, "header_timeout_s": 2}})
     assert spec.limits.max_headers == 50 and spec.limits.header_timeout_s == 2.0
     with pytest.raises(ValueError, match="max_header_bytes"):
@@ -396,6 +397,71 @@ async def test_slow_body_is_408() -> None:
         err = json.loads(data.partition(b"\r\n\r\n")[2])["error"]
         assert "body_timeout_s" in err["message"] and "0.5" in err["message"]
         assert refused(gw, "body_timeout") == 1
+
+
+# -- clients that stop reading ----------------------------------------------------------------
+
+
+async def small_window_socket(port: int) -> socket.socket:
+    """A connected non-blocking socket with a small receive buffer (4 KiB asked, no
+    autotuning), so that a client not reading backs the answer up into the gateway soon."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return sock
+
+
+async def read_until_closed(sock: socket.socket, timeout: float) -> int:
+    """Bytes read until the gateway closes the connection (EOF or reset)."""
+    loop = asyncio.get_running_loop()
+    total = 0
+    async with asyncio.timeout(timeout):
+        try:
+            while data := await loop.sock_recv(sock, 1 << 16):
+                total += len(data)
+        except ConnectionResetError:
+            pass
+    return total
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_stops_reading_a_stream_is_cut_off_and_its_instance_freed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A slow reader is left alone; one that reads nothing for `write_stall_s` is cut off,
+    and the instance's connection is closed (not pooled), so it stops generating."""
+    up = FakeUpstream("i1", mode="sse", events=1_000_000)  # far more than any buffer holds
+    async with running(up, write_stall_s=0.5) as (gw, client, log):
+        loop = asyncio.get_running_loop()
+        sock = await small_window_socket(gw.port)
+        try:
+            await loop.sock_sendall(sock, request(json.dumps({**CHAT, "stream": True}).encode()))
+            # 4 KiB every 0.1 s for 2 s: slow, but reading, so never cut
+            for _ in range(20):
+                await asyncio.sleep(0.1)
+                assert await loop.sock_recv(sock, 4096)
+            start = time.perf_counter()  # ...then it reads nothing more
+            assert refused(gw, "write_stall") == 0
+            assert gw.outstanding() == {"i1": 1} and up.open_connections == 1
+            async with asyncio.timeout(10):
+                while gw.outstanding() or up.open_connections:
+                    await asyncio.sleep(0.01)
+            cut_after = time.perf_counter() - start
+            await read_until_closed(sock, 5)  # what was in flight, then the reset
+        finally:
+            sock.close()
+        print(f"\na client that stopped reading was cut off {cut_after:.2f} s later")
+        assert 0.5 <= cut_after < 3.0
+        assert refused(gw, "write_stall") == 1
+        assert gw.status()["groups"]["g1"]["in_use"] == 0
+        [warning] = [r for r in caplog.records if r.name == "sluice.gateway"]
+        assert "write_stall_s is 0.5" in warning.getMessage()
+        [line] = log_lines(log)
+        assert line["status"] == 200 and line["error"] == "write_stall"
+        up.mode = "json"
+        resp = await chat(client)  # on a fresh connection: the stalled one was not pooled
+        assert resp.status_code == 200 and up.accepted == 2
 
 
 # -- connections ------------------------------------------------------------------------------

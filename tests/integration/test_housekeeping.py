@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +45,47 @@ def test_copy_truncate_rotation_keeps_the_writer_writing(tmp_path: Path) -> None
     assert not rotate(tmp_path / "missing.log", max_bytes=1, keep=1)
 
 
+WRITER = """
+import sys, time
+from sluice.worker.logfile import LogFile
+
+log = LogFile(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    print(f"line {i}", file=sys.stdout if i % 2 else sys.stderr, flush=True)
+    if i % 20 == 0:  # (the worker checks once a second; this writes faster)
+        log.reopen_if_moved()
+    time.sleep(0.0002)
+"""
+
+
+def test_rotation_by_rename_loses_no_line_of_a_writer_that_follows(tmp_path: Path) -> None:
+    """A process writing numbered lines to fds 1 and 2 as a worker does, its log rotated
+    again and again while it writes: every line is in exactly one file, and the live
+    name keeps getting new lines (the writer follows it)."""
+    log = tmp_path / "i1.log"
+    lines = 20_000
+    with open(log, "ab") as out:  # as the local runtime starts a worker
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(log), str(lines)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    rotations = 0
+    try:
+        while proc.poll() is None:
+            rotations += rotate(log, max_bytes=8_000, keep=10_000, copy=False)
+            time.sleep(0.005)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert proc.returncode == 0
+    files = [log, *sorted(tmp_path.glob("i1.log.*"), key=lambda p: int(p.suffix[1:]))]
+    seen = [line for f in reversed(files) for line in f.read_text().splitlines()]
+    print(f"\n{lines} lines, {rotations} rotations by rename: {len(set(seen))} kept")
+    assert rotations >= 10  # the writer moved to each new file (else no more rotations)
+    assert seen == [f"line {i}" for i in range(lines)]  # none lost, none twice, in order
+
+
 def test_a_pass_rotates_prunes_and_keeps_the_audit_longest(store: Store, tmp_path: Path) -> None:
     clock = ManualClock(1000 * DAY)
     logs = tmp_path / "instances"
@@ -70,3 +113,42 @@ def test_a_pass_rotates_prunes_and_keeps_the_audit_longest(store: Store, tmp_pat
 def test_the_audit_log_must_be_kept_longest() -> None:
     with pytest.raises(ValueError, match="the audit log is kept longest"):
         RetentionSpec(events_days=500, audit_days=400)
+
+
+def test_a_command_servers_log_rotates_by_copy_so_its_writer_stays_in_the_named_file(
+    tmp_path: Path, store: Store
+) -> None:
+    """A server Sluice did not write keeps its stdout fd: after a rename it would write on
+    into `<id>.log.1` (unbounded, and deleted once rotated out); copy-truncate keeps its
+    output in `<id>.log`, where the next rotation (and the failure event's tail) finds it."""
+    logs = tmp_path / "instances"
+    logs.mkdir()
+    path = logs / "cmd-1.log"
+    with open(path, "ab") as out:  # as the local runtime opens it for a command
+        writer = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import time\nwhile True: print('x' * 99, flush=True); time.sleep(0.01)",
+            ],
+            stdout=out,
+        )
+    try:
+        keeper = Housekeeper(
+            store,
+            ManualClock(0),
+            tmp_path / "access.log",
+            logs,
+            lambda: {"cmd-1"},
+            copy_truncate=lambda: {"cmd-1"},
+        )
+        time.sleep(0.3)
+        done = asyncio.run(keeper.run_once(RetentionSpec(instance_log_max_mb=0.001)))
+        assert done["rotated"] == ["cmd-1.log"]
+        rotated_size = (logs / "cmd-1.log.1").stat().st_size
+        time.sleep(0.3)
+        assert path.stat().st_size > 0  # the writer goes on in the named file
+        assert (logs / "cmd-1.log.1").stat().st_size == rotated_size
+    finally:
+        writer.kill()
+        writer.wait()

@@ -136,6 +136,26 @@ async def test_launch_returns_the_port_the_worker_listens_on(tmp_path: Path) -> 
 
 
 @pytest.mark.asyncio
+async def test_the_worker_follows_its_log_file_when_rotation_renames_it(tmp_path: Path) -> None:
+    runtime = LocalRuntime(tmp_path)
+    instance_id = new_id()
+    handle = await runtime.launch(request(instance_id))
+    log = tmp_path / "instances" / f"{instance_id}.log"
+    try:
+        assert handle.pid is not None
+        fds = [Path(f"/proc/{handle.pid}/fd/{fd}") for fd in (1, 2)]
+        assert [fd.readlink() for fd in fds] == [log, log]
+        log.rename(log.with_name(f"{log.name}.1"))  # as housekeeping rotates it
+        deadline = time.monotonic() + 5
+        while [fd.readlink() for fd in fds] != [log, log]:  # (.1 until the worker notices)
+            assert time.monotonic() < deadline, [fd.readlink() for fd in fds]
+            await asyncio.sleep(0.05)
+        assert log.exists()  # nothing but the worker creates it
+    finally:
+        assert await runtime.stop(handle, grace_s=10) == 0
+
+
+@pytest.mark.asyncio
 async def test_a_worker_that_exits_before_listening_fails_the_launch_promptly(
     tmp_path: Path,
 ) -> None:
@@ -215,7 +235,7 @@ def test_the_worker_exits_3_when_its_port_is_taken(tmp_path: Path) -> None:
 def test_worker_config_takes_port_0_and_a_port_file() -> None:
     base = {"instance_id": "i", "group": "g", "models": {"m": SIM}}
     picked = WorkerConfig.model_validate(base | {"port": 0, "port_file": "/tmp/i.port"})
-    assert (picked.port, picked.port_file) == (0, "/tmp/i.port")
+    assert (picked.port, picked.port_file, picked.log_file) == (0, "/tmp/i.port", None)
     assert WorkerConfig.model_validate(base | {"port": 8000}).port_file is None
     for bad in ({"port": -1}, {"port": 65536}, {"port": 0, "port_file": ""}, {"port": 0, "x": 1}):
         with pytest.raises(ValidationError):

@@ -220,3 +220,24 @@ def test_set_slots_admits_waiters_in_priority_order_and_shrinks_lazily() -> None
     assert adm.set_slots(1) == [] and adm.in_use == 4  # drops as requests finish
     assert adm.release() == [] and adm.release() == [] and adm.release() == []
     assert adm.release() == ["l"]
+
+
+def test_requeue_puts_a_request_back_in_arrival_order_and_keeps_its_wait() -> None:
+    adm: GroupAdmission[str] = GroupAdmission(max_queue=2, max_wait_s=1.0, slots=2)
+    assert adm.offer_nowait("first", "normal", 0.0) == (Offer.ADMITTED, None)
+    assert adm.offer_nowait("second", "normal", 0.1) == (Offer.ADMITTED, None)
+    assert adm.set_slots(0) == []  # its instances all refused connections
+    adm.offer_nowait("late", "normal", 0.5)
+    adm.offer_nowait("later", "normal", 0.6)
+    assert adm.requeue("second", "normal", 0.1) == []
+    assert adm.requeue("first", "normal", 0.0) == []
+    # over max_queue (2): the requeued were admitted once, they are not shed
+    assert adm.queue_length == 4 and adm.in_use == 0
+    assert adm.expire(1.05) == ["first"]  # its wait counts from its first ask, at 0.0
+    assert adm.set_slots(3) == ["second", "late", "later"]
+
+
+def test_requeue_into_a_group_with_a_free_slot_admits_at_once() -> None:
+    adm: GroupAdmission[str] = GroupAdmission(max_queue=10, max_wait_s=1.0, slots=1)
+    adm.offer_nowait("a", "high", 0.0)
+    assert adm.requeue("a", "high", 0.0) == ["a"] and adm.in_use == 1

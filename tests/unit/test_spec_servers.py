@@ -213,3 +213,23 @@ def test_device_ids_read_as_text_and_a_bad_one_is_refused() -> None:
     assert loaded.pools[0].devices == ["0", "1", "GPU-5f3e", "MIG-1/2"]
     [msg] = issues(spec(pool_extra='    devices: [0, 1, 2, "x y"]'))
     assert "pools[0].devices[3]" in msg
+
+
+def test_a_commands_local_model_directory_is_read_at_validate_but_not_a_hub_id_or_a_file(
+    tmp_path: Path,
+) -> None:
+    def validate(model_path: str) -> list[str]:
+        f = tmp_path / "platform.yaml"
+        f.write_text(spec(COMMAND.replace("Qwen/Qwen2.5-0.5B-Instruct", model_path)))
+        try:
+            load_spec_file(f)
+        except SpecError as exc:
+            return [str(i) for i in exc.issues]
+        return []
+
+    assert validate("Qwen/Qwen2.5-0.5B-Instruct") == []  # the server fetches it
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert validate(str(gguf)) == []  # a single-file model: nothing for Sluice to read
+    [msg] = validate(str(tmp_path / "missing"))
+    assert "groups[0].models.qwen.command.model_path" in msg and "does not exist" in msg

@@ -11,6 +11,7 @@ from sluice.worker.runtimes.base import (
 )
 from sluice.worker.runtimes.embedding import EmbeddingRuntime
 from sluice.worker.runtimes.sim import SimRuntime
+from sluice.worker.runtimes.transformers import TransformersRuntime
 
 __all__ = [
     "RUNTIMES",
@@ -26,6 +27,7 @@ __all__ = [
 RUNTIMES: dict[str, type[Runtime]] = {
     "sim": SimRuntime,
     "embedding": EmbeddingRuntime,
+    "transformers": TransformersRuntime,
 }
 
 

@@ -26,10 +26,20 @@ class Endpoint(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class TextRequest:
-    """A generation request: all the text the model reads, and the caller's token cap."""
+    """A generation request: all the text the model reads, the caller's token cap, and the
+    sampling controls a real model honours (the sim ignores them)."""
 
     prompt: str
     max_tokens: int | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    """A chat request's (role, text) turns, for a chat template; `prompt` joins their text."""
+    temperature: float | None = None
+    """None: the runtime's default (1.0, as OpenAI); 0: greedy."""
+    top_p: float | None = None
+    seed: int | None = None
+    """Same seed, same request, same model: same text. None: a fresh draw each time."""
+    stop: tuple[str, ...] = ()
+    """Generation ends before the first of these; the stop text is not returned."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +50,19 @@ class Completion:
     finish_reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokenStream:
-    """A generation in progress: `pieces` yields text as the model produces it."""
+    """A generation in progress: `pieces` yields text as the model produces it.
+
+    A runtime that learns how the generation ended only at its end (a real model: a stop
+    string, EOS, the cap) updates `finish_reason` and sets `completion_tokens` before `pieces`
+    is exhausted; `completion_tokens` None means one piece per token (the sim).
+    """
 
     prompt_tokens: int
     finish_reason: str
     pieces: AsyncGenerator[str, None]
+    completion_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +88,12 @@ class Runtime(ABC):
     def inject_fault(self) -> None:
         """Raise a SluiceError to fail this request before any byte goes out (so streams get a
         real HTTP error too). Real runtimes never do; the sim does for `error_rate`."""
+        return None
+
+    async def admit(self, request: TextRequest) -> None:
+        """Refuse (raise a SluiceError) a request this model cannot serve, e.g. a prompt
+        longer than its context, while an HTTP error can still be sent (before a stream's
+        head goes out). Called before a concurrency slot is taken: keep it cheap."""
         return None
 
     async def complete(self, request: TextRequest) -> Completion:
