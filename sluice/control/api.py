@@ -326,6 +326,13 @@ def build_control_api(
             )
         return out
 
+    @api.get("/v1/rollouts/{name}/plan")
+    async def rollout_plan(name: str) -> dict[str, Any]:
+        """The rollout's design (false-rollback budget, looks, answers each step needs and
+        which criterion sets them) and, at the baseline's traffic of the last minute, how
+        long each step and the whole rollout will take."""
+        return controller.rollout_plan(name)
+
     @api.get("/v1/rollouts/{name}")
     async def rollout_report(name: str, run: int | None = None) -> dict[str, Any]:
         """The archived run (newest, or `run`), with the live state of a running one: its

@@ -47,7 +47,7 @@ from sluice.spec import (
     resolve_key_sources,
     revision_diff,
 )
-from sluice.spec.servers import external_replicas
+from sluice.spec.servers import external_scale_problem
 from sluice.store import Revision, Store
 
 __all__ = ["Controller"]
@@ -95,6 +95,7 @@ class Controller:
             SampleCollector(),
             on_change=lambda: self._publish_routing(self.spec),
             wake=self._wake.set,
+            traffic=traffic,
         )
         self._rollouts.point_at(self._ready_url)
         self._loop = TickLoop(self.tick, self._wake, store, events, clock)
@@ -166,6 +167,9 @@ class Controller:
             ),
             None,
         )
+
+    def rollout_plan(self, name: str) -> dict[str, Any]:
+        return self._rollouts.plan(self.spec, name)
 
     def rollout_live(self, name: str) -> dict[str, Any] | None:
         state = self._rollouts.live_state(name)
@@ -286,13 +290,8 @@ class Controller:
                 "autoscaling.min/max in the spec and `sluice apply` it instead",
                 group=group,
             )
-        endpoints = external_replicas(spec.models)
-        if endpoints is not None and replicas > endpoints:
-            raise Conflict(
-                f"group {group!r} fronts {endpoints} external endpoint(s), one instance each; "
-                f"it can have at most {endpoints} replicas",
-                group=group,
-            )
+        if too_many := external_scale_problem(spec, replicas):
+            raise Conflict(too_many, group=group)
         pool = self.spec.pool(spec.resources.pool)
         assert pool is not None  # the spec checks guarantee it
         others = self._pool_held_by_others(self.spec, spec)

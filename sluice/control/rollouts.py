@@ -9,33 +9,39 @@ routing snapshot sends everything to the baseline, which stayed scaled for all o
 Nothing slow runs in the tick: the samples are read by the collector's own task, and the
 analysis of a window runs in a thread, again only when the window changed, and pausing
 `ANALYSIS_PAUSE` times its own duration between runs (so it takes at most a fifth of a core
-however large the windows); the tick feeds the state machine the latest one. A failing
-analysis wakes the controller at once. A change the store refused is archived on a later
-tick (the split it asks for is in force already).
+however large the windows); the tick feeds the state machine the latest one. Between the
+planned looks of `sluice.policy.canary_plan` an analysis only runs the fast path (cheap);
+the state machine counts the looks, so analysing again never re-tests. A failing analysis
+wakes the controller at once. A change the store refused is archived on a later tick (the
+split it asks for is in force already).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sluice.control.autoscaling import TrafficSource
 from sluice.control.events import EventLog
+from sluice.control.rates import ArrivalRates
 from sluice.control.samples import GroupSamples, SampleCollector, window_rows
 from sluice.core import Conflict, InstanceState, InstanceStatus, NotFound
 from sluice.policy import rollout as machine
-from sluice.policy.analysis import Analysis, RequestSample, ResourceUse, analyze
-from sluice.policy.rollout import RolloutPhase, RolloutState
+from sluice.policy.analysis import Analysis, Prior, RequestSample, ResourceUse, analyze
+from sluice.policy.canary_plan import RATIO_CAP, RolloutPlan, plan_rollout, step_seconds
+from sluice.policy.rollout import RolloutPhase, RolloutState, evidence_before
 from sluice.policy.routing import CanarySplit
 from sluice.spec import PlatformSpec
 from sluice.spec.rollout import RolloutSpec
 from sluice.store import RolloutRecord, Store
 from sluice.tools.compare import CompareOptions, Target, compare
 
-__all__ = ["RolloutRunner"]
+__all__ = ["RolloutRunner", "plan_report"]
 
 log = logging.getLogger("sluice.rollouts")
 
@@ -52,6 +58,7 @@ class _Run:
     spec: RolloutSpec
     state: RolloutState
     baseline_floor: int
+    plan: RolloutPlan
     window_at: float | None = None
     compare_task: asyncio.Task[None] | None = None
     previous_baseline: list[RequestSample] = field(default_factory=list)
@@ -61,7 +68,8 @@ class _Run:
     """transitions of `state` already in the archive (the rest wait for the store)"""
     analysis: Analysis | None = None
     analysis_key: tuple[object, ...] | None = None
-    """(window, baseline version, canary version, compared with the step before)"""
+    """(window, baseline version, canary version, compared with the step before, looks
+    taken, hold over)"""
     analyzing: asyncio.Task[None] | None = None
     next_analysis_at: float = 0.0
 
@@ -74,10 +82,15 @@ class RolloutRunner:
         collector: SampleCollector,
         on_change: Callable[[], None],
         wake: Callable[[], None] = lambda: None,
+        traffic: TrafficSource | None = None,
     ) -> None:
         """`on_change` publishes the routing snapshot: called the moment a split changes,
         before anything is written, so a rollback reaches the gateway first. `wake` asks
-        for a tick now (an analysis failed: roll back without waiting for the next one)."""
+        for a tick now (an analysis failed: roll back without waiting for the next one).
+        `traffic`: the gateway's counters, read each tick while the spec has rollouts, for
+        the plans' time estimates."""
+        self._traffic = traffic
+        self._rates = ArrivalRates()
         self._on_change = on_change
         self._wake = wake
         self._store = store
@@ -150,7 +163,9 @@ class RolloutRunner:
             state=state.to_json(),
             now=now,
         )
-        run = self._runs[name] = _Run(run_id, rs, state, floor, archived=len(state.transitions))
+        run = self._runs[name] = _Run(
+            run_id, rs, state, floor, plan_rollout(rs), archived=len(state.transitions)
+        )
         self._on_change()
         if rs.compare is not None:
             run.compare_task = asyncio.create_task(self._compare(run), name=f"compare-{name}")
@@ -188,6 +203,11 @@ class RolloutRunner:
         for run in self._runs.values():
             if run.archived < len(run.state.transitions):
                 await self._archive(run)  # a change the store refused before
+        if spec.rollouts and self._traffic is not None:
+            try:
+                self._rates.observe(self._traffic())
+            except Exception:  # unreadable counters only leave the plan's rate unknown
+                log.debug("traffic counters unreadable for rollout rates", exc_info=True)
         names = {r.name for r in spec.rollouts}
         stepping = [r for r in self._runs.values() if not r.state.final]
         groups = {g for r in stepping for g in (r.spec.baseline, r.spec.canary)}
@@ -200,7 +220,7 @@ class RolloutRunner:
             if run.spec.name not in names:
                 continue  # the rollout left the spec; its state holds until it is back
             self._roll_window(run)
-            analysis = self._latest_analysis(run)
+            analysis = self._latest_analysis(run, now)
             if analysis is None:
                 continue  # the first analysis of this window is under way
             state = machine.evaluate(run.spec, run.state, analysis, now)
@@ -209,41 +229,59 @@ class RolloutRunner:
             else:
                 run.state = state  # latest analysis kept in memory; archived on change
 
-    def _latest_analysis(self, run: _Run) -> Analysis | None:
+    def _latest_analysis(self, run: _Run, now: float) -> Analysis | None:
         """The newest analysis of the run's current window (None before the first), and a
-        new one started in a thread when the window changed since and one is due."""
+        new one started in a thread when the window, the looks taken or the hold changed
+        since, and one is due."""
         base = self._collector.window(run.spec.baseline)
         canary = self._collector.window(run.spec.canary)
         previous = run.state.percent >= 100.0 and bool(run.previous_baseline)
-        key = (run.window_at, base.version, canary.version, previous)
+        record = run.state.steps[-1]
+        started = run.state.step_started_at if run.state.step_started_at is not None else now
+        final_ready = now - started >= run.spec.hold_s
+        key = (run.window_at, base.version, canary.version, previous, record.looks, final_ready)
         loop = asyncio.get_running_loop()
         busy = run.analyzing is not None and not run.analyzing.done()
         if not busy and key != run.analysis_key and loop.time() >= run.next_analysis_at:
             base_rows, base_use = list(base.samples), _use(base)
             if previous:
                 base_rows, base_use = run.previous_baseline, run.previous_use
+            job = _Job(
+                key,
+                base_rows,
+                list(canary.samples),
+                base_use,
+                _use(canary),
+                record.looks,
+                final_ready,
+                evidence_before(run.state, baseline_reused=previous),
+                previous,
+            )
             run.analyzing = loop.create_task(
-                self._analyze(run, key, base_rows, list(canary.samples), base_use, _use(canary)),
-                name=f"analysis-{run.spec.name}",
+                self._analyze(run, job), name=f"analysis-{run.spec.name}"
             )
         if run.analysis_key is None or run.analysis_key[0] != run.window_at:
             return None
         return run.analysis
 
-    async def _analyze(
-        self,
-        run: _Run,
-        key: tuple[object, ...],
-        base: list[RequestSample],
-        canary: list[RequestSample],
-        base_use: ResourceUse | None,
-        canary_use: ResourceUse | None,
-    ) -> None:
+    async def _analyze(self, run: _Run, job: _Job) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
+        step = run.plan.step(run.state.step)
         try:
             result = await asyncio.to_thread(
-                analyze, base, canary, base_use, canary_use, run.spec.analysis
+                analyze,
+                job.base,
+                job.canary,
+                job.base_use,
+                job.canary_use,
+                run.spec.analysis,
+                step,
+                looks_done=job.looks_done,
+                final_ready=job.final_ready,
+                prior=job.prior,
+                fast_alpha=run.plan.fast_alpha,
+                baseline_reused=job.baseline_reused,
             )
         except Exception:
             log.exception("rollout %s: analysis failed", run.spec.name)
@@ -251,9 +289,9 @@ class RolloutRunner:
             return
         took = loop.time() - started
         run.next_analysis_at = loop.time() + ANALYSIS_PAUSE * took
-        if key[0] != run.window_at:
+        if job.key[0] != run.window_at:
             return  # the step moved on while this ran
-        run.analysis, run.analysis_key = result, key
+        run.analysis, run.analysis_key = result, job.key
         if result.verdict == "fail":
             self._wake()
 
@@ -267,7 +305,9 @@ class RolloutRunner:
             run.previous_baseline, run.previous_use = list(base.samples), _use(base)
         run.window_at = started
         run.next_analysis_at = 0.0
-        rows = window_rows(run.spec.analysis.min_samples)
+        # room for the larger side at RATIO_CAP x the step's samples, as the plan assumes
+        need = run.plan.step(run.state.step).samples
+        rows = window_rows(math.ceil((RATIO_CAP + 1) * need / 2))
         self._collector.reset((run.spec.baseline, run.spec.canary), started, rows)
 
     def point_at(self, urls: Callable[[str], str | None]) -> None:
@@ -333,11 +373,48 @@ class RolloutRunner:
             kind = "rollback" if t.to_phase is RolloutPhase.ROLLED_BACK else "rollout"
             await self._events.emit(run.spec.canary, None, kind, f"{run.spec.name}: {t.reason}")
 
+    def plan(self, spec: PlatformSpec, name: str) -> dict[str, Any]:
+        """`sluice rollout plan NAME`: the design and, at the baseline's traffic of the last
+        minute (unknown before two ticks), how long each step and the whole rollout take."""
+        rs = next((r for r in spec.rollouts if r.name == name), None)
+        if rs is None:
+            known = ", ".join(r.name for r in spec.rollouts) or "none in the spec"
+            raise NotFound(f"no rollout named {name!r}; rollouts: {known}", rollout=name)
+        return plan_report(rs, self._rates.rate(rs.baseline))
+
     def live_state(self, name: str) -> RolloutState | None:
         """The state in memory, with the latest analysis of the current step (the archive
         holds it as of the last transition)."""
         run = self._runs.get(name)
         return run.state if run else None
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One analysis' inputs, taken on the loop before it runs in a thread."""
+
+    key: tuple[object, ...]
+    base: list[RequestSample]
+    canary: list[RequestSample]
+    base_use: ResourceUse | None
+    canary_use: ResourceUse | None
+    looks_done: int
+    final_ready: bool
+    prior: Prior
+    baseline_reused: bool
+
+
+def plan_report(rs: RolloutSpec, rate_rps: float | None) -> dict[str, Any]:
+    """The plan's JSON, with `rate_rps`, each step's `seconds` and `total_s` (None when the
+    rate is unknown or zero: then only the samples are known)."""
+    plan = plan_rollout(rs)
+    report: dict[str, Any] = {"rollout": rs.name, "baseline": rs.baseline, **plan.to_json()}
+    report["rate_rps"] = rate_rps
+    seconds = step_seconds(plan, rs, rate_rps) if rate_rps else None
+    for i, row in enumerate(report["steps"]):
+        row["seconds"] = None if seconds is None else seconds[i]
+    report["total_s"] = None if seconds is None else sum(seconds)
+    return report
 
 
 def _use(w: GroupSamples) -> ResourceUse | None:
@@ -347,13 +424,13 @@ def _use(w: GroupSamples) -> ResourceUse | None:
 
 
 def _resume(rec: RolloutRecord) -> _Run:
+    """A run from the archive; a spec archived before the false-rollback budget replaced
+    `analysis.alpha` resumes under the budget's default."""
     spec_data = dict(rec.spec)
     floor = int(spec_data.pop("baseline_floor", 0))
+    analysis = spec_data.get("analysis")
+    if isinstance(analysis, dict) and "alpha" in analysis:
+        spec_data["analysis"] = {k: v for k, v in analysis.items() if k != "alpha"}
     state = RolloutState.from_json(rec.state)
-    return _Run(
-        rec.id,
-        RolloutSpec.model_validate(spec_data),
-        state,
-        floor,
-        archived=len(state.transitions),
-    )
+    rs = RolloutSpec.model_validate(spec_data)
+    return _Run(rec.id, rs, state, floor, plan_rollout(rs), archived=len(state.transitions))

@@ -348,7 +348,7 @@ class InstanceSupervisor:
         self._set_state(inst, InstanceState.STARTING, f"probing {endpoint.url}")
         kind = "ready"
         while True:
-            await self._wait_ready(inst, None)
+            await self._wait_ready(inst, None, warn=kind == "ready")
             try:
                 self._set_state(inst, InstanceState.WARMING, "answers its readiness probe")
                 await self._warm_up(inst)
@@ -390,13 +390,13 @@ class InstanceSupervisor:
                 self._set_state(inst, InstanceState.PENDING, why)
             await asyncio.sleep(PLACE_POLL_S)
 
-    async def _wait_ready(self, inst: _Instance, deadline: float | None) -> None:
+    async def _wait_ready(self, inst: _Instance, deadline: float | None, warn: bool = True) -> None:
         """Until the readiness probe says ready; past `deadline`, fail. Without one (an
         external endpoint) it probes on, and says once that it is late."""
         assert inst.handle is not None
         url = inst.handle.url + inst.probes.ready_path
         late_at = inst.created_at + inst.spec.health.startup_timeout_s
-        told = False
+        told = not warn  # (an endpoint back to probing was said "unhealthy" already)
         while True:
             self._check_exit(inst)
             why = await self._prober.not_ready(inst.handle, inst.probes)

@@ -503,6 +503,13 @@ class Exchange(UpstreamRelay):
 
     def _finish(self) -> None:
         self.finished = True
+        g = self.grp
+        if g is not None and self.head_sent and self.error_code is None and not self.retried:
+            # answered in full, by one instance: its latency feeds latency ejection
+            latency = time.perf_counter() - self.t0 - 0.001 * self.queue_ms
+            woken = g.answered(self.instance or "", self.status, latency)
+            if woken:
+                self.state.wake(g, woken, time.monotonic())
         self._end_admission()
         self._log()
         self.client.exchange_done(self)

@@ -1,4 +1,5 @@
-"""One group as the data plane serves it: its instances, admission, outlier state, settings.
+"""One group as the data plane serves it: its instances, admission, outlier state (failures
+and latency), settings.
 
 A `GroupRuntime` lives across snapshots while its group exists, so queues, slots in use and
 ejections survive a live update; `configure()` applies each new snapshot's view of it.
@@ -19,6 +20,7 @@ from sluice.gateway.metrics import DURATION_BUCKETS_S, GroupMetrics
 from sluice.policy.admission import GroupAdmission
 from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.balance import RampHold, pick_affinity, pick_endpoint
+from sluice.policy.latency import LatencyOutliers
 from sluice.policy.outlier import Ejection, OutlierDetector
 from sluice.policy.reachability import Reachability
 from sluice.policy.routing import Endpoint, GroupTraffic
@@ -41,6 +43,11 @@ def _outlier_settings(t: GroupTraffic) -> tuple[int, float, int, float]:
     )
 
 
+def _latency_settings(t: GroupTraffic) -> tuple[float, int]:
+    """What a LatencyOutliers is built from; a change of it starts fresh estimates."""
+    return (t.outlier_latency_ratio, t.outlier_latency_min_requests)
+
+
 class GroupRuntime:
     """Mutable per-group state of one gateway. Single-threaded (the event loop's)."""
 
@@ -50,6 +57,7 @@ class GroupRuntime:
         "candidates",
         "down_since",
         "endpoints",
+        "latency",
         "metrics",
         "name",
         "outlier",
@@ -74,6 +82,8 @@ class GroupRuntime:
         self.outlier = self._detector(self.traffic)
         self.reach = Reachability()
         """Instances that refused a connection: out of rotation, no panic (see `refresh`)."""
+        self.latency = self._latency(self.traffic)
+        """Per-instance latency estimates; None when latency ejection is off."""
         self.ramp = RampHold()
         """Ramp seconds each new instance's failures took back (slow start that listens)."""
         self.endpoints: tuple[Endpoint, ...] = ()
@@ -99,12 +109,19 @@ class GroupRuntime:
     def _detector(t: GroupTraffic) -> OutlierDetector:
         return OutlierDetector(*_outlier_settings(t))
 
+    @staticmethod
+    def _latency(t: GroupTraffic) -> LatencyOutliers | None:
+        ratio, min_requests = _latency_settings(t)
+        return LatencyOutliers(ratio, min_requests) if ratio > 0 else None
+
     def configure(
         self, traffic: GroupTraffic, endpoints: tuple[Endpoint, ...], now: float
     ) -> list[Exchange]:
         """Apply a snapshot's settings and instances; returns waiters admitted by new slots."""
         if _outlier_settings(self.traffic) != _outlier_settings(traffic):
             self.outlier = self._detector(traffic)
+        if _latency_settings(self.traffic) != _latency_settings(traffic):
+            self.latency = self._latency(traffic)
         self.traffic = traffic
         self.admission.max_queue = traffic.max_queue
         self.admission.max_wait_s = traffic.max_wait_s
@@ -118,7 +135,10 @@ class GroupRuntime:
         self.ramp.forget({ep.instance_id for ep in endpoints})
         self.settle_at = self.ramp.settle_at(endpoints, traffic.slow_start_s)
         self.ramping = traffic.slow_start_s > 0 and time.time() < self.settle_at
-        self.outlier.forget({ep.instance_id for ep in endpoints})
+        keep = {ep.instance_id for ep in endpoints}
+        self.outlier.forget(keep)
+        if self.latency is not None:
+            self.latency.forget(keep)
         return self.refresh(now)
 
     def refresh(self, now: float) -> list[Exchange]:
@@ -239,6 +259,48 @@ class GroupRuntime:
         ejection = self.outlier.record_failure(instance_id, now, len(self.endpoints), reason)
         if ejection is None:
             return []
+        return self._ejected(instance_id, now)
+
+    def answered(self, instance_id: str, status: int, latency_s: float) -> list[Exchange]:
+        """An instance answered a request in full in `latency_s` seconds (from its first byte,
+        less its queue wait); feeds latency ejection and slow start (which listens to latency
+        only while latency ejection is on). A 5xx is a failure, counted by `failure`.
+        Answers of an ejected instance (sent before it was ejected) are not counted: it is
+        judged afresh on what it does once back. Returns the waiters admitted if an ejection
+        changed the slots (panic mode can give them back)."""
+        latency = self.latency
+        if latency is None or status >= 500:
+            return []
+        if self.unejects_at and instance_id in self.ejected_now(time.monotonic()):
+            return []
+        why = latency.observe(instance_id, latency_s)
+        if self.ramping:
+            self._ramp_answered(instance_id, latency)
+        if why is None:
+            return []
+        if not any(e.instance_id == instance_id for e in self.endpoints):
+            return []  # gone from the group since the request started
+        now = time.monotonic()
+        if self.outlier.eject(instance_id, now, len(self.endpoints), why) is None:
+            return []
+        return self._ejected(instance_id, now)
+
+    def _ramp_answered(self, instance_id: str, latency: LatencyOutliers) -> None:
+        """Slow start that listens to latency: a ramping instance well above its peers'
+        latency stops gaining share (`RampHold.answered`)."""
+        ep = next((e for e in self.endpoints if e.instance_id == instance_id), None)
+        if ep is None:
+            return
+        wall = time.time()
+        ramping = wall - ep.ready_at < self.slow_start_s + self.ramp.held.get(instance_id, 0.0)
+        lagging = ramping and latency.slower(instance_id)
+        if self.ramp.answered(ep, wall, self.slow_start_s, lagging):
+            self.settle_at = self.ramp.settle_at(self.endpoints, self.slow_start_s)
+
+    def _ejected(self, instance_id: str, now: float) -> list[Exchange]:
+        """`instance_id` was just ejected: its latency is judged afresh when it is back."""
+        if self.latency is not None:
+            self.latency.reset(instance_id)
         return self.refresh(now)
 
     def traffic_sample(self, at: float) -> TrafficSample:

@@ -4,7 +4,8 @@ A `MirrorRequest` holds one slot of the mirror group (taken by the caller with
 `try_acquire`, so a busy mirror group is simply skipped) and the instance's outstanding
 count, sends the copy over the shared upstream pool, reads the answer and drops it. It never
 touches the caller's connection, so it cannot delay or change the caller's response; its
-outcome feeds the mirror group's outlier detection like any other request.
+outcome (failure, or answer and latency) feeds the mirror group's outlier detection like any
+other request.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = ["MirrorRequest"]
 class MirrorRequest:
     """One shadow copy: a `ResponseSink` that discards what it receives."""
 
-    __slots__ = ("done", "endpoint", "group", "reused", "state", "status", "wire")
+    __slots__ = ("done", "endpoint", "group", "reused", "sent_at", "state", "status", "wire")
 
     def __init__(
         self,
@@ -43,6 +44,7 @@ class MirrorRequest:
         self.status = 0
         self.done = False
         self.reused = False
+        self.sent_at = 0.0
         host = state.pool.host(endpoint.host, endpoint.port).host_header
         self.wire = b"".join(
             (
@@ -60,6 +62,7 @@ class MirrorRequest:
     def start(self) -> None:
         """Send it (on a pooled connection if one is idle); the group slot is already held."""
         state = self.state
+        self.sent_at = time.perf_counter()
         state.take_slot(self.endpoint.instance_id)
         host = state.pool.host(self.endpoint.host, self.endpoint.port)
         conn = state.pool.take_idle(host)
@@ -109,6 +112,7 @@ class MirrorRequest:
         woken = group.admission.release()
         if failure is None:
             group.outlier.record_success(iid)
+            woken += group.answered(iid, self.status, time.perf_counter() - self.sent_at)
         else:
             woken += group.failure(iid, failure, now)
         if woken:

@@ -1,13 +1,15 @@
 """Pure decisions shared by live and simulated runs: no I/O, no clock reads, no global random."""
 
 from sluice.policy.admission import AdmissionStats, GroupAdmission, Offer
-from sluice.policy.analysis import Analysis, Criterion, RequestSample, ResourceUse, analyze
+from sluice.policy.analysis import Analysis, Criterion, Prior, RequestSample, ResourceUse, analyze
 from sluice.policy.backoff import CrashBackoff
 from sluice.policy.balance import pick_affinity, pick_endpoint, slow_start_weight
+from sluice.policy.canary_plan import RolloutPlan, StepPlan, plan_rollout
 from sluice.policy.devices import DeviceGrant, DeviceHold, assign_devices
 from sluice.policy.failover import failover_problem, stranded_failovers
 from sluice.policy.health import ProbeRecord, record_probe
 from sluice.policy.impact import Impact, LoggedRequest, Move, route_impact
+from sluice.policy.latency import LatencyOutliers
 from sluice.policy.outlier import Ejection, OutlierDetector
 from sluice.policy.plan import Action, Drain, GroupTarget, Launch, Remove, plan_group
 from sluice.policy.quota import (
@@ -67,12 +69,14 @@ __all__ = [
     "GroupTarget",
     "GroupTraffic",
     "Impact",
+    "LatencyOutliers",
     "Launch",
     "LoggedRequest",
     "Move",
     "Offer",
     "OutlierDetector",
     "PoolState",
+    "Prior",
     "ProbeRecord",
     "QuotaState",
     "Reachability",
@@ -82,12 +86,14 @@ __all__ = [
     "RequestSample",
     "ResourceUse",
     "RolloutPhase",
+    "RolloutPlan",
     "RolloutState",
     "Route",
     "RouteRule",
     "RouteTable",
     "RoutingSnapshot",
     "RunningInstance",
+    "StepPlan",
     "StepRecord",
     "TenantAccess",
     "TokenBucket",
@@ -103,6 +109,7 @@ __all__ = [
     "pick_affinity",
     "pick_endpoint",
     "plan_group",
+    "plan_rollout",
     "record_probe",
     "route_impact",
     "route_rules",

@@ -5,9 +5,11 @@ Power of two choices (Mitzenmacher) gets close to least-loaded without every gat
 onto the same instance. Slow start: an instance READY for `t` seconds of `slow_start_s`
 counts its load divided by a weight that ramps from 10% to 100%, so it takes a small share
 first and its full share once it has answered well for a while. The ramp listens
-(`RampHold`): each request a ramping instance fails takes back a quarter of its ramp, so
-an instance that answers badly stays at a small share (and outlier ejection or the health
-probes take it out), while one that answers well reaches its full share on time.
+(`RampHold`): each request a ramping instance fails takes back a quarter of its ramp, and
+while its latency is well above its peers' (`LatencyOutliers.slower`) its ramp stands
+still, so an instance that answers badly or slowly stays at a small share (and outlier
+ejection or the health probes take it out), while one that answers well and in time reaches
+its full share on time.
 """
 
 from __future__ import annotations
@@ -29,12 +31,16 @@ __all__ = [
 MIN_SLOW_START_WEIGHT = 0.1
 HOLD_BACK = 0.25
 """Share of `slow_start_s` one failed request takes back from a ramping instance."""
+MAX_HELD = 5.0
+"""At most this many `slow_start_s` are taken back from one instance: an instance still
+failing or lagging then is outlier ejection's and the health probes' to judge, and the group
+leaves slow start (whose balancing reads the clock on every pick)."""
 _NOT_HELD: Mapping[str, float] = {}
 
 
 def slow_start_weight(ep: Endpoint, now: float, slow_start_s: float, held_s: float = 0.0) -> float:
     """1.0 for a settled instance; MIN..1.0 linearly over its first `slow_start_s` seconds
-    of ramp (its age less the `held_s` its failures took back)."""
+    of ramp (its age less the `held_s` its failures and lags took back)."""
     if slow_start_s <= 0:
         return 1.0
     age = now - ep.ready_at - held_s
@@ -44,11 +50,13 @@ def slow_start_weight(ep: Endpoint, now: float, slow_start_s: float, held_s: flo
 
 
 class RampHold:
-    """Slow start that listens (S3): the seconds of ramp each instance's failures took
-    back. Mutable, one per group, fed by the data plane."""
+    """Slow start that listens (S3): the seconds of ramp each instance's failures and slow
+    answers took back. Mutable, one per group, fed by the data plane."""
 
     def __init__(self) -> None:
         self.held: dict[str, float] = {}
+        self._seen: dict[str, float] = {}
+        """When each ramping instance last answered (or became ready)."""
 
     def failed(self, ep: Endpoint, now: float, slow_start_s: float) -> bool:
         """Count a failed request of `ep`; True if it was ramping (its ramp moved back)."""
@@ -56,7 +64,29 @@ class RampHold:
         ramped = now - ep.ready_at - held
         if slow_start_s <= 0 or ramped >= slow_start_s:
             return False
-        self.held[ep.instance_id] = held + min(slow_start_s * HOLD_BACK, max(ramped, 0.0))
+        back = min(slow_start_s * HOLD_BACK, max(ramped, 0.0), MAX_HELD * slow_start_s - held)
+        if back <= 0.0:
+            return False
+        self.held[ep.instance_id] = held + back
+        return True
+
+    def answered(self, ep: Endpoint, now: float, slow_start_s: float, lagging: bool) -> bool:
+        """Count an answered request of `ep`; `lagging`: its latency is well above its peers'
+        now. While it lags, its ramp stands still: the time since its previous answer (or
+        since ready, for the first) is taken back, so its share stays where it was until its
+        latency is back in line. True if its ramp moved back."""
+        iid = ep.instance_id
+        held = self.held.get(iid, 0.0)
+        ramped = now - ep.ready_at - held
+        if slow_start_s <= 0 or ramped >= slow_start_s:
+            self._seen.pop(iid, None)
+            return False
+        since = self._seen.get(iid, ep.ready_at)
+        self._seen[iid] = now
+        back = min(now - since, ramped, MAX_HELD * slow_start_s - held) if lagging else 0.0
+        if back <= 0.0:
+            return False
+        self.held[iid] = held + back
         return True
 
     def settle_at(self, endpoints: Sequence[Endpoint], slow_start_s: float) -> float:
@@ -67,8 +97,9 @@ class RampHold:
         )
 
     def forget(self, keep: Container[str]) -> None:
-        for iid in [i for i in self.held if i not in keep]:
-            del self.held[iid]
+        for table in (self.held, self._seen):
+            for iid in [i for i in table if i not in keep]:
+                del table[iid]
 
 
 def pick_endpoint(

@@ -1,4 +1,5 @@
-"""Outlier ejection for one group, after Envoy's consecutive-5xx detector.
+"""Outlier ejection for one group, after Envoy's consecutive-5xx detector, and the ejection
+rules every detector shares.
 
 An instance that fails `consecutive_failures` requests in a row (connection errors, 5xx) is
 ejected for `base_ejection_s x times_ejected`, never longer than `max_ejection_s` (Envoy's
@@ -8,6 +9,10 @@ drops by one, so an instance that failed once a day ago starts again at the base
 `max_ejected_percent` of the group (but at least one instance, as Envoy) is ejected at once,
 and if every candidate is ejected the balancer ignores ejection (panic mode) rather than
 failing all requests.
+
+Other detectors (`policy.latency`: slow, not failing) decide *that* an instance is an outlier
+and call `eject`, so every ejection, whatever its cause, counts against the same cap and the
+same decaying multiplier, as Envoy's detectors share one ejection state per host.
 """
 
 from __future__ import annotations
@@ -51,7 +56,17 @@ class OutlierDetector:
         """Count a failure; returns the ejection if this one crossed the threshold."""
         count = self._failures.get(instance_id, 0) + 1
         self._failures[instance_id] = count
-        if count < self._threshold or instance_id in self.ejected(now):
+        if count < self._threshold:
+            return None
+        return self.eject(
+            instance_id, now, group_size, f"{count} failures in a row, last: {reason}"
+        )
+
+    def eject(self, instance_id: str, now: float, group_size: int, reason: str) -> Ejection | None:
+        """Eject `instance_id` for `base x times` (capped, decayed), unless it already is or
+        the group has its `max_ejected_percent` out (at least one, as Envoy); `now`: seconds
+        (monotonic); `group_size`: the group's ready instances, ejected ones included."""
+        if instance_id in self.ejected(now):
             return None
         cap = max(1, self._max_pct * group_size // 100) if self._max_pct > 0 else 0
         if len(self._ejected) >= cap:
@@ -59,7 +74,7 @@ class OutlierDetector:
         times = self._decayed(instance_id, now) + 1
         until = now + min(self._base * times, self._max_s)
         self._times[instance_id] = (times, until)
-        ejection = Ejection(instance_id, until, times, f"{count} failures in a row, last: {reason}")
+        ejection = Ejection(instance_id, until, times, reason)
         self._ejected[instance_id] = ejection
         self._failures.pop(instance_id, None)
         return ejection

@@ -1,22 +1,30 @@
 """The canary rollout state machine (C1, C2, C4, C6): pure; `now` (seconds) is an argument.
 
-| from     | event                                   | to          | reason says                  |
-|----------|-----------------------------------------|-------------|------------------------------|
-| pending  | `start`                                 | stepping(0) | who started it               |
-| stepping | analysis `fail` (any time in the step)  | rolled_back | the failed criteria, numbers |
-| stepping | `pass` and `hold_s` elapsed, not last   | stepping+1  | the step passed, its hold    |
-| stepping | `pass` and `hold_s` elapsed, last (100) | promoted    | all steps passed             |
-| stepping | `wait` past `max_wait_s`                | paused or   | no verdict, which criteria   |
-|          |                                         | rolled_back | (`on_no_data`)               |
-| stepping | `pause`                                 | paused      | operator's reason            |
-| paused   | analysis `fail`                         | rolled_back | safety holds while paused    |
-| paused   | `resume`                                | stepping(k) | hold and wait clocks restart |
-| pending, stepping, paused | `promote`              | promoted    | manual, skips the rest       |
-| pending, stepping, paused | `abort`                | rolled_back | manual                       |
+| from     | event                                        | to          | reason says             |
+|----------|----------------------------------------------|-------------|-------------------------|
+| pending  | `start`                                      | stepping(0) | who started it          |
+| stepping | fast-path `fail` (any time), or `fail` at a  | rolled_back | the failed criteria and |
+|          | look not taken before                        |             | their numbers           |
+| stepping | `pass` (the last look) and `hold_s` elapsed, | stepping+1  | the step passed, hold   |
+|          | not the last step                            |             |                         |
+| stepping | the same, the last step (100%)               | promoted    | all steps passed        |
+| stepping | `wait` and no new answer on the smaller side | paused or   | no verdict, which       |
+|          | for `max_wait_s`                             | rolled_back | criteria (`on_no_data`) |
+| stepping | `pause`                                      | paused      | operator's reason       |
+| paused   | `fail` as above                              | rolled_back | safety holds paused     |
+| paused   | `resume`                                     | stepping(k) | hold and looks restart  |
+| pending, stepping, paused | `promote`                   | promoted    | manual, skips the rest  |
+| pending, stepping, paused | `abort`                     | rolled_back | manual                  |
 
 `promoted` and `rolled_back` are final. Anything else raises `Conflict`. Every transition is
 kept in `RolloutState.transitions`, and each step's latest analysis in `RolloutState.steps`,
 so the archive (`to_json`) holds the whole timeline with its numbers (C6).
+
+Looks are counted here (`StepRecord.looks`): an analysis that judged a look already taken
+(the controller analyses again before it sees the first result) decides nothing, so each
+planned look spends its alpha once (`sluice.policy.canary_plan`). The fast path's `fail`
+is valid at any time and always counts. `evidence_before` hands the next analysis what the
+earlier steps saw.
 
 Rollback (C2) is instant because the baseline group stays scaled for all of its traffic
 through the whole rollout: `split_for` returning None is the only change the gateway needs.
@@ -31,7 +39,7 @@ from enum import StrEnum
 from typing import Any, Literal, get_args
 
 from sluice.core.errors import Conflict
-from sluice.policy.analysis import Analysis
+from sluice.policy.analysis import Analysis, Prior, Table
 from sluice.policy.routing import CanarySplit
 from sluice.spec.rollout import RolloutSpec
 
@@ -44,6 +52,7 @@ __all__ = [
     "Transition",
     "abort",
     "evaluate",
+    "evidence_before",
     "pause",
     "promote",
     "resume",
@@ -91,7 +100,9 @@ def _outcome(raw: object) -> StepOutcome:
 class StepRecord:
     """One stay on a step (a resume starts a new record for the same step). `outcome`:
     running | passed | failed | no_data | paused | promoted | aborted. `analysis`: the latest
-    of its `evaluations`, the one that decided when the step ended."""
+    of its `evaluations`, the one that decided when the step ended. `looks`: planned looks
+    taken; `progress`: the most answers its smaller side has had, first seen at
+    `progress_at` (None: none yet; the stall clock then runs from `started_at`)."""
 
     step: int
     percent: float
@@ -100,6 +111,9 @@ class StepRecord:
     outcome: StepOutcome = "running"
     evaluations: int = 0
     analysis: Analysis | None = None
+    looks: int = 0
+    progress: int = 0
+    progress_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,6 +123,9 @@ class StepRecord:
             "ended_at": self.ended_at,
             "outcome": self.outcome,
             "evaluations": self.evaluations,
+            "looks": self.looks,
+            "progress": self.progress,
+            "progress_at": self.progress_at,
             "analysis": None if self.analysis is None else self.analysis.to_json(),
         }
 
@@ -123,6 +140,9 @@ class StepRecord:
             outcome=_outcome(data["outcome"]),
             evaluations=int(data["evaluations"]),
             analysis=None if raw is None else Analysis.from_json(raw),
+            looks=int(data.get("looks", 0)),
+            progress=int(data.get("progress", 0)),
+            progress_at=None if data.get("progress_at") is None else float(data["progress_at"]),
         )
 
 
@@ -267,25 +287,31 @@ def start(
 def evaluate(
     spec: RolloutSpec, state: RolloutState, analysis: Analysis, now: float
 ) -> RolloutState:
-    """Feed one analysis of the current step's window (samples since `step_started_at`).
+    """Feed one analysis of the current step's window (answers since `step_started_at`).
 
-    `fail` rolls back at once, also while paused. `pass` advances once `spec.hold_s` has
-    passed since the step began (the promotion after the last, 100%, step). `wait` stays,
-    until `spec.max_wait_s` after the step began, then `spec.on_no_data` decides. Pending
-    and final rollouts are returned unchanged. At the 100% step the baseline gets no
-    traffic: the caller compares with the baseline's samples of the step before."""
+    A fast-path `fail` rolls back at once, also while paused; so does a `fail` at a look
+    this stay has not taken yet (a repeat of a taken look decides nothing). `pass` (the
+    step's last look) advances once `spec.hold_s` has passed since the step began (the
+    promotion after the last, 100%, step). `wait` stays, until the smaller side has had no
+    new answer for `spec.max_wait_s`; then `spec.on_no_data` decides. Pending and final
+    rollouts are returned unchanged. At the 100% step the baseline gets no traffic: the
+    caller compares with the baseline's answers of the step before."""
     if state.phase not in (RolloutPhase.STEPPING, RolloutPhase.PAUSED) or not state.steps:
         return state
     last = state.steps[-1]
-    state = replace(
-        state,
-        steps=(
-            *state.steps[:-1],
-            replace(last, evaluations=last.evaluations + 1, analysis=analysis),
-        ),
+    fresh = analysis.look > last.looks
+    smaller = min(analysis.baseline_samples, analysis.canary_samples)
+    record = replace(
+        last,
+        evaluations=last.evaluations + 1,
+        analysis=analysis,
+        looks=max(last.looks, analysis.look),
     )
+    if smaller > last.progress:
+        record = replace(record, progress=smaller, progress_at=now)
+    state = replace(state, steps=(*state.steps[:-1], record))
     label = _label(spec, state)
-    if analysis.verdict == "fail":
+    if analysis.verdict == "fail" and (analysis.fast or fresh):
         return _move(
             state,
             now,
@@ -324,9 +350,11 @@ def evaluate(
             f"{spec.steps[nxt]:g}%",
             "controller",
         )
-    if analysis.verdict == "wait" and spec.max_wait_s is not None and elapsed >= spec.max_wait_s:
-        why = f"{label}: no verdict after {elapsed:g} s (max_wait_s {spec.max_wait_s:g}): "
-        why += analysis.reason
+    moved_at = record.progress_at if record.progress_at is not None else record.started_at
+    stalled = now - moved_at
+    if analysis.verdict == "wait" and spec.max_wait_s is not None and stalled >= spec.max_wait_s:
+        why = f"{label}: no verdict, and no new answer on the smaller side for {stalled:g} s "
+        why += f"(max_wait_s {spec.max_wait_s:g}): {analysis.reason}"
         if spec.on_no_data == "rollback":
             return _move(
                 state,
@@ -346,6 +374,29 @@ def evaluate(
             paused_at=now,
         )
     return state
+
+
+def evidence_before(state: RolloutState, baseline_reused: bool = False) -> Prior:
+    """What the steps before the current stay saw, for its analysis: every earlier stay's
+    2x2 tables (from its latest analysis) and the sum of their fast-path counts. With
+    `baseline_reused` (the 100% step compares with the stay before's baseline answers),
+    that stay's tables are left out, so no baseline answer is in two strata."""
+    before = state.steps[:-1]
+    earlier = [r.analysis for r in before if r.analysis is not None]
+    fast = [a.tables["fast"] for a in earlier if "fast" in a.tables]
+    total = Table(
+        sum(t.hits_base for t in fast),
+        sum(t.n_base for t in fast),
+        sum(t.hits_canary for t in fast),
+        sum(t.n_canary for t in fast),
+    )
+    pooled = before[:-1] if baseline_reused else before
+    strata = tuple(
+        {k: t for k, t in r.analysis.tables.items() if k != "fast"}
+        for r in pooled
+        if r.analysis is not None and len(r.analysis.tables) > 1
+    )
+    return Prior(strata, total)
 
 
 def pause(

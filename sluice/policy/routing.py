@@ -207,6 +207,10 @@ class GroupTraffic:
     outlier_base_ejection_s: float = 30.0
     outlier_max_ejection_s: float = 300.0
     outlier_max_ejected_percent: int = 50
+    outlier_latency_ratio: float = 3.0
+    """Eject an instance whose typical latency is this many times its peers' (`policy.latency`);
+    0.0 turns latency ejection off."""
+    outlier_latency_min_requests: int = 20
     buffer_when_cold: bool = False
     """Scale-to-zero group: with no ready instance, requests wait in the queue (up to its
     max wait) while the first instance starts, instead of a 503."""

@@ -76,6 +76,8 @@ def _traffic(g: GroupSpec) -> GroupTraffic:
         outlier_base_ejection_s=g.outlier.base_ejection_s,
         outlier_max_ejection_s=g.outlier.max_ejection_s,
         outlier_max_ejected_percent=g.outlier.max_ejected_percent,
+        outlier_latency_ratio=g.outlier.latency_ratio if g.outlier.latency else 0.0,
+        outlier_latency_min_requests=g.outlier.latency_min_requests,
         buffer_when_cold=g.autoscaling is not None and g.autoscaling.min == 0,
     )
 

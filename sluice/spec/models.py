@@ -225,8 +225,9 @@ class QueueSpec(_Strict):
 
 class OutlierSpec(_Strict):
     """Eject an instance that keeps failing (connect errors, 5xx), like Envoy's outlier
-    detection; each repeat ejection lasts longer (base x times ejected, at most
-    `max_ejection_s`), and the multiplier decays while the instance stays healthy."""
+    detection, or that answers but is much slower than the rest of its group (`latency`);
+    each repeat ejection lasts longer (base x times ejected, at most `max_ejection_s`), and
+    the multiplier decays while the instance stays healthy. Both kinds share the cap."""
 
     consecutive_failures: int = Field(default=5, ge=1, le=1000)
     base_ejection_s: float = Field(default=30.0, gt=0, le=3600)
@@ -234,6 +235,22 @@ class OutlierSpec(_Strict):
         default=300.0, gt=0, le=86_400, description="cap on one ejection (Envoy's default)"
     )
     max_ejected_percent: int = Field(default=50, ge=0, le=100)
+    latency: bool = Field(
+        default=True, description="also eject an instance that is slow but not failing"
+    )
+    latency_ratio: float = Field(
+        default=3.0,
+        ge=1.5,
+        le=1000,
+        description="slow: its typical (geometric mean) latency is this many times its peers'",
+    )
+    latency_min_requests: int = Field(
+        default=20,
+        ge=5,
+        le=100_000,
+        description="answered requests of an instance (and of a peer) before it is judged; "
+        "also the span of its latency average: raise it for a very mixed workload",
+    )
 
 
 class GroupSpec(_Strict):

@@ -49,34 +49,61 @@ class _Strict(BaseModel):
 
 
 class AnalysisSpec(_Strict):
-    """Canary-vs-baseline gates over the same window (C3). A criterion fails only when the
-    difference is both larger than its threshold AND (for rates and distributions)
-    statistically significant at `alpha`; a large but not yet significant difference
-    waits for more data instead of passing. Too few samples always waits, never passes."""
+    """Canary-vs-baseline gates (C3), as an error budget and the regressions worth catching.
 
-    min_samples: int = Field(
-        default=100,
-        ge=1,
-        le=1_000_000,
-        description="per side per step; 100 leaves 5 samples above p95 and lets the "
-        "output-length KS test detect D >= 0.23 at alpha 0.01",
-    )
-    alpha: float = Field(
+    Two knobs set the statistics (`sluice.policy.canary_plan` says how): `false_rollback_rate`
+    is the chance that a good version (one no worse than the baseline) is rolled back, over
+    the whole rollout, every step, criterion and look counted; the `*_max_increase`,
+    `*_max_ratio` and `*_max_ks` fields are the smallest regression of each criterion worth
+    catching, which `power` says how surely to catch before the canary passes
+    `catch_by_percent` of the traffic. From them follow the samples each step needs
+    (`min_samples` overrides that number). A regression smaller than half of its smallest
+    worth catching never rolls back, however significant."""
+
+    false_rollback_rate: float = Field(
         default=0.01,
         gt=0,
-        lt=0.5,
-        description="significance of every test; 0.01 rather than 0.05 because the "
-        "controller looks again every second",
+        le=0.2,
+        description="chance a good version is rolled back, per rollout; 1% is one needless "
+        "rollback in a hundred releases",
+    )
+    power: float = Field(
+        default=0.95,
+        ge=0.5,
+        lt=1,
+        description="chance that a regression of exactly the smallest size worth catching is "
+        "caught before the canary passes catch_by_percent",
+    )
+    catch_by_percent: float = Field(
+        default=8.0,
+        gt=0,
+        le=100,
+        description="the canary share by which regressions should be caught: with the default "
+        "steps, four steps (1, 2, 4, 8%) gather the evidence",
+    )
+    min_samples: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="answers a step needs on its smaller side before it may pass; default "
+        "(None): what the regressions worth catching need (`sluice rollout plan` shows it)",
+    )
+    gross_error_rate: float = Field(
+        default=0.2,
+        gt=0,
+        lt=1,
+        description="a canary failing this share of its answers, where the baseline fails "
+        "under a quarter of it, is rolled back as soon as the evidence holds, between looks",
     )
     error_rate_max_increase: float = Field(
-        default=0.01, ge=0, le=1, description="canary - baseline share of 5xx answers"
+        default=0.02, gt=0, le=1, description="canary - baseline share of 5xx answers"
     )
-    latency_p50_max_ratio: float = Field(default=1.2, ge=1, le=100)
+    latency_p50_max_ratio: float = Field(default=1.2, gt=1, le=100)
     latency_p95_max_ratio: float = Field(
-        default=1.3, ge=1, le=100, description="looser than p50: tails are noisier"
+        default=1.3, gt=1, le=100, description="looser than p50: tails are noisier"
     )
-    ttft_p95_max_ratio: float = Field(default=1.3, ge=1, le=100, description="streaming only")
-    tpot_p50_max_ratio: float = Field(default=1.2, ge=1, le=100, description="streaming only")
+    ttft_p95_max_ratio: float = Field(default=1.3, gt=1, le=100, description="streaming only")
+    tpot_p50_max_ratio: float = Field(default=1.2, gt=1, le=100, description="streaming only")
     latency_min_delta_s: float = Field(
         default=0.005,
         ge=0,
@@ -86,20 +113,45 @@ class AnalysisSpec(_Strict):
     output_length_max_ks: float = Field(
         default=0.15, gt=0, le=1, description="two-sample KS statistic D of output tokens"
     )
-    empty_rate_max_increase: float = Field(default=0.01, ge=0, le=1)
+    empty_rate_max_increase: float = Field(default=0.02, gt=0, le=1)
     truncated_rate_max_increase: float = Field(
-        default=0.02, ge=0, le=1, description="finish_reason == 'length'"
+        default=0.04, gt=0, le=1, description="finish_reason == 'length'"
     )
-    cpu_per_request_max_ratio: float = Field(default=1.25, ge=1, le=100)
+    cpu_per_request_max_ratio: float = Field(
+        default=1.25,
+        ge=1,
+        le=100,
+        description="a measured ratio, not a test: outside the false-rollback budget",
+    )
     cpu_min_delta_s: float = Field(default=0.001, ge=0, description="CPU seconds per request")
     memory_max_ratio: float = Field(
-        default=1.15, ge=1, le=100, description="accelerator memory of one instance"
+        default=1.15, ge=1, le=100, description="accelerator memory of one instance (measured)"
     )
     memory_min_delta_gb: float = Field(default=0.25, ge=0)
     style_drift_max_ks: float = Field(
-        default=0.2, gt=0, le=1, description="largest KS statistic over the style features"
+        default=0.2,
+        gt=0,
+        le=1,
+        description="KS statistic of words per sentence, type/token ratio or markup density",
+    )
+    refusal_rate_max_increase: float = Field(
+        default=0.03,
+        gt=0,
+        le=1,
+        description="rise in the share of answers with a refusal phrase (part of style_drift)",
     )
     disable: list[CriterionName] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_alpha(cls, data: object) -> object:
+        if isinstance(data, dict) and "alpha" in data:
+            raise ValueError(
+                f"alpha = {data['alpha']!r} is no longer a setting: every test's level now "
+                "follows from false_rollback_rate (default 0.01), the chance of rolling back "
+                "a good version over the whole rollout"
+            )
+        return data
 
 
 class PacingSpec(_Strict):
@@ -155,8 +207,9 @@ class RolloutSpec(_Strict):
         default=1800.0,
         gt=0,
         le=7 * 86_400,
-        description="a step still short of data this long after it began triggers "
-        "`on_no_data`; None waits forever",
+        description="a step whose smaller side got no new answer for this long (the canary "
+        "gets no traffic?) triggers `on_no_data`; slow traffic that still flows is waited "
+        "for (`sluice rollout plan` says how long); None waits forever",
     )
     on_no_data: Literal["pause", "rollback"] = Field(
         default="pause",

@@ -28,6 +28,7 @@ __all__ = [
     "ExternalSpec",
     "ReadinessSpec",
     "external_replicas",
+    "external_scale_problem",
     "names_model_dir",
     "server_problems",
     "usable_key",
@@ -191,6 +192,18 @@ def external_replicas(models: Mapping[str, Any]) -> int | None:
         if isinstance(external, ExternalSpec):
             return len(external.endpoints)
     return None
+
+
+def external_scale_problem(group: GroupSpec, replicas: int) -> str:
+    """Why `sluice scale` may not give an external group `replicas` ('' if it may): one
+    instance per endpoint, so at most as many as it lists."""
+    n = external_replicas(group.models)
+    if n is None or replicas <= n:
+        return ""
+    return (
+        f"group {group.name!r} fronts {n} external endpoint(s), one instance each; it can "
+        f"have at most {n} replicas"
+    )
 
 
 def server_problems(i: int, group: GroupSpec) -> Iterator[Problem]:

@@ -63,7 +63,7 @@ import httpx
 
 from sluice.core.errors import SpecError, SpecIssue, Unavailable
 from sluice.policy.analysis import style_features
-from sluice.policy.significance import ks_two_sample
+from sluice.policy.evidence import ks_test
 from sluice.tools.scoring import cosine, distribution, jaccard, sequence_ratio
 
 __all__ = [
@@ -356,7 +356,7 @@ def summarise(rows: Sequence[dict[str, Any]], worst: int) -> dict[str, Any]:
     generated = [r for r in rows if r["kind"] != "embedding"]
     answered = {side: [r for r in generated if r[side]["error"] is None] for side in ("a", "b")}
     tokens = per_side(lambda s: side_values(s, "output_tokens", answered[s]))
-    ks = ks_two_sample(tokens["a"], tokens["b"]) if tokens["a"] and tokens["b"] else None
+    ks = ks_test(tokens["a"], tokens["b"]) if tokens["a"] and tokens["b"] else None
     summary = {
         "items": len(rows),
         "compared": len(compared),

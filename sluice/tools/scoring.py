@@ -1,7 +1,7 @@
 """Pure scoring for `sluice compare`: how far apart two answers to the same request are, and
 what a set of such pairs says in aggregate. No I/O, no clock: inputs in, numbers out.
 
-Two-sample KS (`sluice.policy.significance`) and style features (`sluice.policy.analysis`)
+Two-sample KS (`sluice.policy.evidence`) and style features (`sluice.policy.analysis`)
 are the live canary analysis' own, so compare reports and rollouts measure drift alike.
 
 Text similarity is two numbers because each misses something: the character-level

@@ -112,7 +112,11 @@ def groups_hit(endpoint: str, model: str, n: int) -> Counter[str]:
 
 def test_good_canary_is_promoted_through_every_step_without_loss(platform: Sluice) -> None:
     load = OpenLoop(platform.endpoint, model="m-chat")
-    platform.cli("rollout", "start", "chat-v2", "--reason", "ship v2")
+    started = platform.cli("rollout", "start", "chat-v2", "--reason", "ship v2")
+    # start says how long at the current traffic (none yet here) and what each step needs
+    plan = started["plan"]
+    assert [s["samples"] for s in plan["steps"]] == [30, 30, 30], plan
+    assert plan["false_rollback_rate"] == 0.01 and plan["rate_rps"] in (None, 0.0), plan
     t0 = time.monotonic()
     while time.monotonic() - t0 < 90:
         load.run(40, 2)

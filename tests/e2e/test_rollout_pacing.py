@@ -176,6 +176,9 @@ def test_early_tenant_reaches_the_canary_first_and_late_tenant_last(platform: Sl
         before = caller.shares(20)
         assert before == {EARLY: 0.0, PLAIN: 0.0, LATE: 0.0}, before  # no rollout: baseline
 
+        # the plan a person reads: the promise, the answers each step needs, the time
+        shown = s.show("rollout", "plan", "chat-v2")
+        assert "false rollbacks <= 1.00% per rollout" in shown and "LOOKS AT" in shown, shown
         # step 1 (20 %): no load yet, so the step cannot pass before it is paused
         started = s.cli("rollout", "start", "chat-v2", "--reason", "ship v2 early first")
         assert started["phase"] == "stepping" and started["percent"] == 20, started

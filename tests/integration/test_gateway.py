@@ -645,6 +645,32 @@ async def test_outlier_is_ejected_and_status_says_why() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_slow_instance_is_ejected_for_latency_and_status_says_why() -> None:
+    fast = [FakeUpstream(f"fast{k}", latency=0.01) for k in range(2)]
+    slow = FakeUpstream("slow", latency=0.1)  # answers, 10x slower: no failure to count
+    traffic = {"g1": q(outlier_latency_min_requests=10, outlier_base_ejection_s=30)}
+    async with running(*fast, slow, snapshot=g1(*fast, slow, traffic=traffic)) as (gw, client, _):
+        for _ in range(60):
+            assert (await chat(client)).status_code == 200
+            if gw.status()["groups"]["g1"]["ejected"]:
+                break
+        group = gw.status()["groups"]["g1"]
+        [ejected] = group["ejected"]
+        assert ejected["instance"] == "slow" and ejected["times"] == 1
+        assert re.fullmatch(
+            r"latency \d+ ms vs peers \d+ ms \(\d+\.\dx\) over its last ~10 requests \(\d+ seen\)",
+            ejected["reason"],
+        ), ejected["reason"]
+        assert group["slots"] == 16  # two instances of 8 left
+        before = len(slow.requests)
+        assert {(await chat(client)).headers["x-sluice-instance"] for _ in range(20)} <= {
+            "fast0",
+            "fast1",
+        }
+        assert len(slow.requests) == before
+
+
+@pytest.mark.asyncio
 async def test_affinity_header_pins_a_key_to_one_instance() -> None:
     ups = [FakeUpstream(f"i{n}") for n in range(4)]
     snap = g1(*ups, traffic={"g1": q(affinity_header="x-session")})

@@ -1,9 +1,9 @@
-"""Canary analysis: KS against known values, every criterion fails on its own regression,
-noise waits instead of failing, thin data waits and never passes, embeddings skip style."""
+"""Canary analysis: the exact and sequential tests against scipy and known values, every
+criterion fails on its own regression, noise and trivial effects pass, thin data waits and
+never passes, planned looks, the fast path for gross failures, embeddings skip style."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from collections.abc import Callable
@@ -13,21 +13,25 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from sluice.policy.analysis import (
     Analysis,
     Criterion,
+    Prior,
     RequestSample,
     ResourceUse,
     analyze,
     style_features,
 )
-from sluice.policy.significance import (
-    kolmogorov_sf,
-    ks_two_sample,
-    normal_upper_quantile,
-    quantile_bounds,
-    two_proportion_p,
+from sluice.policy.canary_plan import StepPlan
+from sluice.policy.evidence import (
+    Table,
+    holm,
+    ks_test,
+    mh_difference,
+    sprt_log_ratio,
+    stratified_exact,
 )
 from sluice.spec.rollout import CRITERIA, AnalysisSpec
 
@@ -127,64 +131,78 @@ def failed(a: Analysis) -> set[str]:
     return {c.name for c in a.criteria if c.verdict == "fail"}
 
 
-# --- KS and tests ----------------------------------------------------------------------------
+# --- the tests -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("x", "sf"),
-    [
-        (0.5, 0.9639452436648751),
-        (1.0, 0.2699996716773546),
-        (1.36, 0.0494858767),
-        (2.0, 6.709253e-4),
-    ],
+    "t", [(1, 120, 6, 30), (0, 60, 3, 15), (10, 1000, 30, 1000), (25, 5000, 5, 700), (0, 5, 0, 5)]
 )
-def test_kolmogorov_tail_matches_tabulated_values(x: float, sf: float) -> None:
-    assert kolmogorov_sf(x) == pytest.approx(sf, rel=1e-6)
+def test_one_stratum_is_fishers_exact_test(t: tuple[int, int, int, int]) -> None:
+    hb, nb, hc, nc = t
+    fisher = stats.fisher_exact([[hc, nc - hc], [hb, nb - hb]], alternative="greater")
+    assert stratified_exact([Table(*t)]) == pytest.approx(fisher.pvalue, rel=1e-9, abs=1e-15)
 
 
-def test_kolmogorov_tail_is_continuous_and_decreasing() -> None:
-    assert kolmogorov_sf(1.18 - 1e-9) == pytest.approx(kolmogorov_sf(1.18), abs=1e-8)
-    xs = np.linspace(0.01, 3.0, 300)
-    values = [kolmogorov_sf(float(x)) for x in xs]
-    assert all(a >= b for a, b in itertools.pairwise(values))
-    assert kolmogorov_sf(0.0) == 1.0 and kolmogorov_sf(5.0) < 1e-20
+def test_stratified_exact_is_calibrated_with_rare_events() -> None:
+    """Three steps of 400 vs 100 answers at a 1% rate, no difference: a level-a test must
+    reject at most a of the time (exact tests are conservative), unlike the z-test on 1-3
+    events that the issue measured."""
+    rng = np.random.default_rng(11)
+
+    def step() -> Table:
+        return Table(int(rng.binomial(400, 0.01)), 400, int(rng.binomial(100, 0.01)), 100)
+
+    ps = np.array([stratified_exact([step(), step(), step()]) for _ in range(3000)])
+    for a in (0.01, 0.05, 0.1):
+        assert (ps <= a).mean() <= a
 
 
-def test_ks_statistic_on_hand_computed_cases() -> None:
-    assert ks_two_sample([1, 2, 3], [4, 5, 6])[0] == 1.0
-    assert ks_two_sample([1, 2, 3, 4], [2.5, 5])[0] == 0.5  # at x=2: 2/4 vs 0; at x=4: 1 vs 1/2
-    assert ks_two_sample([1, 1, 2], [1, 2, 2])[0] == pytest.approx(1 / 3)  # ties: 2/3 vs 1/3
-    # lambda = (sqrt(1.5) + 0.12 + 0.11 / sqrt(1.5)) x 1 = 1.4345; Q(1.4345) = 0.0326
-    assert ks_two_sample([1, 2, 3], [4, 5, 6])[1] == pytest.approx(0.0326, abs=2e-4)
-    assert ks_two_sample([], [1.0]) == (0.0, 1.0)
+def test_strata_pool_evidence_and_keep_a_trend_from_faking_a_difference() -> None:
+    one = Table(5, 500, 3, 100)  # 1% vs 3%: not much on its own
+    assert stratified_exact([one]) > 0.05
+    assert stratified_exact([one, one, one]) < stratified_exact([one]) / 5
+    # A busy step with 10% errors on both sides, where the canary had more of the answers,
+    # then a quiet one at 1%: pooled as one table the canary looks worse, by step it is not.
+    busy, quiet = Table(40, 400, 40, 400), Table(16, 1600, 1, 100)
+    merged = Table(56, 2000, 41, 500)
+    assert stratified_exact([merged]) < 1e-6
+    assert stratified_exact([busy, quiet]) > 0.3
+    assert mh_difference([busy, quiet]) == pytest.approx(0.0, abs=1e-12)
+    assert mh_difference([Table(10, 1000, 30, 1000)]) == pytest.approx(0.02)
 
 
-def test_ks_p_value_is_high_for_one_distribution_and_tiny_for_a_shift() -> None:
+def test_ks_test_is_scipys() -> None:
     rng = np.random.default_rng(7)
     a, b = rng.normal(size=500), rng.normal(size=500)
-    d, p = ks_two_sample(a.tolist(), b.tolist())
+    d, p = ks_test(a.tolist(), b.tolist())
+    assert (d, p) == pytest.approx(tuple(stats.ks_2samp(a, b)))
     assert d < 0.08 and p > 0.1
-    d, p = ks_two_sample(a.tolist(), (b + 0.5).tolist())
+    d, p = ks_test(a.tolist(), (b + 0.5).tolist())
     assert d > 0.15 and p < 1e-6
-    assert ks_two_sample(a.tolist(), a.tolist()) == (0.0, 1.0)
+    assert ks_test([], [1.0]) == (0.0, 1.0)
 
 
-def test_two_proportion_test() -> None:
-    # pooled 2%, se = sqrt(.02 x .98 x 2/1000) = .00626, z = 3.194
-    assert two_proportion_p(10, 1000, 30, 1000) == pytest.approx(7.0e-4, rel=0.05)
-    assert two_proportion_p(10, 1000, 10, 1000) == 0.5
-    assert two_proportion_p(0, 100, 0, 100) == 1.0
-    assert two_proportion_p(30, 1000, 10, 1000) > 0.99
+def test_holm_steps_down_and_stops_at_the_first_acceptance() -> None:
+    levels = holm({"a": 0.001, "b": 0.02, "c": 0.2, "d": 0.0001}, 0.05)
+    assert levels == {"d": 0.0125, "a": 0.05 / 3, "b": 0.025, "c": 0.05}
+    # c fails its level, so b (p above c's) can no longer be rejected at all
+    assert holm({"a": 0.001, "b": 0.04, "c": 0.03}, 0.05) == {"a": 0.05 / 3, "c": 0.025, "b": 0.0}
+    assert holm({"a": 0.03, "b": 0.001}, 0.05) == {"b": 0.025, "a": 0.05}  # both rejected
+    assert holm({}, 0.05) == {}
 
 
-def test_normal_quantile_and_quantile_bounds() -> None:
-    assert normal_upper_quantile(0.05) == pytest.approx(1.644854, abs=1e-5)
-    assert normal_upper_quantile(0.01) == pytest.approx(2.326348, abs=1e-5)
-    xs = np.arange(1.0, 101.0)  # 1..100: the p50 lies in [50 -/+ 2.33 x 5] by rank
-    assert quantile_bounds(xs, 0.5, 2.326348) == (38.0, 62.0)
-    lo, hi = quantile_bounds(xs, 0.95, 2.326348)  # ranks 95 -/+ 5.07
-    assert (lo, hi) == (89.0, 100.0)
+def test_sequential_ratio_crosses_rarely_under_the_null_however_often_it_is_read() -> None:
+    """Read after every answer for 1,000 answers at the null rate: Ville's inequality says
+    it reaches 1/alpha in at most alpha of the runs."""
+    rng = np.random.default_rng(3)
+    alpha, crossed = 0.05, 0
+    for _ in range(2000):
+        hits = np.cumsum(rng.random(1000) < 0.05)
+        llr = [sprt_log_ratio(int(h), n + 1, 0.05, 0.2) for n, h in enumerate(hits)]
+        crossed += max(llr) >= math.log(1 / alpha)
+    assert crossed / 2000 <= alpha
+    assert sprt_log_ratio(0, 0, 0.05, 0.2) == 0.0
+    assert sprt_log_ratio(20, 20, 0.05, 0.2) == pytest.approx(20 * math.log(4))
 
 
 def test_style_features_see_formatting_repetition_and_refusals() -> None:
@@ -245,25 +263,96 @@ def test_refusals_count_as_style_drift() -> None:
     assert crit is not None and crit.verdict == "fail" and "refusal" in crit.reason
 
 
-def test_noise_above_the_threshold_waits_instead_of_failing() -> None:
+def test_noise_is_no_evidence_and_passes() -> None:
+    """+3 points on 100 answers (3 errors against none) is p = 0.12: the old z-test
+    called it significant at 0.04; the exact test, at this look's level, passes it."""
     base = clean(100, seed=1)
     canary = [RequestSample(500, 0.01) if i < 3 else s for i, s in enumerate(clean(100, seed=2))]
     a = analyze(base, canary, use(100), use(100), SPEC)
     crit = a.criterion("error_rate")
-    assert crit is not None and crit.verdict == "wait"  # +3 points, but p = 0.04 > 0.01
-    assert "not yet significant" in crit.reason and a.verdict == "wait"
+    assert crit is not None and crit.verdict == "pass" and a.verdict == "pass"
+    assert crit.p_value == pytest.approx(0.1231, abs=1e-3) and "would need p <=" in crit.reason
+
+
+def test_a_significant_but_trivial_regression_passes() -> None:
+    """At 5,000 answers a side, 1.0% vs 0.3% errors is significant, but a rise of 0.7
+    points is under half of the +2 points worth catching: no rollback."""
+    base = [RequestSample(500 if i % 300 == 0 else 200, 0.1) for i in range(5000)]
+    canary = [RequestSample(500 if i % 100 == 0 else 200, 0.1) for i in range(5000)]
+    crit = analyze(base, canary, None, None, SPEC).criterion("error_rate")
+    assert crit is not None and crit.verdict == "pass" and crit.p_value is not None
+    assert crit.p_value < 1e-4 and "under half the smallest regression" in crit.reason
 
 
 @pytest.mark.parametrize(
     ("n_base", "n_canary"), [(0, 0), (0, N), (N, 0), (99, 400), (400, 99), (50, 50)]
 )
-def test_thin_data_waits_on_everything_even_for_a_broken_canary(n_base: int, n_canary: int) -> None:
-    broken = [RequestSample(500, 9.0)] * n_canary
-    for canary in (clean(n_canary, seed=2), broken):
-        a = analyze(clean(n_base, seed=1), canary, use(n_base), use(n_canary), SPEC)
-        assert a.verdict == "wait"
-        assert {c.verdict for c in a.criteria} == {"wait"}
-        assert "too few" in a.reason
+def test_thin_data_waits_on_everything(n_base: int, n_canary: int) -> None:
+    a = analyze(clean(n_base, seed=1), clean(n_canary, seed=2), use(n_base), use(n_canary), SPEC)
+    assert a.verdict == "wait" and a.look == 0
+    assert {c.verdict for c in a.criteria} == {"wait"}
+    assert "too few" in a.reason
+
+
+def test_a_broken_canary_on_thin_data_fails_fast_only_with_sequential_evidence() -> None:
+    """The fast path needs the baseline shown healthy (~170 answers) and the canary shown
+    failing; a canary answering nothing but 500s then fails on its 6th answer."""
+    broken = [RequestSample(500, 9.0)] * 6
+    a = analyze(clean(99, seed=1), broken, None, None, SPEC)
+    assert a.verdict == "wait" and not a.fast  # 99 baseline answers prove nothing yet
+    a = analyze(clean(200, seed=1), broken[:4], None, None, SPEC)
+    assert a.verdict == "wait"  # 4 failures of 4 are e^5.5, short of 1/0.001
+    a = analyze(clean(200, seed=1), broken, None, None, SPEC)
+    assert a.verdict == "fail" and a.fast and a.look == 0
+    crit = a.criterion("error_rate")
+    assert crit is not None and crit.verdict == "fail" and crit.canary == 1.0
+    assert "gross failure" in crit.reason and "6 of 6" in crit.reason
+    assert {c.verdict for c in a.criteria if c.name != "error_rate"} == {"wait"}
+
+
+def test_the_fast_path_counts_earlier_steps_and_spares_a_failing_baseline() -> None:
+    broken = [RequestSample(500, 9.0)] * 3
+    # the earlier steps: 300 healthy baseline answers, 3 canary failures of 3
+    prior = Prior(fast=Table(0, 300, 3, 3))
+    a = analyze(clean(50, seed=1), broken, None, None, SPEC, prior=prior)
+    assert a.fast and "6 of 6" in a.reason and "0 of 350" in a.reason
+    # the baseline fails 20% too: not the canary's doing, no gross failure
+    sick = every(5, lambda s: RequestSample(500, 0.01))(clean(400, seed=1))
+    canary = every(5, lambda s: RequestSample(500, 0.01))(clean(400, seed=2))
+    assert not analyze(sick, canary, None, None, SPEC).fast
+    # a 20%-failing canary beside a healthy baseline is caught, look or not
+    a = analyze(clean(400, seed=1), canary[:60], None, None, SPEC)
+    assert a.fast and a.look == 0
+
+
+def test_planned_looks_are_taken_once_and_the_last_waits_for_the_hold() -> None:
+    step = StepPlan(0, 1.0, 100, (25, 50, 100), (0.001, 0.001, 0.002))
+    base, canary = clean(400, seed=1), clean(400, seed=2)
+    a = analyze(base[:30], canary[:30], None, None, SPEC, step)
+    assert (a.look, a.verdict, a.alpha, a.next_look) == (1, "wait", 0.001, 50)
+    assert "look 1/3 failed nothing" in a.reason
+    a = analyze(base[:30], canary[:30], None, None, SPEC, step, looks_done=1)
+    assert a.look == 0 and "too few answers for look 2/3" in a.reason
+    # enough for the last look, but the hold is not over: looks 2 is taken, with 1's alpha
+    a = analyze(base, canary, None, None, SPEC, step, looks_done=0, final_ready=False)
+    assert (a.look, a.verdict, a.alpha) == (2, "wait", 0.002)
+    a = analyze(base, canary, None, None, SPEC, step, looks_done=2, final_ready=False)
+    assert a.look == 0 and "waits for the hold" in a.reason
+    a = analyze(base, canary, None, None, SPEC, step, looks_done=2)
+    assert (a.look, a.verdict, a.alpha) == (3, "pass", 0.002)
+    assert set(a.tables) >= {"fast", "error_rate", "latency_p95", "refusal"}
+
+
+def test_earlier_steps_strata_are_pooled() -> None:
+    """+2 points at 300 answers a side is not enough alone; with three earlier steps'
+    tables like it, it is."""
+    base = clean(300, seed=1)
+    canary = every(50, lambda s: RequestSample(500, 0.01))(clean(300, seed=2))  # 6 of 300
+    crit = analyze(base, canary, None, None, SPEC).criterion("error_rate")
+    assert crit is not None and crit.verdict == "pass"
+    prior = Prior(strata=({"error_rate": Table(0, 300, 6, 300)},) * 3)
+    crit = analyze(base, canary, None, None, SPEC, prior=prior).criterion("error_rate")
+    assert crit is not None and crit.verdict == "fail" and "pooled over 4 steps" in crit.reason
 
 
 @settings(max_examples=40, deadline=None)
@@ -284,7 +373,8 @@ def test_analysis_never_passes_below_min_samples(
     base = [RequestSample(200, 0.1) for _ in range(n_base)]
     a = analyze(base, canary, None, None, spec)
     if min(n_base, n_canary) < 100:
-        assert a.verdict == "wait"
+        assert a.verdict != "pass"
+        assert a.verdict == "wait" or a.fast  # only gross failures decide on thin data
     else:
         assert a.verdict in ("pass", "fail", "wait")
 

@@ -1,6 +1,7 @@
 """Rollout state machine on a virtual clock: promotion through every step with its hold,
-rollback on each criterion, waiting on thin data, pause/resume, manual promote/abort,
-tenant pacing per step, and the archive's JSON round trip."""
+rollback on each criterion, each planned look counted once, waiting on thin data and
+pausing when answers stop coming, pause/resume, manual promote/abort, tenant pacing per
+step, the evidence handed to the next step, and the archive's JSON round trip."""
 
 from __future__ import annotations
 
@@ -12,8 +13,17 @@ import pytest
 
 from sluice.core import Conflict, ManualClock
 from sluice.policy import CanarySplit, RolloutPhase, RolloutState, split_for
-from sluice.policy.analysis import Analysis, analyze
-from sluice.policy.rollout import abort, evaluate, pause, promote, resume, start
+from sluice.policy.analysis import Analysis, RequestSample, analyze
+from sluice.policy.canary_plan import StepPlan
+from sluice.policy.rollout import (
+    abort,
+    evaluate,
+    evidence_before,
+    pause,
+    promote,
+    resume,
+    start,
+)
 from sluice.spec.rollout import DEFAULT_STEPS, PacingSpec, RolloutSpec
 from tests.unit.test_analysis import REGRESSIONS, clean, use
 
@@ -96,25 +106,75 @@ def test_any_failed_criterion_rolls_back_at_once(criterion: str) -> None:
         promote(SPEC, state, clock.now())
 
 
-def test_thin_data_waits_without_advancing_then_pauses_at_max_wait() -> None:
+def test_thin_data_waits_without_advancing_then_pauses_when_answers_stop() -> None:
+    """THIN has the same 50 answers a side at every evaluation: progress stopped at the
+    first one (t = 1010), so max_wait_s later the step pauses."""
     assert THIN.verdict == "wait"
     spec = SPEC.model_copy(update={"max_wait_s": 600.0})
     state, clock = started(spec)
-    state = drive(spec, state, clock, THIN, 590)
+    state = drive(spec, state, clock, THIN, 600)
     assert state.phase is RolloutPhase.STEPPING and state.percent == 1.0
-    assert len(state.transitions) == 1 and state.steps[-1].evaluations == 59
+    assert len(state.transitions) == 1 and state.steps[-1].evaluations == 60
+    assert state.steps[-1].progress == 50 and state.steps[-1].progress_at == 1010.0
     assert split_for(spec, state) == split_for(spec, started(spec)[0])
     state = drive(spec, state, clock, THIN, TICK)
-    assert state.phase is RolloutPhase.PAUSED and state.paused_at == clock.now()
-    assert "no verdict after 600 s" in state.transitions[-1].reason
+    assert state.phase is RolloutPhase.PAUSED and state.paused_at == clock.now() == 1610.0
+    assert "no new answer on the smaller side for 600 s" in state.transitions[-1].reason
     assert "too few" in state.transitions[-1].reason
     assert split_for(spec, state) is not None  # a pause holds the split
     # on_no_data: rollback ends it instead
     spec = spec.model_copy(update={"on_no_data": "rollback"})
     state, clock = started(spec)
     state = drive(spec, state, clock, THIN, 3600)
-    assert state.phase is RolloutPhase.ROLLED_BACK and clock.now() == 1600.0
+    assert state.phase is RolloutPhase.ROLLED_BACK and clock.now() == 1610.0
     assert state.steps[-1].outcome == "no_data"
+
+
+def test_slow_answers_that_keep_coming_are_waited_for() -> None:
+    """A step far short of its samples, but gaining an answer now and then, never stalls."""
+    spec = SPEC.model_copy(update={"max_wait_s": 600.0})
+    state, clock = started(spec)
+    base, canary = clean(99, seed=1), clean(99, seed=2)
+    for n in range(1, 100):  # one more answer a side every 500 s: 14 hours
+        clock.advance(500.0)
+        thin = analyze(base[:n], canary[:n], None, None, SPEC.analysis)
+        state = evaluate(spec, state, thin, clock.now())
+    assert state.phase is RolloutPhase.STEPPING and state.steps[-1].progress == 99
+
+
+def test_each_look_counts_once_and_only_the_fast_path_acts_between_looks() -> None:
+    """The controller may analyse a look again before it sees the first result: a repeat
+    decides nothing, so a look's alpha is spent once. The fast path may act any time."""
+    step = StepPlan(0, 1.0, 100, (25, 50, 100), (0.001, 0.001, 0.002))
+    base, canary = clean(400, seed=1), clean(400, seed=2)
+    first = analyze(base[:30], canary[:30], None, None, SPEC.analysis, step)
+    assert first.look == 1 and first.verdict == "wait"
+    state, clock = started()
+    state = evaluate(SPEC, state, first, clock.now() + 1)
+    assert state.steps[-1].looks == 1
+    bad_error = bad("error_rate")
+    assert bad_error.look == 1 and bad_error.verdict == "fail" and not bad_error.fast
+    kept = evaluate(SPEC, state, bad_error, clock.now() + 2)  # look 1 again: ignored
+    assert kept.phase is RolloutPhase.STEPPING and kept.steps[-1].analysis == bad_error
+    broken = [RequestSample(500, 1.0)] * 10
+    gross = analyze(clean(400, seed=1), broken, None, None, SPEC.analysis, step, looks_done=1)
+    assert gross.fast and gross.look == 0
+    done = evaluate(SPEC, kept, gross, clock.now() + 3)
+    assert done.phase is RolloutPhase.ROLLED_BACK and "gross failure" in done.transitions[-1].reason
+
+
+def test_the_next_step_gets_the_earlier_steps_evidence() -> None:
+    state, clock = started()
+    state = drive(SPEC, state, clock, CLEAN, 3 * SPEC.hold_s)
+    assert state.percent == 8.0 and len(state.steps) == 4
+    prior = evidence_before(state)
+    assert len(prior.strata) == 3 and "error_rate" in prior.strata[0]
+    assert "fast" not in prior.strata[0]
+    fast = CLEAN.tables["fast"]
+    assert prior.fast.n_base == 3 * fast.n_base and prior.fast.n_canary == 3 * fast.n_canary
+    # at the 100% step the stay before's baseline answers are compared again: not pooled
+    reused = evidence_before(state, baseline_reused=True)
+    assert len(reused.strata) == 2 and reused.fast == prior.fast
 
 
 def test_wait_forever_without_max_wait() -> None:

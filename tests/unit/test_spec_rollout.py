@@ -57,7 +57,8 @@ def test_a_rollout_with_defaults_loads() -> None:
     [r] = load_spec_text(text).spec.rollouts
     assert r.steps == list(DEFAULT_STEPS) == [1, 2, 4, 8, 16, 32, 50, 70, 85, 95, 100]
     assert (r.hold_s, r.max_wait_s, r.on_no_data) == (60.0, 1800.0, "pause")
-    assert r.analysis.min_samples == 100 and r.analysis.disable == []
+    assert r.analysis.min_samples is None and r.analysis.disable == []
+    assert (r.analysis.false_rollback_rate, r.analysis.power) == (0.01, 0.95)
     assert r.pacing.late_from_percent == 50 and r.compare is None
     assert load_spec_text(HEAD + GROUPS).spec.rollouts == []
 
@@ -90,6 +91,20 @@ def test_field_level_rules() -> None:
         AnalysisSpec(disable=["no_such_criterion"])  # type: ignore[list-item]
     with pytest.raises(ValidationError):
         AnalysisSpec(latency_p95_ratio=2)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match=r"alpha = 0\.05 is no longer a setting"):
+        AnalysisSpec.model_validate({"alpha": 0.05})
+    with pytest.raises(ValidationError, match="false_rollback_rate"):
+        AnalysisSpec(false_rollback_rate=0.5)
+    with pytest.raises(ValidationError, match="gross_error_rate"):
+        AnalysisSpec(gross_error_rate=1.0)  # a canary can fail no more than all its answers
+
+
+def test_bad_analysis_knobs_are_located() -> None:
+    text = HEAD + GROUPS + "rollouts:\n" + rollout(extra=", analysis: {power: 1.5}")
+    msgs = issues(text)
+    line = len((HEAD + GROUPS).splitlines()) + 2
+    assert any(m.startswith(f"r.yaml:{line}: rollouts[0].analysis.power") for m in msgs), msgs
+    assert any("less than 1" in m for m in msgs), msgs
 
 
 def test_unknown_groups_and_tenants_are_located() -> None:

@@ -233,3 +233,13 @@ def test_a_commands_local_model_directory_is_read_at_validate_but_not_a_hub_id_o
     assert validate(str(gguf)) == []  # a single-file model: nothing for Sluice to read
     [msg] = validate(str(tmp_path / "missing"))
     assert "groups[0].models.qwen.command.model_path" in msg and "does not exist" in msg
+
+
+def test_an_external_group_scales_to_at_most_its_endpoints() -> None:
+    from sluice.spec.servers import external_scale_problem
+
+    group = load_spec_text(spec(EXTERNAL, pool_extra="")).spec.groups[0]
+    assert external_scale_problem(group, 2) == "" and external_scale_problem(group, 0) == ""
+    assert "at most 2 replicas" in external_scale_problem(group, 3)
+    command_group = load_spec_text(spec()).spec.groups[0]
+    assert external_scale_problem(command_group, 50) == ""
