@@ -93,10 +93,20 @@ class _Up:
         self.started = started
         self.clock = SystemClock()
         self.events = EventLog(store, self.clock)
+        self.gateway: Gateway | None = None
         self.supervisor = InstanceSupervisor(
-            LocalRuntime(settings.home), store, self.clock, self.events
+            LocalRuntime(settings.home),
+            store,
+            self.clock,
+            self.events,
+            inflight=self._gateway_inflight,
         )
         self.stop = asyncio.Event()
+
+    def _gateway_inflight(self) -> dict[str, int]:
+        """What drains a server that is not Sluice's worker: the gateway's count of the
+        requests it has in flight to each instance (it proxies every one)."""
+        return {} if self.gateway is None else self.gateway.outstanding()
 
     async def run(self) -> None:
         self.access_log = _open_access_log(self.settings.access_log)
@@ -125,6 +135,7 @@ class _Up:
             access_log=access_log,
             limits=first.gateway.limits,
         )
+        self.gateway = gateway
         controller = Controller(
             store,
             self.supervisor,
@@ -140,7 +151,9 @@ class _Up:
         tokens = TokenAdmin(store, self.clock)
         admin_token = await tokens.bootstrap(settings.home)
         spec = controller.spec
-        await self.supervisor.recover({g.name: g for g in spec.groups})
+        await self.supervisor.recover(
+            {g.name: g for g in spec.groups}, {p.name: p for p in spec.pools}
+        )
         try:
             await gateway.start()
         except OSError as exc:
@@ -158,6 +171,7 @@ class _Up:
             settings.home / "instances",
             running=lambda: {s.id for s in self.supervisor.statuses()},
             reopen_access_log=lambda: self._reopen_access_log(gateway),
+            copy_truncate=self.supervisor.command_instances,
         )
         api = build_control_api(
             controller,

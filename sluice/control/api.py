@@ -238,6 +238,7 @@ def build_control_api(
                 "created_at": s.created_at,
                 "ready_at": s.ready_at,
                 "reason": s.reason,
+                "devices": s.labels.get("devices", ""),
             }
             for s in sorted(supervisor.statuses(), key=lambda s: (s.group, s.created_at))
             if group is None or s.group == group

@@ -47,6 +47,7 @@ from sluice.spec import (
     resolve_key_sources,
     revision_diff,
 )
+from sluice.spec.servers import external_scale_problem
 from sluice.store import Revision, Store
 
 __all__ = ["Controller"]
@@ -289,6 +290,8 @@ class Controller:
                 "autoscaling.min/max in the spec and `sluice apply` it instead",
                 group=group,
             )
+        if too_many := external_scale_problem(spec, replicas):
+            raise Conflict(too_many, group=group)
         pool = self.spec.pool(spec.resources.pool)
         assert pool is not None  # the spec checks guarantee it
         others = self._pool_held_by_others(self.spec, spec)
@@ -445,7 +448,8 @@ class Controller:
                 group = spec.group(action.group)
                 assert group is not None
                 if self._backoff.get(group.name, CrashBackoff()).launch_allowed(now):
-                    self._supervisor.launch(group, action.template, action.reason)
+                    pool = spec.pool(group.resources.pool)
+                    self._supervisor.launch(group, action.template, action.reason, pool)
             elif isinstance(action, Drain):
                 self._supervisor.drain(action.instance_id, action.reason)
             elif isinstance(action, Remove):

@@ -8,7 +8,9 @@ access log is re-opened by `reopen_access_log` right after (`sluice up` gives it
 then each writes on at the end of the renamed file, so no line is lost. Without that hook
 the access log rotates by copy-then-truncate (logrotate's `copytruncate`): the writer keeps
 its open file (opened for append) without being told, and the few lines written between
-the copy and the truncation can be lost, the usual price of that method.
+the copy and the truncation can be lost, the usual price of that method. The log of a
+server Sluice did not write (`command`) rotates that way too: it cannot be told to re-open,
+and after a rename it would write on into the renamed file, unbounded, then deleted.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ _MB = 1 << 20
 
 
 class Housekeeper:
-    """`running` names the instances whose logs are still being written;
+    """`running` names the instances whose logs are still being written; `copy_truncate`
+    those of them whose writer cannot re-open its log (command servers);
     `reopen_access_log`, called on the event loop after every pass, points the access log's
     writer at the file now named `access_log` (a no-op when it writes there already)."""
 
@@ -46,6 +49,7 @@ class Housekeeper:
         instance_logs: Path,
         running: Callable[[], set[str]],
         reopen_access_log: Callable[[], None] | None = None,
+        copy_truncate: Callable[[], set[str]] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -53,11 +57,13 @@ class Housekeeper:
         self._instance_logs = instance_logs
         self._running = running
         self._reopen_access_log = reopen_access_log
+        self._copy_truncate = copy_truncate or set
 
     async def run_once(self, retention: RetentionSpec) -> dict[str, Any]:
         """One pass; returns what it did (rotated files, removed logs, pruned rows)."""
         running = self._running()
-        files = await asyncio.to_thread(self._logs, retention, running)
+        copied = self._copy_truncate()
+        files = await asyncio.to_thread(self._logs, retention, running, copied)
         if self._reopen_access_log is not None:  # every pass: a failed one is made up for
             self._reopen_access_log()
         now = self._clock.now()
@@ -83,7 +89,9 @@ class Housekeeper:
                 log.exception("housekeeping pass failed; next try in %gs", spec.interval_s)
             await asyncio.sleep(spec.interval_s)
 
-    def _logs(self, retention: RetentionSpec, running: set[str]) -> dict[str, Any]:
+    def _logs(
+        self, retention: RetentionSpec, running: set[str], copied: set[str]
+    ) -> dict[str, Any]:
         rotated: list[str] = []
         removed: list[str] = []
         max_bytes = retention.access_log_max_mb * _MB
@@ -94,7 +102,8 @@ class Housekeeper:
         for path in sorted(self._instance_logs.glob("*.log")):
             if path.stem in running:
                 max_bytes = retention.instance_log_max_mb * _MB
-                if rotate(path, max_bytes, retention.instance_log_keep, copy=False):
+                copy = path.stem in copied
+                if rotate(path, max_bytes, retention.instance_log_keep, copy=copy):
                     rotated.append(path.name)
             elif _mtime(path) < stale_before:
                 for old in [path, *path.parent.glob(f"{path.name}.*")]:

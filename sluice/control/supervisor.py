@@ -5,6 +5,12 @@ does it and reports state changes through `changed`, so routing follows at once:
 
     PENDING -launch-> STARTING -/ready-> WARMING -warm-up-> READY -drain-> DRAINING -> STOPPED
     any state -(exit, probe failures, timeout)-> FAILED   (the controller then replaces it)
+
+What runs in an instance decides how it is asked (`control.probes`): Sluice's worker, a
+`command` server on a local port, or an `external` endpoint. An external endpoint is never
+replaced (it is the same URL): failed probes send it back to STARTING, out of routing, and
+it is probed until it serves again. In a pool with real devices an instance waits in
+PENDING until devices are free for it (`policy.devices`), then runs pinned to them.
 """
 
 from __future__ import annotations
@@ -12,17 +18,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from sluice.control.events import EventLog, store_outage
+from sluice.control.logtail import log_tail
+from sluice.control.servers import (
+    ProbeFailed,
+    Prober,
+    Probes,
+    launch_request,
+    least_held_endpoint,
+    probes_for,
+    runs_command,
+    stop_grace_s,
+)
 from sluice.core import Clock, InstanceState, InstanceStatus, SluiceError
-from sluice.policy import Endpoint, ProbeRecord, record_probe
-from sluice.runtime import InstanceHandle, LaunchRequest, Runtime
-from sluice.spec import GroupSpec
+from sluice.policy import DeviceHold, Endpoint, ProbeRecord, assign_devices, record_probe
+from sluice.runtime import ExternalRuntime, InstanceHandle, LaunchRequest, Runtime
+from sluice.spec import GroupSpec, PoolSpec
+from sluice.spec.servers import EndpointSpec, usable_key
 from sluice.store import InstanceRecord, Store
 
 __all__ = ["InstanceSupervisor"]
@@ -41,14 +61,19 @@ STATS_TIMEOUT_S = 2.0
 """One `/stats` read while draining; a failed one is retried until `drain_timeout_s`."""
 WRITE_RETRY_MAX_S = 30.0
 """A refused instance record is retried after 1 s, doubling to this."""
+PLACE_POLL_S = 0.2
+"""How often an instance waiting for a free device looks again."""
+
+InflightSource = Callable[[], Mapping[str, int]]
+"""The gateway's requests in flight per instance id (`Gateway.outstanding`)."""
 
 
 class _Failed(Exception):
     pass
 
 
-class _PollFailed(Exception):
-    pass
+class _Unhealthy(_Failed):
+    """Health probes failed `failure_threshold` times in a row (the process may live on)."""
 
 
 @dataclass(eq=False)
@@ -63,6 +88,13 @@ class _Instance:
     reason: str = ""
     closing: bool = False
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    probes: Probes = field(default_factory=Probes, repr=False)
+    pool: PoolSpec | None = None
+    """Set when the pool pins devices."""
+    devices: tuple[str, ...] = ()
+    device_units: int = 0
+    endpoint: EndpointSpec | None = None
+    """The existing server an external instance fronts."""
 
     def status(self) -> InstanceStatus:
         return InstanceStatus(
@@ -75,6 +107,7 @@ class _Instance:
             ready_at=self.ready_at,
             reason=self.reason,
             pid=self.handle.pid if self.handle else None,
+            labels={"devices": ",".join(self.devices)} if self.devices else {},
         )
 
 
@@ -86,14 +119,24 @@ class InstanceSupervisor:
         clock: Clock,
         events: EventLog,
         http: httpx.AsyncClient | None = None,
+        inflight: InflightSource | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
-        """`http`: the client for probes, warm-up and /stats (default: made by `start`)."""
+        """`http`: the client for probes, warm-up and /stats (default: made by `start`).
+        `inflight`: the gateway's in-flight counts, which drain a server that is not
+        Sluice's worker (without it such a drain waits out `drain_timeout_s`). `environ`:
+        where external endpoints' keys are read (default: this process's environment)."""
         self._runtime = runtime
+        self._external = ExternalRuntime()
+        self._gateway_inflight = inflight
+        self._environ = os.environ if environ is None else environ
         self._store = store
         self._clock = clock
         self._events = events
         self._instances: dict[str, _Instance] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self._http: httpx.AsyncClient | None = http
+        self._asks: Prober | None = None
         self._writes: asyncio.Queue[InstanceRecord | str | None] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
@@ -102,12 +145,17 @@ class InstanceSupervisor:
     async def start(self) -> None:
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=10.0, trust_env=False)
+        self._asks = Prober(self._http)
         self._writer = asyncio.get_running_loop().create_task(self._write_records())
 
     # --- what the controller sees -------------------------------------------------------
 
     def statuses(self) -> list[InstanceStatus]:
         return [i.status() for i in self._instances.values()]
+
+    def command_instances(self) -> set[str]:
+        """Instances running a command server (housekeeping: logs that cannot follow a rename)."""
+        return {i.id for i in self._instances.values() if runs_command(i.spec)}
 
     def ready_endpoints(self) -> dict[str, list[Endpoint]]:
         out: dict[str, list[Endpoint]] = {}
@@ -120,17 +168,34 @@ class InstanceSupervisor:
                         inst.handle.port,
                         inst.spec.max_concurrency,
                         inst.ready_at or 0.0,
+                        inst.endpoint.api_key_env if inst.endpoint else None,
                     )
                 )
         return out
 
     # --- what the controller asks -------------------------------------------------------
 
-    def launch(self, spec: GroupSpec, template: str, reason: str) -> str:
+    def launch(
+        self, spec: GroupSpec, template: str, reason: str, pool: PoolSpec | None = None
+    ) -> str:
+        """Start an instance of `spec`; `pool` (the group's) pins it to devices if it has
+        any. An external group's instance takes the endpoint fewest of its instances front."""
         inst = _Instance(f"{spec.name}-{uuid.uuid4().hex[:8]}", spec, template, self._clock.now())
+        inst.probes = probes_for(spec)
+        if pool is not None and pool.devices:
+            inst.pool = pool
+        inst.endpoint = self._free_endpoint(spec, template)
         self._instances[inst.id] = inst
         self._spawn(inst, self._lifecycle(inst, reason))
         return inst.id
+
+    def _free_endpoint(self, spec: GroupSpec, template: str) -> EndpointSpec | None:
+        mine = [
+            i
+            for i in self._instances.values()
+            if (i.spec.name, i.template) == (spec.name, template)
+        ]
+        return least_held_endpoint(spec, [i.endpoint.url for i in mine if i.endpoint is not None])
 
     def drain(self, instance_id: str, reason: str) -> None:
         inst = self._instances.get(instance_id)
@@ -149,8 +214,12 @@ class InstanceSupervisor:
         self._cancel(inst)
         self._spawn(inst, self._stop(inst, reason, grace_s=STOP_GRACE_S))
 
-    async def recover(self, groups: dict[str, GroupSpec]) -> None:
-        """Adopt the ready instances a previous run left behind; stop all others."""
+    async def recover(
+        self, groups: dict[str, GroupSpec], pools: Mapping[str, PoolSpec] | None = None
+    ) -> None:
+        """Adopt the ready instances a previous run left behind (with the devices they hold
+        in `pools`); stop all others. External endpoints are claimed afresh by new
+        instances: that costs a probe, not a start."""
         records = await asyncio.to_thread(self._store.list_instances)
         for rec in records:
             handle = (
@@ -159,10 +228,13 @@ class InstanceSupervisor:
                 else None
             )
             spec = groups.get(rec.group)
-            alive = handle is not None and self._runtime.adopt(handle)
-            # /ready, not /health: a worker still loading its model is alive but must not
-            # be routed to; it is replaced like any other instance that is not ready.
-            ready = alive and handle is not None and await self._probe(handle, path="/ready")
+            alive = handle is not None and rec.pid is not None and self._runtime.adopt(handle)
+            probes = probes_for(spec) if spec is not None else Probes()
+            # The readiness probe, not /health: a worker still loading its model is alive but
+            # must not be routed to; it is replaced like any other instance that is not ready.
+            ready = (
+                alive and handle is not None and not await self._prober.not_ready(handle, probes)
+            )
             if ready and spec is not None and handle is not None:
                 inst = _Instance(
                     rec.id,
@@ -172,7 +244,15 @@ class InstanceSupervisor:
                     InstanceState.READY,
                     handle,
                     self._clock.now(),
+                    probes=probes,
                 )
+                pool = (pools or {}).get(spec.resources.pool)
+                if pool is not None and pool.devices and rec.devices:
+                    inst.pool, inst.devices = pool, tuple(rec.devices.split(","))
+                    fractional = spec.resources.fractional
+                    inst.device_units = (
+                        spec.resources.accelerators if fractional else pool.units_per_device
+                    )
                 self._instances[inst.id] = inst
                 self._spawn(inst, self._watch(inst))
                 await self._events.emit(
@@ -192,6 +272,8 @@ class InstanceSupervisor:
                     if spec is None
                     else "not ready (still loading, or unhealthy)"
                     if alive
+                    else "an external endpoint, claimed afresh"
+                    if rec.pid is None and rec.host
                     else "process gone"
                 ),
             )
@@ -204,8 +286,8 @@ class InstanceSupervisor:
                 self.drain(inst.id, "sluice is shutting down")
             else:
                 self.remove(inst.id, "sluice is shutting down")
-        tasks = [i.task for i in self._instances.values() if i.task is not None]
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # every task still running, also of instances already gone (writing "stopped")
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._closing.set()
         self._writes.put_nowait(None)
         if self._writer is not None:
@@ -219,60 +301,127 @@ class InstanceSupervisor:
         spec = inst.spec
         await self._events.emit(spec.name, inst.id, "launch", reason, template=inst.template)
         try:
-            inst.handle = await self._runtime.launch(self._launch_request(inst))
+            if inst.endpoint is not None:
+                await self._front(inst, inst.endpoint)
+                return
+            # launch to ready within startup_timeout_s, whatever part each step takes
+            deadline = inst.created_at + spec.health.startup_timeout_s
+            await self._place(inst, deadline)
+            listen_s = max(1.0, deadline - self._clock.now())
+            request = launch_request(inst.id, spec, inst.devices, listen_s)
+            inst.handle = await self._runtime.launch(request)
             self._set_state(inst, InstanceState.STARTING, "process started")
-            await self._wait_ready(inst)
+            await self._wait_ready(inst, deadline)
             self._set_state(inst, InstanceState.WARMING, "model loaded")
             await self._warm_up(inst)
-            inst.ready_at = self._clock.now()
-            took = inst.ready_at - inst.created_at
-            self._set_state(inst, InstanceState.READY, f"ready in {took:.1f}s")
-            await self._events.emit(
-                spec.name, inst.id, "ready", f"ready {took:.1f}s after launch", startup_s=took
-            )
+            await self._became_ready(inst, "ready")
             await self._watch(inst)
         except (_Failed, SluiceError) as exc:
             await self._fail(inst, str(exc))
 
-    async def _wait_ready(self, inst: _Instance) -> None:
-        assert inst.handle is not None and self._http is not None
-        deadline = self._clock.now() + inst.spec.health.startup_timeout_s
+    async def _became_ready(self, inst: _Instance, kind: str) -> None:
+        inst.ready_at = self._clock.now()
+        took = inst.ready_at - inst.created_at
+        self._set_state(inst, InstanceState.READY, f"ready in {took:.1f}s")
+        await self._events.emit(
+            inst.spec.name, inst.id, kind, f"ready {took:.1f}s after launch", startup_s=took
+        )
+
+    async def _front(self, inst: _Instance, endpoint: EndpointSpec) -> None:
+        """An external endpoint: probe until it serves, warm it, route to it while its
+        health probes pass; when they fail, out of routing and back to probing. It is the
+        same URL whatever happens, so it is never failed for the controller to replace
+        (only a missing key fails it: probing cannot fix that)."""
+        spec = inst.spec
+        key = None
+        if endpoint.api_key_env is not None:
+            key = self._environ.get(endpoint.api_key_env, "")
+            if not usable_key(key):
+                raise _Failed(
+                    f"endpoint {endpoint.url} takes its key from ${endpoint.api_key_env}, "
+                    "which is unset, empty or not a key (printable ASCII, no spaces) in "
+                    "Sluice's environment"
+                )
+        inst.probes = probes_for(spec, key)
+        request = LaunchRequest(inst.id, spec.name, {}, {}, endpoint=endpoint.url)
+        inst.handle = await self._external.launch(request)
+        self._set_state(inst, InstanceState.STARTING, f"probing {endpoint.url}")
+        kind = "ready"
+        while True:
+            await self._wait_ready(inst, None, warn=kind == "ready")
+            try:
+                self._set_state(inst, InstanceState.WARMING, "answers its readiness probe")
+                await self._warm_up(inst)
+                await self._became_ready(inst, kind)
+                await self._watch(inst)
+            except _Failed as exc:
+                why = f"out of routing: {exc}"
+                self._set_state(inst, InstanceState.STARTING, why)
+                await self._events.emit(spec.name, inst.id, "unhealthy", f"{endpoint.url} {why}")
+                kind = "recovered"
+                await asyncio.sleep(spec.health.interval_s)
+
+    async def _place(self, inst: _Instance, deadline: float) -> None:
+        """Devices for an instance of a pool that pins them: at once when free, else wait
+        (PENDING, with the reason) until an instance holding some is gone."""
+        pool = inst.pool
+        if pool is None or not pool.devices:
+            return
+        res = inst.spec.resources
+        while True:
+            holds = [
+                DeviceHold(i.id, i.devices, i.device_units)
+                for i in self._instances.values()
+                if i.pool is not None and i.pool.name == pool.name and i.devices
+            ]
+            grant = assign_devices(
+                pool.devices, pool.units_per_device, holds, res.accelerators, res.fractional
+            )
+            if grant.ok:
+                inst.devices, inst.device_units = grant.devices, grant.units
+                self._set_state(inst, InstanceState.PENDING, f"devices {','.join(grant.devices)}")
+                return
+            why = f"waiting for devices of pool {pool.name!r}: {grant.reason}"
+            if self._clock.now() > deadline:
+                raise _Failed(
+                    f"not placed {inst.spec.health.startup_timeout_s:g}s after launch; {why}"
+                )
+            if inst.reason != why:
+                self._set_state(inst, InstanceState.PENDING, why)
+            await asyncio.sleep(PLACE_POLL_S)
+
+    async def _wait_ready(self, inst: _Instance, deadline: float | None, warn: bool = True) -> None:
+        """Until the readiness probe says ready; past `deadline`, fail. Without one (an
+        external endpoint) it probes on, and says once that it is late."""
+        assert inst.handle is not None
+        url = inst.handle.url + inst.probes.ready_path
+        late_at = inst.created_at + inst.spec.health.startup_timeout_s
+        told = not warn  # (an endpoint back to probing was said "unhealthy" already)
         while True:
             self._check_exit(inst)
-            with contextlib.suppress(httpx.HTTPError):
-                r = await self._http.get(f"{inst.handle.url}/ready", timeout=2.0)
-                if r.status_code == 200:
-                    return
-            if self._clock.now() > deadline:
-                raise _Failed(f"not ready {inst.spec.health.startup_timeout_s:g}s after launch")
+            why = await self._prober.not_ready(inst.handle, inst.probes)
+            if not why:
+                return
+            if inst.reason != why:
+                self._set_state(inst, inst.state, why)
+            now = self._clock.now()
+            if deadline is not None and now > deadline:
+                raise _Failed(
+                    f"not ready {inst.spec.health.startup_timeout_s:g}s after launch; last: {why}"
+                )
+            if deadline is None and now > late_at and not told:
+                told = True
+                await self._events.emit(
+                    inst.spec.name, inst.id, "not-ready", f"{url} not ready yet: {why}"
+                )
             await asyncio.sleep(0.1)
 
     async def _warm_up(self, inst: _Instance) -> None:
-        """S3: each model answers `warmup.requests` real requests before taking traffic."""
-        assert inst.handle is not None and self._http is not None
-        warm = inst.spec.warmup
-        for model_id, model in inst.spec.models.items():
-            body: dict[str, Any]
-            if model.runtime == "embedding":
-                path, body = "/v1/embeddings", {"model": model_id, "input": "warm-up"}
-            else:
-                path, body = (
-                    "/v1/chat/completions",
-                    {
-                        "model": model_id,
-                        "max_tokens": 4,
-                        "messages": [{"role": "user", "content": "warm-up"}],
-                    },
-                )
-            for _ in range(warm.requests):
-                try:
-                    r = await self._http.post(
-                        inst.handle.url + path, json=body, timeout=warm.timeout_s
-                    )
-                except httpx.HTTPError as exc:
-                    raise _Failed(f"warm-up of {model_id} failed: {exc!r}") from None
-                if r.status_code != 200:
-                    raise _Failed(f"warm-up of {model_id} answered {r.status_code}: {r.text[:200]}")
+        assert inst.handle is not None
+        try:
+            await self._prober.warm_up(inst.handle, inst.probes, inst.spec.warmup)
+        except ProbeFailed as exc:
+            raise _Failed(str(exc)) from None
 
     async def _watch(self, inst: _Instance) -> None:
         """S10: a dead process or `failure_threshold` failed probes in a row fail it."""
@@ -284,21 +433,22 @@ class InstanceSupervisor:
         while True:
             self._check_exit(inst)
             if loop.time() >= next_probe:
-                ok = await self._probe(inst.handle, health.timeout_s)
+                ok = await self._prober.healthy(inst.handle, inst.probes, health.timeout_s)
                 record, unhealthy = record_probe(
                     record, ok, "health probe failed", health.failure_threshold
                 )
                 if unhealthy:
-                    raise _Failed(f"{record.consecutive_failures} health probes failed in a row")
+                    raise _Unhealthy(f"{record.consecutive_failures} health probes failed in a row")
                 next_probe = loop.time() + health.interval_s
             await asyncio.sleep(EXIT_POLL_S)
 
     async def _drain(self, inst: _Instance, reason: str) -> None:
         """S6: out of routing first, then wait until in-flight requests finish (two idle
-        `/stats` reads in a row), then stop. A failed read proves nothing: it is retried
-        until `drain_timeout_s`; only a process that is gone ends the wait early. SIGTERM
-        then lets the worker finish what it still has for the rest of that time (at least
-        STOP_GRACE_S) before SIGKILL."""
+        reads in a row: the worker's `/stats`, or for a server that is not Sluice's, the
+        gateway's count), then stop. A failed read proves nothing: it is retried until
+        `drain_timeout_s`; only a process that is gone ends the wait early. SIGTERM (or the
+        command's stop signal) then lets it finish what it still has for the rest of that
+        time (at least STOP_GRACE_S, or the command's stop_grace_s) before SIGKILL."""
         spec = inst.spec
         await self._events.emit(spec.name, inst.id, "drain", reason)
         await asyncio.sleep(DRAIN_SETTLE_S)
@@ -312,7 +462,7 @@ class InstanceSupervisor:
                 break
             try:
                 inflight = await self._inflight(inst, min(STATS_TIMEOUT_S, left))
-            except _PollFailed as exc:
+            except ProbeFailed as exc:
                 failed, error, idle_polls = failed + 1, str(exc), 0
                 await asyncio.sleep(min(1.0, DRAIN_POLL_S * 2**failed, max(0.0, left)))
                 continue
@@ -322,7 +472,8 @@ class InstanceSupervisor:
                 break
             await asyncio.sleep(DRAIN_POLL_S)
         if not drained:
-            unread = f"; /stats failed {failed} times (last: {error})" if failed else ""
+            source = "/stats" if inst.probes.own_inflight else "the gateway's in-flight count"
+            unread = f"; {source} failed {failed} times (last: {error})" if failed else ""
             await self._events.emit(
                 spec.name,
                 inst.id,
@@ -335,7 +486,8 @@ class InstanceSupervisor:
 
     async def _stop(self, inst: _Instance, reason: str, grace_s: float) -> None:
         if inst.handle is not None:
-            code = await self._runtime.stop(inst.handle, grace_s)
+            grace = stop_grace_s(inst.spec, grace_s)
+            code = await self._runtime_of(inst).stop(inst.handle, grace)
             detail = f" (exit code {code})" if code not in (0, None) else ""
         else:
             detail = ""
@@ -346,54 +498,44 @@ class InstanceSupervisor:
         self.changed.set()
 
     async def _fail(self, inst: _Instance, why: str) -> None:
-        """Record why, then mark FAILED: the controller reacts to the state at once (it
-        removes the instance, which stops the process and cancels this task), so the event
-        must be written first."""
-        log_path = self._runtime.log_path(inst.id)
-        await self._events.emit(inst.spec.name, inst.id, "failed", why, log=log_path)
+        """Record why, with the last lines of the instance's log, then mark FAILED: the
+        controller reacts to the state at once (it removes the instance, which stops the
+        process and cancels this task), so the event must be written first."""
+        log_path = self._runtime_of(inst).log_path(inst.id)
+        tail = await asyncio.to_thread(log_tail, log_path)
+        said = f"; its log ends: {' | '.join(tail[-3:])}" if tail else ""
+        await self._events.emit(
+            inst.spec.name, inst.id, "failed", why + said, log=log_path, log_tail=tail
+        )
         self._set_state(inst, InstanceState.FAILED, why)
 
     # --- helpers ------------------------------------------------------------------------
 
+    @property
+    def _prober(self) -> Prober:
+        assert self._asks is not None, "start() first"
+        return self._asks
+
+    def _runtime_of(self, inst: _Instance) -> Runtime:
+        return self._external if inst.endpoint is not None else self._runtime
+
     def _check_exit(self, inst: _Instance) -> None:
         assert inst.handle is not None
-        code = self._runtime.exit_code(inst.handle)
+        code = self._runtime_of(inst).exit_code(inst.handle)
         if code is not None:
             raise _Failed(f"process exited with code {code}")
 
-    async def _probe(
-        self, handle: InstanceHandle, timeout_s: float = 2.0, path: str = "/health"
-    ) -> bool:
-        assert self._http is not None
-        try:
-            r = await self._http.get(f"{handle.url}{path}", timeout=timeout_s)
-        except httpx.HTTPError:
-            return False
-        return r.status_code == 200
-
     def _exited(self, inst: _Instance) -> bool:
-        return inst.handle is None or self._runtime.exit_code(inst.handle) is not None
+        return inst.handle is None or self._runtime_of(inst).exit_code(inst.handle) is not None
 
     async def _inflight(self, inst: _Instance, timeout_s: float) -> int:
-        """Requests the instance is serving now; _PollFailed if it did not say."""
-        assert inst.handle is not None and self._http is not None
-        try:
-            r = await self._http.get(f"{inst.handle.url}/stats", timeout=timeout_s)
-            r.raise_for_status()
-            return int(r.json()["inflight"])
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            raise _PollFailed(f"{type(exc).__name__}: {exc}"[:200]) from None
-
-    def _launch_request(self, inst: _Instance) -> LaunchRequest:
-        spec = inst.spec
-        config: dict[str, Any] = {
-            "instance_id": inst.id,
-            "group": spec.name,
-            "max_concurrency": spec.max_concurrency,
-            "models": {k: m.model_dump(mode="json") for k, m in spec.models.items()},
-        }
-        env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        return LaunchRequest(inst.id, spec.name, config, env)
+        """Requests the instance is serving now; ProbeFailed if that is not known."""
+        assert inst.handle is not None
+        if not inst.probes.own_inflight:
+            if self._gateway_inflight is None:
+                raise ProbeFailed("no gateway in this process counts its requests")
+            return self._gateway_inflight().get(inst.id, 0)
+        return await self._prober.worker_inflight(inst.handle, timeout_s)
 
     def _set_state(self, inst: _Instance, state: InstanceState, reason: str) -> None:
         inst.state, inst.reason = state, reason
@@ -408,6 +550,7 @@ class InstanceSupervisor:
             created_at=inst.created_at,
             updated_at=self._clock.now(),
             reason=reason,
+            devices=",".join(inst.devices),
         )
         self._writes.put_nowait(rec)
         self.changed.set()
@@ -443,6 +586,8 @@ class InstanceSupervisor:
 
     def _spawn(self, inst: _Instance, coro: Any) -> None:
         inst.task = asyncio.get_running_loop().create_task(coro, name=f"instance:{inst.id}")
+        self._tasks.add(inst.task)
+        inst.task.add_done_callback(self._tasks.discard)
         inst.task.add_done_callback(self._task_done)
 
     def _cancel(self, inst: _Instance) -> None:

@@ -147,6 +147,7 @@ class GatewayState:
             if woken:
                 self.wake(runtime, woken, now)
         self._update_buckets(snapshot.tenants_by_key, now)
+        self.pool.authorize(ep for eps in snapshot.endpoints.values() for ep in eps)
         for ex in orphans:  # last: answering one may start its client's next request
             ex.refused_in_queue(
                 QueueTimeout("the group serving this request was removed"), "group_removed", now

@@ -9,12 +9,15 @@ served), and finished connections wait in a per-address LIFO pool for the next r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol, cast
 
 import httptools
 
 from sluice.gateway.responses import HOP_BY_HOP, REVEALING
+from sluice.policy.routing import Endpoint
+from sluice.spec.servers import usable_key
 
 __all__ = ["ConnectCallback", "ResponseSink", "UpstreamConnection", "UpstreamHost", "UpstreamPool"]
 
@@ -66,16 +69,23 @@ ConnectCallback = Callable[["UpstreamConnection | None", "BaseException | None"]
 
 
 class UpstreamHost:
-    """One instance address: its idle connections and its pre-rendered `Host` header."""
+    """One instance address: its idle connections and its pre-rendered `Host` header (with
+    the `Authorization` line of an external endpoint that needs a key: one header block, so
+    a request costs nothing more for it)."""
 
     __slots__ = ("host", "host_header", "idle", "port", "retired")
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, auth: bytes = b"") -> None:
         self.host = host
         self.port = port
-        self.host_header = b"host: %s:%d\r\n" % (host.encode(), port)
+        self.host_header = b""
+        self.authorize(auth)
         self.idle: dict[UpstreamConnection, None] = {}  # insertion-ordered: popitem() is LIFO
         self.retired = False
+
+    def authorize(self, auth: bytes) -> None:
+        """`auth`: a whole `authorization: ...\r\n` line, or b"" for none."""
+        self.host_header = b"host: %s:%d\r\n%s" % (self.host.encode(), self.port, auth)
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -288,18 +298,30 @@ class UpstreamPool:
     """Idle keep-alive connections per instance address, opened on demand."""
 
     __slots__ = (
+        "_auth",
         "_busy",
         "_closed",
         "_connect_timeout",
         "_connecting",
+        "_environ",
         "_hosts",
         "_max_idle",
         "_sweep",
         "_sweep_timeout",
     )
 
-    def __init__(self, *, max_idle_per_host: int = 512, connect_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_idle_per_host: int = 512,
+        connect_timeout_s: float = 10.0,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        """`environ`: where the keys of external endpoints are read (default: this
+        process's environment)."""
         self._hosts: dict[tuple[str, int], UpstreamHost] = {}
+        self._auth: dict[tuple[str, int], bytes] = {}
+        self._environ = os.environ if environ is None else environ
         self._busy: set[UpstreamConnection] = set()
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_timeout = 0.0  # the shortest timeout the pending sweep was timed for
@@ -312,8 +334,24 @@ class UpstreamPool:
         key = (host, port)
         entry = self._hosts.get(key)
         if entry is None:
-            entry = self._hosts[key] = UpstreamHost(host, port)
+            entry = self._hosts[key] = UpstreamHost(host, port, self._auth.get(key, b""))
         return entry
+
+    def authorize(self, endpoints: Iterable[Endpoint]) -> None:
+        """Send each endpoint that names an `api_key_env` that variable's value as its
+        bearer key (unset, empty or not a usable key: no header, so the endpoint refuses,
+        and the supervisor, which reads the same variable, has said why). Replaces the
+        whole map."""
+        auth: dict[tuple[str, int], bytes] = {}
+        for ep in endpoints:
+            key = self._environ.get(ep.api_key_env, "") if ep.api_key_env else ""
+            if usable_key(key):  # never a CR/LF into the request head
+                auth[(ep.host, ep.port)] = b"authorization: Bearer %s\r\n" % key.encode()
+        if auth == self._auth:
+            return
+        self._auth = auth
+        for addr, entry in self._hosts.items():
+            entry.authorize(auth.get(addr, b""))
 
     def take_idle(self, host: UpstreamHost) -> UpstreamConnection | None:
         """The most recently used idle connection (least likely to have timed out), or None.

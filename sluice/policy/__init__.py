@@ -5,6 +5,7 @@ from sluice.policy.analysis import Analysis, Criterion, Prior, RequestSample, Re
 from sluice.policy.backoff import CrashBackoff
 from sluice.policy.balance import pick_affinity, pick_endpoint, slow_start_weight
 from sluice.policy.canary_plan import RolloutPlan, StepPlan, plan_rollout
+from sluice.policy.devices import DeviceGrant, DeviceHold, assign_devices
 from sluice.policy.failover import failover_problem, stranded_failovers
 from sluice.policy.health import ProbeRecord, record_probe
 from sluice.policy.impact import Impact, LoggedRequest, Move, route_impact
@@ -57,6 +58,8 @@ __all__ = [
     "CanarySplit",
     "CrashBackoff",
     "Criterion",
+    "DeviceGrant",
+    "DeviceHold",
     "Drain",
     "Ejection",
     "Endpoint",
@@ -98,6 +101,7 @@ __all__ = [
     "allocate",
     "analyze",
     "api_key_digest",
+    "assign_devices",
     "build_routing_snapshot",
     "failover_problem",
     "first_match",

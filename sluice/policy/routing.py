@@ -182,13 +182,16 @@ class RouteTable:
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """One ready instance as the gateway sees it. `ready_at`: when it became READY
-    (seconds, the controller's clock), for slow start."""
+    (seconds, the controller's clock), for slow start. `api_key_env`: the environment
+    variable whose value the gateway sends it as `Authorization: Bearer` (an external
+    endpoint that needs a key; the name travels, never the key)."""
 
     instance_id: str
     host: str
     port: int
     max_concurrency: int
     ready_at: float = 0.0
+    api_key_env: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

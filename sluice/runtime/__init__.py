@@ -1,6 +1,14 @@
 """Where instances run: the Runtime protocol and its implementations."""
 
-from sluice.runtime.base import InstanceHandle, LaunchRequest, Runtime
+from sluice.runtime.base import CommandLaunch, InstanceHandle, LaunchRequest, Runtime
+from sluice.runtime.external import ExternalRuntime
 from sluice.runtime.local import LocalRuntime
 
-__all__ = ["InstanceHandle", "LaunchRequest", "LocalRuntime", "Runtime"]
+__all__ = [
+    "CommandLaunch",
+    "ExternalRuntime",
+    "InstanceHandle",
+    "LaunchRequest",
+    "LocalRuntime",
+    "Runtime",
+]

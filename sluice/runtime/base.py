@@ -2,25 +2,47 @@
 
 A runtime starts one worker process (or actor) per instance and stops it; everything about
 readiness, warm-up, health and drain is the controller's job and works the same everywhere.
+What the process runs is Sluice's worker, or (`LaunchRequest.command`) a server Sluice did
+not write, from an argv template.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["InstanceHandle", "LaunchRequest", "Runtime"]
+__all__ = ["CommandLaunch", "InstanceHandle", "LaunchRequest", "Runtime"]
+
+
+@dataclass(frozen=True, slots=True)
+class CommandLaunch:
+    """A server that is not Sluice's worker. `argv` and `env` values are templates
+    (`sluice.core.argv`): the runtime adds `host` and `port` to `values` and renders them.
+    `listen_timeout_s`: how long it may take to listen on its port (a server that loads
+    its model first, like vLLM, binds only then)."""
+
+    argv: tuple[str, ...]
+    values: Mapping[str, str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    stop_signal: str = "SIGTERM"
+    listen_timeout_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
 class LaunchRequest:
     """`worker_config` is the worker's JSON config without host/port/port_file: the runtime
-    sets those (locally: the host, and port 0 so the worker binds a free port itself)."""
+    sets those (locally: the host, and port 0 so the worker binds a free port itself).
+    With `command`, the instance runs that server instead of the worker (`worker_config`
+    is then unused). `env` is added to the process's environment either way. `endpoint`:
+    the base URL of a server that already runs (the external runtime; nothing starts)."""
 
     instance_id: str
     group: str
     worker_config: dict[str, Any]
     env: dict[str, str]
+    command: CommandLaunch | None = None
+    endpoint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

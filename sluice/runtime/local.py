@@ -5,11 +5,17 @@ The worker binds its own socket on port 0 and writes the port the kernel gave it
 port between its choice and its use. A worker that exits first, or does not report a port
 within `port_timeout_s`, is a failed launch (`SluiceError`), and nothing of it is left running.
 
+A `command` instance (a server Sluice did not write) gets its port from the runtime instead
+(`runtime.command`), runs with `SLUICE_INSTANCE_ID` and `SLUICE_STOP_SIGNAL` in its
+environment, and is stopped with its own stop signal.
+
 Each worker runs in its own session (process group) so a Ctrl-C on `sluice up` reaches only
 Sluice, which then drains instances in order instead of having them die mid-request. Output
 goes to `<home>/instances/<id>.log`, which the worker re-opens when housekeeping renames it
-(rotation: `sluice.worker.logfile`). After a crash of Sluice, `adopt` recognises a surviving
-worker by its pid and the instance id on its command line; anything else is not ours.
+(rotation: `sluice.worker.logfile`; a command server cannot, so its log rotates by copy and
+truncate). After a crash of Sluice, `adopt` recognises a surviving worker by its pid and the
+instance id on its command line (a command server: in its environment); anything else is not
+ours.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from sluice.core import SluiceError
-from sluice.runtime.base import InstanceHandle, LaunchRequest
+from sluice.runtime.base import CommandLaunch, InstanceHandle, LaunchRequest
+from sluice.runtime.command import pick_port, rendered, wait_listening
 
 __all__ = ["PORT_TIMEOUT_S", "LocalRuntime", "pid_runs_instance"]
 
@@ -40,16 +48,22 @@ class LocalRuntime:
         host: str = "127.0.0.1",
         python: str = sys.executable,
         port_timeout_s: float = PORT_TIMEOUT_S,
+        port_picker: Callable[[str], int] = pick_port,
     ):
+        """`port_picker`: chooses a command server's port on the host (`pick_port`)."""
         self._dir = home / "instances"
+        self._pick_port = port_picker
         self._host = host
         self._python = python
         self._port_timeout_s = port_timeout_s
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._stop_signals: dict[str, signal.Signals] = {}
 
     async def launch(self, req: LaunchRequest) -> InstanceHandle:
         """Start the worker and return once it listens; SluiceError if it never does."""
         self._dir.mkdir(parents=True, exist_ok=True)
+        if req.command is not None:
+            return await self._launch_command(req, req.command)
         port_file = self._dir / f"{req.instance_id}.port"
         port_file.unlink(missing_ok=True)  # a stale one from an earlier run must not be read
         log_path = self._dir / f"{req.instance_id}.log"
@@ -82,6 +96,50 @@ class LocalRuntime:
             port_file.unlink(missing_ok=True)
         return InstanceHandle(req.instance_id, self._host, port, proc.pid)
 
+    async def _launch_command(self, req: LaunchRequest, cmd: CommandLaunch) -> InstanceHandle:
+        """Start a server from its argv template on a port picked here; return once its
+        process group listens on it (`runtime.command`)."""
+        port = self._pick_port(self._host)
+        argv, extra = rendered(cmd, self._host, port)
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            **extra,
+            **req.env,
+            "SLUICE_INSTANCE_ID": req.instance_id,
+            "SLUICE_STOP_SIGNAL": cmd.stop_signal,
+        }
+        log_path = self._dir / f"{req.instance_id}.log"
+        with open(log_path, "ab") as log:
+            log.write(f"sluice: starting {argv[0]} on {self._host}:{port}\n".encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:  # not found, not executable: it never ran
+                why = f"cannot run {argv[0]!r}: {exc.strerror or exc}"
+                log.write(f"sluice: {why}\n".encode())
+                raise SluiceError(
+                    f"{why}; see {log_path}", instance_id=req.instance_id, log=str(log_path)
+                ) from None
+        self._children[req.instance_id] = proc
+        self._stop_signals[req.instance_id] = _signal_named(cmd.stop_signal)
+        try:
+            await wait_listening(
+                req.instance_id, proc, self._host, port, cmd.listen_timeout_s, str(log_path)
+            )
+        except BaseException:  # a failure, or the launch was cancelled: leave nothing running
+            self._kill(req.instance_id, proc)
+            raise
+        return InstanceHandle(req.instance_id, self._host, port, proc.pid)
+
     async def _wait_for_port(
         self, instance_id: str, proc: subprocess.Popen[bytes], port_file: Path, log_path: Path
     ) -> int:
@@ -111,17 +169,22 @@ class LocalRuntime:
 
     def _kill(self, instance_id: str, proc: subprocess.Popen[bytes]) -> None:
         """SIGKILL the worker's whole process group and reap it (it is our child)."""
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            # Also when the leader is gone: a server's forked workers may still hold the group.
+            # The leader was reaped moments ago, and pids are handed out in turn, so its id
+            # cannot belong to a new process group yet.
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
         self._children.pop(instance_id, None)
+        self._stop_signals.pop(instance_id, None)
 
     async def stop(self, handle: InstanceHandle, grace_s: float) -> int | None:
+        """The instance's stop signal (SIGTERM unless its spec says otherwise) to its process
+        group, SIGKILL after `grace_s`; then whatever of the group is left is killed too."""
         if handle.pid is None:
             return None
-        self._signal(handle, signal.SIGTERM)
+        self._signal(handle, self._stop_signal(handle))
         deadline = asyncio.get_running_loop().time() + grace_s
         while (code := self.exit_code(handle)) is None:
             if asyncio.get_running_loop().time() >= deadline:
@@ -130,8 +193,17 @@ class LocalRuntime:
                 deadline = float("inf")
                 continue
             await asyncio.sleep(0.05)
-        self._children.pop(handle.instance_id, None)
+        child = self._children.get(handle.instance_id)
+        if child is not None:
+            self._kill(handle.instance_id, child)
         return code
+
+    def _stop_signal(self, handle: InstanceHandle) -> signal.Signals:
+        known = self._stop_signals.get(handle.instance_id)
+        if known is not None:
+            return known
+        assert handle.pid is not None  # an adopted server says it in its environment
+        return _signal_named(_environ(handle.pid).get(b"SLUICE_STOP_SIGNAL", b"").decode())
 
     def exit_code(self, handle: InstanceHandle) -> int | None:
         child = self._children.get(handle.instance_id)
@@ -159,7 +231,8 @@ class LocalRuntime:
 
 
 def pid_runs_instance(pid: int, instance_id: str) -> bool:
-    """True if `pid` is alive, not a zombie, and is the worker of `instance_id`."""
+    """True if `pid` is alive, not a zombie, and is the worker (or command server, or one of
+    its processes) of `instance_id`."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -167,7 +240,24 @@ def pid_runs_instance(pid: int, instance_id: str) -> bool:
         return False
     if stat.rsplit(")", 1)[-1].split()[0] == "Z":
         return False
-    return b"sluice.worker" in cmdline and f'"instance_id": "{instance_id}"'.encode() in cmdline
+    if b"sluice.worker" in cmdline and f'"instance_id": "{instance_id}"'.encode() in cmdline:
+        return True
+    return _environ(pid).get(b"SLUICE_INSTANCE_ID") == instance_id.encode()
+
+
+def _environ(pid: int) -> dict[bytes, bytes]:
+    """The environment `pid` started with ({} if unreadable: not ours, or gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
+def _signal_named(name: str) -> signal.Signals:
+    """SIGTERM for an unknown or empty name (the spec allows only real ones)."""
+    return getattr(signal, name, signal.SIGTERM) if name.startswith("SIG") else signal.SIGTERM
 
 
 def _read_port(path: Path) -> int | None:

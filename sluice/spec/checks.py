@@ -13,11 +13,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 from sluice.core.errors import SluiceError, SpecError
+from sluice.spec.devices import device_problems
 from sluice.spec.hfconfig import ModelConfigError, normalise_dtype
+from sluice.spec.keys import KeyPath
 from sluice.spec.memory import group_memory_problem
 from sluice.spec.modeldir import ModelDir
-from sluice.spec.models import GroupSpec, KeyPath, PlatformSpec, RouteSpec
+from sluice.spec.models import GroupSpec, PlatformSpec, RouteSpec
 from sluice.spec.quota import BudgetSpec
+from sluice.spec.servers import names_model_dir, server_problems
 
 __all__ = ["ModelReader", "check_keys", "check_platform", "model_path_of"]
 
@@ -37,6 +40,8 @@ def check_platform(spec: PlatformSpec, read_model: ModelReader | None = None) ->
         *_schedules(spec),
         *_quotas(spec),
         *_rollouts(spec),
+        *device_problems(spec),
+        *(p for i, g in enumerate(spec.groups) for p in server_problems(i, g)),
         *(_model_memory(spec, read_model) if read_model is not None else ()),
     ]
 
@@ -373,6 +378,8 @@ def model_path_of(model: object) -> tuple[str, str] | None:
     runtime = getattr(model, "runtime", None)
     params = getattr(model, runtime, None) if isinstance(runtime, str) else None
     path = getattr(params, "model_path", None)
+    if runtime == "command" and isinstance(path, str) and not names_model_dir(path):
+        return None  # a hub id or a single file (GGUF): the server reads it, not Sluice
     return (runtime, path) if isinstance(runtime, str) and isinstance(path, str) and path else None
 
 

@@ -8,16 +8,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from sluice.spec.autoscaling import AutoscalingSpec, ScheduleEntry, SloSpec
+from sluice.spec.devices import DeviceId, pool_devices_problem
 from sluice.spec.hf import TransformersParams
+from sluice.spec.keys import (
+    DIGEST_PREFIX,
+    KEY_SOURCE_FIELDS,
+    SECRET_FIELDS,
+    ApiKey,
+    EnvVarName,
+    KeyDigest,
+    KeyFilePath,
+    KeyPath,
+    check_digest,
+    digest_entry,
+    key_digest,
+)
 from sluice.spec.quota import BudgetSpec, QuotaSpec
 from sluice.spec.rollout import RolloutSpec
+from sluice.spec.servers import CommandSpec, ExternalSpec, external_replicas
 
 __all__ = [
     "DIGEST_PREFIX",
@@ -69,6 +83,21 @@ class PoolSpec(_Strict):
     purpose: Literal["inference", "training"] = Field(
         default="inference", description="inference groups never use training pools (Q5)"
     )
+    devices: list[DeviceId] | None = Field(
+        default=None,
+        description="this machine's device ids (CUDA indices or UUIDs): each instance is "
+        "pinned to its own (CUDA_VISIBLE_DEVICES); unset: virtual units, nothing pinned",
+    )
+    units_per_device: int = Field(
+        default=1, ge=1, le=64, description="quota units per device (fractional accelerators)"
+    )
+
+    @model_validator(mode="after")
+    def _devices_add_up(self) -> PoolSpec:
+        problem = pool_devices_problem(self.count, self.devices, self.units_per_device)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class FixedServiceTime(_Strict):
@@ -122,16 +151,21 @@ class EmbeddingParams(_Strict):
     max_batch: int = Field(default=64, ge=1, le=4096)
 
 
-_PARAM_BLOCKS = ("sim", "embedding", "transformers")
+_PARAM_BLOCKS = ("sim", "embedding", "transformers", "command", "external")
 """Each runtime's own params block, named as the runtime; a model may hold only its own."""
 
 
 class ModelSpec(_Strict):
-    runtime: Literal["sim", "embedding", "transformers"]
+    """`sim`, `embedding`, `transformers`: Sluice's own worker serves the model; `command`:
+    any OpenAI-compatible server Sluice launches; `external`: servers that already run."""
+
+    runtime: Literal["sim", "embedding", "transformers", "command", "external"]
     version: str = Field(default="v1", min_length=1, max_length=64)
     sim: SimParams | None = None
     embedding: EmbeddingParams | None = None
     transformers: TransformersParams | None = None
+    command: CommandSpec | None = None
+    external: ExternalSpec | None = None
 
     @model_validator(mode="after")
     def _params_match_runtime(self) -> ModelSpec:
@@ -140,15 +174,24 @@ class ModelSpec(_Strict):
                 raise ValueError(f"runtime is {self.runtime!r}; remove the '{other}:' block")
         if self.runtime == "transformers" and self.transformers is None:
             raise ValueError("runtime 'transformers' needs a 'transformers:' block with model_path")
+        if self.runtime in ("command", "external") and getattr(self, self.runtime) is None:
+            raise ValueError(f"runtime {self.runtime!r} needs a '{self.runtime}:' block")
         return self
+
+    @property
+    def server(self) -> CommandSpec | ExternalSpec | None:
+        """The server that is not Sluice's worker, if the model runs on one."""
+        return self.command or self.external
 
     @property
     def memory_gb(self) -> float:
         if self.transformers is not None:
             return self.transformers.estimated_memory_gb()
-        params = self.sim or self.embedding
+        params = self.sim or self.embedding or self.command
         if params is not None:
             return params.memory_gb
+        if self.runtime == "external":
+            return 0.0  # on machines Sluice does not run
         return SimParams().memory_gb if self.runtime == "sim" else EmbeddingParams().memory_gb
 
 
@@ -156,6 +199,9 @@ class ResourcesSpec(_Strict):
     pool: Name
     accelerators: int = Field(default=1, ge=1, le=64, description="per instance")
     memory_gb: float = Field(gt=0, description="accelerator memory one instance needs, GiB")
+    fractional: bool = Field(
+        default=False, description="may take part of one device, shared with other such"
+    )
 
 
 class WarmupSpec(_Strict):
@@ -240,6 +286,15 @@ class GroupSpec(_Strict):
     quota: QuotaSpec = QuotaSpec()
     budget: BudgetSpec | None = None
 
+    @model_validator(mode="after")
+    def _one_instance_per_endpoint(self) -> GroupSpec:
+        """An external group runs one instance per endpoint: that is its `replicas` unless
+        written (`server_problems` refuses a count that differs)."""
+        n = external_replicas(self.models)
+        if n is not None and "replicas" not in self.model_fields_set:
+            object.__setattr__(self, "replicas", n)  # frozen; this runs while it is built
+        return self
+
     def template(self) -> str:
         """Fingerprint of what an instance runs; a change rolls the group's instances."""
         body = {
@@ -252,81 +307,6 @@ class GroupSpec(_Strict):
 
 
 Priority = Literal["high", "normal", "low"]
-
-
-KeyPath = tuple[str | int, ...]
-"""Where a key came from, relative to its tenant: ("api_keys", 2), ("api_keys_env",), ..."""
-
-DIGEST_PREFIX = "sha256:"
-"""An `api_keys` entry `sha256:<64 lowercase hex>` is a key's digest, not a plain key."""
-
-SECRET_FIELDS = frozenset({"api_keys", "api_key_sha256", "api_keys_env"})
-"""Tenant fields whose values no error message may echo: they hold keys, or may hold a key
-pasted by mistake where a digest or a variable's name belongs."""
-
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def key_digest(key: str) -> str:
-    """How a key is kept: the sha256 hex digest (lowercase) of its UTF-8 bytes."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def digest_entry(entry: str) -> str | None:
-    """The digest in a well-formed `sha256:<64 lowercase hex>` entry, else None."""
-    if entry.startswith(DIGEST_PREFIX):
-        digest = entry[len(DIGEST_PREFIX) :]
-        if _HEX64.fullmatch(digest):
-            return digest
-    return None
-
-
-def _check_key(entry: str) -> str:
-    if not entry.strip():
-        raise ValueError("an API key must not be empty or blank; write the key or remove the entry")
-    if not _is_utf8(entry):
-        raise ValueError("an API key must be valid Unicode text (no lone surrogate escapes)")
-    if entry.startswith(DIGEST_PREFIX) and digest_entry(entry) is None:
-        raise ValueError(
-            f"a '{DIGEST_PREFIX}' entry must be followed by exactly 64 lowercase hex digits "
-            "(the key's sha256 digest, e.g. `printf %s KEY | sha256sum`); fix the digest"
-        )
-    return entry
-
-
-def _check_digest(digest: str) -> str:
-    if not _HEX64.fullmatch(digest):
-        hint = (
-            f"; drop the '{DIGEST_PREFIX}' prefix here"
-            if digest.startswith(DIGEST_PREFIX)
-            else "; plain keys go under api_keys"
-        )
-        raise ValueError(
-            "a key digest is exactly 64 lowercase hex digits (the key's sha256, e.g. "
-            f"`printf %s KEY | sha256sum`){hint}"
-        )
-    return digest
-
-
-def _check_path(path: str) -> str:
-    if not path.strip() or "\0" in path:
-        raise ValueError("a key file path must be non-empty text; name the file holding the keys")
-    return path
-
-
-ApiKey = Annotated[str, AfterValidator(_check_key)]
-KeyDigest = Annotated[str, AfterValidator(_check_digest)]
-EnvVarName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=255)]
-KeyFilePath = Annotated[str, AfterValidator(_check_path), Field(max_length=4096)]
-_SOURCE_FIELDS = frozenset({"api_keys_env", "api_keys_file"})
 
 
 class RateLimitSpec(_Strict):
@@ -421,9 +401,9 @@ class TenantSpec(_Strict):
         kept = [
             (at, d)
             for at, d in zip(origins[n_plain:], self.api_key_sha256, strict=True)
-            if at[0] not in _SOURCE_FIELDS
+            if at[0] not in KEY_SOURCE_FIELDS
         ]
-        kept += [(at, _check_digest(d)) for at, d in found]
+        kept += [(at, check_digest(d)) for at, d in found]
         copy = self.model_copy(update={"api_key_sha256": [d for _, d in kept]})
         copy._key_origins = (*origins[:n_plain], *(at for at, _ in kept))
         return copy

@@ -20,15 +20,9 @@ import yaml
 
 from sluice.core.errors import SpecError, SpecIssue
 from sluice.spec.checks import check_keys
+from sluice.spec.keys import DIGEST_PREFIX, KeyPath, digest_entry, key_digest
 from sluice.spec.loader import _dotted, _line_for, _line_map, _yaml_issue, check_shape
-from sluice.spec.models import (
-    DIGEST_PREFIX,
-    KeyPath,
-    PlatformSpec,
-    TenantSpec,
-    digest_entry,
-    key_digest,
-)
+from sluice.spec.models import PlatformSpec, TenantSpec
 
 __all__ = ["key_digest", "redact_secrets", "resolve_key_sources"]
 

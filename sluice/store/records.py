@@ -84,6 +84,8 @@ class InstanceRecord:
     created_at: float
     updated_at: float
     reason: str = ""
+    devices: str = ""
+    """The device ids it is pinned to, comma-separated ('' when none)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", InstanceState(self.state).value)

@@ -81,6 +81,7 @@ instances = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     Column("reason", Text, nullable=False),
+    Column("devices", Text, nullable=False, server_default=""),
 )
 
 replica_overrides = Table(

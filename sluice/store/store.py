@@ -359,4 +359,5 @@ def _instance(row: Row[Any]) -> InstanceRecord:
         created_at=m["created_at"],
         updated_at=m["updated_at"],
         reason=m["reason"],
+        devices=m["devices"],
     )

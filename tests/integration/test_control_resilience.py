@@ -127,7 +127,7 @@ class FakeSupervisor:
                 out.setdefault(s.group, []).append(Endpoint(s.id, "127.0.0.1", port, 8))
         return out
 
-    def launch(self, spec: GroupSpec, template: str, reason: str) -> str:
+    def launch(self, spec: GroupSpec, template: str, reason: str, pool: object = None) -> str:
         self.launched.append(spec.name)
         self.add(spec, f"{spec.name}-new{len(self.launched)}")
         self.changed.set()

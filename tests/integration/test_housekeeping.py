@@ -113,3 +113,42 @@ def test_a_pass_rotates_prunes_and_keeps_the_audit_longest(store: Store, tmp_pat
 def test_the_audit_log_must_be_kept_longest() -> None:
     with pytest.raises(ValueError, match="the audit log is kept longest"):
         RetentionSpec(events_days=500, audit_days=400)
+
+
+def test_a_command_servers_log_rotates_by_copy_so_its_writer_stays_in_the_named_file(
+    tmp_path: Path, store: Store
+) -> None:
+    """A server Sluice did not write keeps its stdout fd: after a rename it would write on
+    into `<id>.log.1` (unbounded, and deleted once rotated out); copy-truncate keeps its
+    output in `<id>.log`, where the next rotation (and the failure event's tail) finds it."""
+    logs = tmp_path / "instances"
+    logs.mkdir()
+    path = logs / "cmd-1.log"
+    with open(path, "ab") as out:  # as the local runtime opens it for a command
+        writer = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import time\nwhile True: print('x' * 99, flush=True); time.sleep(0.01)",
+            ],
+            stdout=out,
+        )
+    try:
+        keeper = Housekeeper(
+            store,
+            ManualClock(0),
+            tmp_path / "access.log",
+            logs,
+            lambda: {"cmd-1"},
+            copy_truncate=lambda: {"cmd-1"},
+        )
+        time.sleep(0.3)
+        done = asyncio.run(keeper.run_once(RetentionSpec(instance_log_max_mb=0.001)))
+        assert done["rotated"] == ["cmd-1.log"]
+        rotated_size = (logs / "cmd-1.log.1").stat().st_size
+        time.sleep(0.3)
+        assert path.stat().st_size > 0  # the writer goes on in the named file
+        assert (logs / "cmd-1.log.1").stat().st_size == rotated_size
+    finally:
+        writer.kill()
+        writer.wait()

@@ -1,0 +1,91 @@
+"""Which devices of a pool a new instance gets: distinct ones, never shared by accident.
+
+A pool with real devices splits each into `units_per_device` quota units. An instance holds
+some units on each device it was given. The rule that keeps instances apart:
+
+    exclusive instance (units a multiple of units_per_device): takes whole devices that
+        hold nothing, so no other instance can fit on them while it lives;
+    fractional instance (the group allows it): takes `units` on ONE device that has room,
+        the fullest such device first (best fit keeps whole devices free for exclusive ones).
+
+So a device is shared only between fractional instances, and a device's held units never
+exceed `units_per_device` (pre: the holds passed in obey this). The quota allocator counts
+units, not devices, so free units may still be scattered (fragmentation): then the answer
+says so and the caller waits for a device to free up instead of oversubscribing one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["DeviceGrant", "DeviceHold", "assign_devices", "held_units"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHold:
+    """A live instance (any state until its process is gone) holding `units` quota units on
+    each of `devices`."""
+
+    instance_id: str
+    devices: tuple[str, ...]
+    units: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceGrant:
+    """`devices` in the pool's order, each holding `units` of the instance; empty with a
+    `reason` when no placement exists now."""
+
+    devices: tuple[str, ...]
+    units: int
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.devices)
+
+
+def held_units(devices: Sequence[str], holds: Sequence[DeviceHold]) -> Mapping[str, int]:
+    """Units held on each device of the pool (devices not in the pool are ignored)."""
+    used = dict.fromkeys(devices, 0)
+    for h in holds:
+        for d in h.devices:
+            if d in used:
+                used[d] += h.units
+    return used
+
+
+def assign_devices(
+    devices: Sequence[str],
+    units_per_device: int,
+    holds: Sequence[DeviceHold],
+    units: int,
+    fractional: bool,
+) -> DeviceGrant:
+    """Devices for an instance needing `units` quota units.
+
+    pre: devices are distinct; units >= 1; units_per_device >= 1; not fractional implies
+    units % units_per_device == 0; fractional implies units <= units_per_device (the spec
+    checks refuse the rest)."""
+    used = held_units(devices, holds)
+    if fractional and units < units_per_device:
+        fits = [d for d in devices if units_per_device - used[d] >= units]
+        if not fits:
+            return DeviceGrant(
+                (), units, _why(used, units_per_device, f"device with {units} free unit(s)")
+            )
+        best = max(fits, key=lambda d: used[d])  # fullest; max keeps the first of a tie
+        return DeviceGrant((best,), units)
+    whole = max(1, units // units_per_device)
+    free = [d for d in devices if used[d] == 0]
+    if len(free) < whole:
+        return DeviceGrant(
+            (), units_per_device, _why(used, units_per_device, f"{whole} free device(s)")
+        )
+    return DeviceGrant(tuple(free[:whole]), units_per_device)
+
+
+def _why(used: Mapping[str, int], per: int, wanted: str) -> str:
+    busy = ", ".join(f"{d}: {n}/{per}" for d, n in used.items())
+    return f"no {wanted} now (units held per device: {busy})"

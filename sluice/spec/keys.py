@@ -1,0 +1,98 @@
+"""Tenant keys in the spec: how a key is kept (its sha256 digest), how a digest is written
+(`sha256:<hex>`), and the checks on what an operator may write where a key goes."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
+__all__ = [
+    "DIGEST_PREFIX",
+    "KEY_SOURCE_FIELDS",
+    "SECRET_FIELDS",
+    "ApiKey",
+    "EnvVarName",
+    "KeyDigest",
+    "KeyFilePath",
+    "KeyPath",
+    "check_digest",
+    "digest_entry",
+    "key_digest",
+]
+
+KeyPath = tuple[str | int, ...]
+"""Where a key came from, relative to its tenant: ("api_keys", 2), ("api_keys_env",), ..."""
+
+DIGEST_PREFIX = "sha256:"
+"""An `api_keys` entry `sha256:<64 lowercase hex>` is a key's digest, not a plain key."""
+
+SECRET_FIELDS = frozenset({"api_keys", "api_key_sha256", "api_keys_env"})
+"""Tenant fields whose values no error message may echo: they hold keys, or may hold a key
+pasted by mistake where a digest or a variable's name belongs."""
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def key_digest(key: str) -> str:
+    """How a key is kept: the sha256 hex digest (lowercase) of its UTF-8 bytes."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def digest_entry(entry: str) -> str | None:
+    """The digest in a well-formed `sha256:<64 lowercase hex>` entry, else None."""
+    if entry.startswith(DIGEST_PREFIX):
+        digest = entry[len(DIGEST_PREFIX) :]
+        if _HEX64.fullmatch(digest):
+            return digest
+    return None
+
+
+def _check_key(entry: str) -> str:
+    if not entry.strip():
+        raise ValueError("an API key must not be empty or blank; write the key or remove the entry")
+    if not _is_utf8(entry):
+        raise ValueError("an API key must be valid Unicode text (no lone surrogate escapes)")
+    if entry.startswith(DIGEST_PREFIX) and digest_entry(entry) is None:
+        raise ValueError(
+            f"a '{DIGEST_PREFIX}' entry must be followed by exactly 64 lowercase hex digits "
+            "(the key's sha256 digest, e.g. `printf %s KEY | sha256sum`); fix the digest"
+        )
+    return entry
+
+
+def check_digest(digest: str) -> str:
+    if not _HEX64.fullmatch(digest):
+        hint = (
+            f"; drop the '{DIGEST_PREFIX}' prefix here"
+            if digest.startswith(DIGEST_PREFIX)
+            else "; plain keys go under api_keys"
+        )
+        raise ValueError(
+            "a key digest is exactly 64 lowercase hex digits (the key's sha256, e.g. "
+            f"`printf %s KEY | sha256sum`){hint}"
+        )
+    return digest
+
+
+def _check_path(path: str) -> str:
+    if not path.strip() or "\0" in path:
+        raise ValueError("a key file path must be non-empty text; name the file holding the keys")
+    return path
+
+
+ApiKey = Annotated[str, AfterValidator(_check_key)]
+KeyDigest = Annotated[str, AfterValidator(check_digest)]
+EnvVarName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=255)]
+KeyFilePath = Annotated[str, AfterValidator(_check_path), Field(max_length=4096)]
+KEY_SOURCE_FIELDS = frozenset({"api_keys_env", "api_keys_file"})
