@@ -47,6 +47,7 @@ from sluice.spec import (
     resolve_key_sources,
     revision_diff,
 )
+from sluice.spec.secrets import secret_env_names
 from sluice.spec.servers import external_scale_problem
 from sluice.store import Revision, Store
 
@@ -443,6 +444,7 @@ class Controller:
         await self._track_crash_loops(observed, now)
         actions = [a for t in targets for a in plan_group(t, observed)]
         # 3. Apply (launches of a crash-looping group wait for its backoff).
+        self._supervisor.withheld_env = secret_env_names(spec)
         for action in actions:
             if isinstance(action, Launch):
                 group = spec.group(action.group)

@@ -21,7 +21,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -127,6 +127,9 @@ class InstanceSupervisor:
         Sluice's worker (without it such a drain waits out `drain_timeout_s`). `environ`:
         where external endpoints' keys are read (default: this process's environment)."""
         self._runtime = runtime
+        self.withheld_env: frozenset[str] = frozenset()
+        """Variables holding the spec's secrets, kept out of every instance's environment
+        (the controller sets it from each spec it applies: `spec.secrets.secret_env_names`)."""
         self._external = ExternalRuntime()
         self._gateway_inflight = inflight
         self._environ = os.environ if environ is None else environ
@@ -308,7 +311,10 @@ class InstanceSupervisor:
             deadline = inst.created_at + spec.health.startup_timeout_s
             await self._place(inst, deadline)
             listen_s = max(1.0, deadline - self._clock.now())
-            request = launch_request(inst.id, spec, inst.devices, listen_s)
+            request = replace(
+                launch_request(inst.id, spec, inst.devices, listen_s),
+                withheld_env=self.withheld_env,
+            )
             inst.handle = await self._runtime.launch(request)
             self._set_state(inst, InstanceState.STARTING, "process started")
             await self._wait_ready(inst, deadline)

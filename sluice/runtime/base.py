@@ -35,7 +35,9 @@ class LaunchRequest:
     sets those (locally: the host, and port 0 so the worker binds a free port itself).
     With `command`, the instance runs that server instead of the worker (`worker_config`
     is then unused). `env` is added to the process's environment either way. `endpoint`:
-    the base URL of a server that already runs (the external runtime; nothing starts)."""
+    the base URL of a server that already runs (the external runtime; nothing starts).
+    `withheld_env`: variables of Sluice's own environment the instance must not inherit (they
+    hold secrets: tenant keys, endpoint keys); SLUICE_TOKEN is always withheld."""
 
     instance_id: str
     group: str
@@ -43,6 +45,7 @@ class LaunchRequest:
     env: dict[str, str]
     command: CommandLaunch | None = None
     endpoint: str | None = None
+    withheld_env: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,7 +75,7 @@ class LocalRuntime:
             "log_file": str(log_path),  # it follows the file across rotation by rename
         }
         cmd = [self._python, "-m", "sluice.worker", "--config-json", json.dumps(config)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **req.env}
+        env = {**inherited_env(req), "PYTHONUNBUFFERED": "1", **req.env}
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -102,7 +102,7 @@ class LocalRuntime:
         port = self._pick_port(self._host)
         argv, extra = rendered(cmd, self._host, port)
         env = {
-            **os.environ,
+            **inherited_env(req),
             "PYTHONUNBUFFERED": "1",
             **extra,
             **req.env,
@@ -243,6 +243,18 @@ def pid_runs_instance(pid: int, instance_id: str) -> bool:
     if b"sluice.worker" in cmdline and f'"instance_id": "{instance_id}"'.encode() in cmdline:
         return True
     return _environ(pid).get(b"SLUICE_INSTANCE_ID") == instance_id.encode()
+
+
+ALWAYS_WITHHELD = frozenset({"SLUICE_TOKEN"})
+"""The CLI's credential: an instance has no business with the control API's tokens."""
+
+
+def inherited_env(req: LaunchRequest) -> dict[str, str]:
+    """Sluice's environment less what holds secrets: a third-party server (or a model's
+    code) logs, dumps or forwards its environment, so a key it never needed must not be in
+    it."""
+    withheld = ALWAYS_WITHHELD | req.withheld_env
+    return {k: v for k, v in os.environ.items() if k not in withheld}
 
 
 def _environ(pid: int) -> dict[bytes, bytes]:

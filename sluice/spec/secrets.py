@@ -24,7 +24,12 @@ from sluice.spec.keys import DIGEST_PREFIX, KeyPath, digest_entry, key_digest
 from sluice.spec.loader import _dotted, _line_for, _line_map, _yaml_issue, check_shape
 from sluice.spec.models import PlatformSpec, TenantSpec
 
-__all__ = ["key_digest", "redact_secrets", "resolve_key_sources"]
+__all__ = [
+    "key_digest",
+    "redact_secrets",
+    "resolve_key_sources",
+    "secret_env_names",
+]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _NULL_TAG = "tag:yaml.org,2002:null"
@@ -256,3 +261,14 @@ def _located(problems: list[tuple[KeyPath, str]], text: str | None, source: str)
         except yaml.YAMLError:
             lines = {}
     return [SpecIssue(_dotted(p), msg, source, _line_for(p, lines)) for p, msg in problems]
+
+
+def secret_env_names(spec: PlatformSpec) -> frozenset[str]:
+    """The environment variables `spec` reads keys from (tenants' `api_keys_env`, external
+    endpoints' `api_key_env`): what no instance may inherit from Sluice's environment."""
+    names = {t.api_keys_env for t in spec.tenants if t.api_keys_env}
+    for g in spec.groups:
+        for m in g.models.values():
+            if m.external is not None:
+                names.update(e.api_key_env for e in m.external.endpoints if e.api_key_env)
+    return frozenset(names)

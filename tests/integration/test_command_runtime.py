@@ -9,6 +9,7 @@ import asyncio
 import socket
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -101,6 +102,29 @@ def test_a_command_gets_its_port_devices_and_environment_and_stops_with_its_grou
     asyncio.run(run())
 
 
+def test_a_command_inherits_no_secret_of_sluices_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Servers log and dump their environment: keys the spec reads from Sluice's (tenants',
+    endpoints') and the CLI's token must not be in it; the rest (PATH, HF_HOME...) is."""
+    monkeypatch.setenv("TENANT_KEYS", "sk-tenant-secret")
+    monkeypatch.setenv("SLUICE_TOKEN", "slc_secret")
+    monkeypatch.setenv("HF_HOME", "/models/cache")
+
+    async def run() -> None:
+        rt = LocalRuntime(tmp_path)
+        req = replace(command(new_id()), withheld_env=frozenset({"TENANT_KEYS"}))
+        handle = await rt.launch(req)
+        try:
+            env = environ_of(handle.pid or 0)
+        finally:
+            await rt.stop(handle, grace_s=5)
+        assert "TENANT_KEYS" not in env and "SLUICE_TOKEN" not in env
+        assert env["HF_HOME"] == "/models/cache" and "PATH" in env
+
+    asyncio.run(run())
+
+
 def test_the_stop_signal_is_the_commands_own_and_forked_workers_go_too(tmp_path: Path) -> None:
     async def run() -> None:
         rt = LocalRuntime(tmp_path)
@@ -113,7 +137,13 @@ def test_the_stop_signal_is_the_commands_own_and_forked_workers_go_too(tmp_path:
         assert len(group_members(handle.pid)) == 2  # the server and the worker it forked
         assert await rt.stop(handle, grace_s=5) == 0
         assert "got SIGINT" in (tmp_path / "instances" / f"{iid}.log").read_text()
-        assert group_members(handle.pid) == []  # the forked `sleep` did not outlive it
+        # the forked `sleep` did not outlive it (SIGKILL is sent to the group; it takes the
+        # kernel a moment to end a process, so look for up to 2 s)
+        for _ in range(40):
+            if not group_members(handle.pid):
+                break
+            await asyncio.sleep(0.05)
+        assert group_members(handle.pid) == []
 
     asyncio.run(run())
 
