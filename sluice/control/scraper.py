@@ -280,7 +280,7 @@ class ServerScraper:
         try:
             async with asyncio.timeout(self._timeout_s):
                 body = await self._get(t.url)
-            signals = await asyncio.to_thread(parse_server_metrics, body.decode("utf-8"))
+            signals = await asyncio.to_thread(parse_server_metrics, body.decode("utf-8", "replace"))
         except (httpx.HTTPError, ValueError, TimeoutError) as exc:
             seen.failures += 1
             seen.failures_total += 1
