@@ -267,6 +267,7 @@ def test_a_queue_inside_the_server_scales_up_where_busy_but_fast_instances_do_no
     assert held == 1 and "no queue: no scale-up" in reason
     assert "server_queue" not in signals
     # ...but if the server says all 12 wait for a batch slot, people wait: a queue
-    grown, signals, _ = _decide(in_flight=12, server_waiting=12)
+    grown, signals, reason = _decide(in_flight=12, server_waiting=12)
+    assert "12 requests wait inside the servers" in reason
     assert grown >= 4
     assert signals["server_queue"] == 12.0 and signals["queue"] == 12.0
