@@ -191,9 +191,7 @@ class SluicePolicy:
         signals, proposals = self._signals(load, now)
         rec, winner, top, notes = self._combine(load, signals, proposals)
         if load.server_waiting:
-            notes.append(
-                f"{load.server_waiting} requests wait inside the servers (their own metrics)"
-            )
+            notes.append(f"{load.server_waiting} requests wait inside the servers")
         cold = current == 0 and (arrived > 0 or load.queued > 0 or load.in_flight > 0)
         desired, clipped = self._guard(load, now, rec, cold, notes)
         if cold and desired < 1:
