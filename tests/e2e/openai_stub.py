@@ -102,6 +102,7 @@ COUNTERS = Counters()
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # like uvicorn (vLLM, SGLang): small SSE writes go at once
 
     def log_message(self, format: str, *args: Any) -> None:
         sys.stdout.write(f"{self.address_string()} {format % args}\n")
