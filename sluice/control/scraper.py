@@ -1,6 +1,7 @@
-"""Scrape the Prometheus metrics of every READY instance whose server declares a
-`metrics_path` (vLLM, SGLang, llama.cpp; what is read and how it is named across them is
-`sluice.policy.server_metrics`), and keep each one's latest signals.
+"""Scrape the Prometheus metrics of every READY instance whose server (a `command`, or an
+`external` endpoint) declares a `metrics_path` (vLLM, SGLang, llama.cpp; what is read and
+how it is named across them is `sluice.policy.server_metrics`), and keep each one's latest
+signals.
 
 What they are used for:
 - autoscaling (`load`): the servers' running and waiting requests, summed per group over
@@ -57,14 +58,18 @@ class ScrapeTarget(NamedTuple):
 
 
 def metrics_path(spec: GroupSpec) -> str | None:
-    """Where the group's command server serves its Prometheus metrics, if it says."""
-    return next(
-        (m.command.metrics_path for m in spec.models.values() if m.command is not None), None
-    )
+    """Where the group's server (a command, or an external endpoint) serves its Prometheus
+    metrics, if it says. An external endpoint's page is read without its API key (vLLM and
+    SGLang serve /metrics to anyone; one that does not is a counted failure)."""
+    for m in spec.models.values():
+        server = m.command or m.external
+        if server is not None:
+            return server.metrics_path
+    return None
 
 
 def scrape_targets(spec: PlatformSpec, observed: Sequence[InstanceStatus]) -> list[ScrapeTarget]:
-    """The READY instances of command groups that declare a `metrics_path`."""
+    """The READY instances of command and external groups that declare a `metrics_path`."""
     paths = {g.name: metrics_path(g) for g in spec.groups}
     return [
         ScrapeTarget(i.group, i.id, i.url + path)

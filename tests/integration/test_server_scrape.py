@@ -16,7 +16,9 @@ from pathlib import Path
 
 import httpx
 
-from sluice.control.scraper import ScrapeTarget, ServerScraper
+from sluice.control.scraper import ScrapeTarget, ServerScraper, scrape_targets
+from sluice.core import InstanceState, InstanceStatus
+from sluice.spec import load_spec_text
 
 STUB = str(Path(__file__).parents[1] / "e2e" / "openai_stub.py")
 
@@ -140,3 +142,45 @@ def test_a_latency_window_counts_what_the_servers_served_after_it_began() -> Non
                 await scraper.aclose()
 
         asyncio.run(run())
+
+
+def test_targets_are_the_ready_instances_of_servers_that_declare_metrics() -> None:
+    spec = load_spec_text(
+        """
+pools:
+  - {name: p, count: 8, memory_gb: 16}
+groups:
+  - {name: cmd, owner: a@example.com, business: b, alert_channel: "#c",
+     resources: {pool: p, memory_gb: 1}, replicas: 1,
+     models: {m1: {runtime: command,
+                   command: {argv: [srv, --port, "{port}"], metrics_path: /metrics}}}}
+  - {name: quiet, owner: a@example.com, business: b, alert_channel: "#c",
+     resources: {pool: p, memory_gb: 1}, replicas: 1,
+     models: {m2: {runtime: command, command: {argv: [srv, --port, "{port}"]}}}}
+  - {name: ext, owner: a@example.com, business: b, alert_channel: "#c",
+     resources: {pool: p, memory_gb: 1}, replicas: 1,
+     models: {m3: {runtime: external,
+                   external: {endpoints: [{url: "http://10.0.0.9:8000"}],
+                              metrics_path: /prom}}}}
+  - {name: own, owner: a@example.com, business: b, alert_channel: "#c",
+     resources: {pool: p, memory_gb: 1}, replicas: 1,
+     models: {m4: {runtime: sim}}}
+"""
+    ).spec
+
+    def inst(iid: str, group: str, state: InstanceState, url: str | None) -> InstanceStatus:
+        return InstanceStatus(iid, group, "t", state, 0.0, url=url)
+
+    observed = [
+        inst("c1", "cmd", InstanceState.READY, "http://127.0.0.1:5001"),
+        inst("c2", "cmd", InstanceState.WARMING, "http://127.0.0.1:5002"),  # not yet
+        inst("c3", "cmd", InstanceState.DRAINING, "http://127.0.0.1:5003"),  # no longer
+        inst("q1", "quiet", InstanceState.READY, "http://127.0.0.1:5004"),  # no metrics_path
+        inst("e1", "ext", InstanceState.READY, "http://10.0.0.9:8000"),
+        inst("o1", "own", InstanceState.READY, "http://127.0.0.1:5005"),  # Sluice's worker
+        inst("x1", "gone", InstanceState.READY, "http://127.0.0.1:5006"),  # left the spec
+    ]
+    assert scrape_targets(spec, observed) == [
+        ScrapeTarget("cmd", "c1", "http://127.0.0.1:5001/metrics"),
+        ScrapeTarget("ext", "e1", "http://10.0.0.9:8000/prom"),
+    ]
