@@ -438,11 +438,12 @@ def build_control_api(
 
     @api.get("/metrics")
     async def gateway_metrics() -> Response:
-        """The gateway's Prometheus metrics (a scraper sends a viewer token)."""
+        """The gateway's Prometheus metrics and the model servers' scraped signals
+        (`sluice_server_*` by group and instance); a scraper sends a viewer token."""
         if metrics is None:
             raise NotFound("this control API serves no gateway metrics")
         body, content_type = metrics()
-        return Response(body, media_type=content_type)
+        return Response(body + controller.server_metrics(), media_type=content_type)
 
     @api.post("/v1/tokens")
     async def create_token(body: TokenRequest, me: Me) -> dict[str, Any]:

@@ -4,6 +4,10 @@ The decisions are the pure policies of `sluice.policy.autoscale` (the simulator 
 same objects); this module only keeps what a live run must remember between ticks: each
 group's policy instance (rebuilt when its spec changes), a short history of traffic samples
 (so p95 latency covers the last `LATENCY_WINDOW_S` exactly), and the measured start-up time.
+
+Besides the gateway's counters, a group of command servers that expose metrics has their own
+running and waiting counts (`ServerLoadSource`, scraped by `sluice.control.scraper`): they
+set `GroupLoad.server_waiting` and, where larger, `in_flight` (`server_view`).
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ from dataclasses import dataclass, field
 from sluice.core import InstanceState, InstanceStatus
 from sluice.policy.autoscale import Autoscaler, Decision, GroupLoad, build_autoscaler
 from sluice.policy.autoscale.base import TrafficSample, window_quantile
+from sluice.policy.server_metrics import ServerLoad, server_view
 from sluice.spec import GroupSpec, PlatformSpec
 
-__all__ = ["GroupScaling", "LiveAutoscaling", "TrafficSource"]
+__all__ = ["GroupScaling", "LiveAutoscaling", "ServerLoadSource", "TrafficSource"]
 
 TrafficSource = Callable[[], Mapping[str, TrafficSample]]
 """The gateway's per-group counters (`Gateway.traffic`)."""
+ServerLoadSource = Callable[[str, float], ServerLoad | None]
+"""(group, now) -> what its servers' own metrics say, None when nothing fresh was scraped
+(`ServerScraper.load`)."""
 
 LATENCY_WINDOW_S = 10.0
 """p95 latency is taken over requests that finished in about this many seconds."""
@@ -49,13 +57,44 @@ class GroupStep:
     load: GroupLoad
     decision: Decision
     policy: str
+    server: ServerLoad | None = None
+    """what the group's servers said, when it was scraped"""
+
+    def detail(self, clipped: tuple[str, ...]) -> dict[str, object]:
+        """The journal's detail of this decision (what `sluice explain` shows)."""
+        d, load = self.decision, self.load
+        return {
+            "signals": dict(d.signals),
+            "proposals": dict(d.proposals),
+            "clipped_by": list(clipped),
+            "unclipped": d.unclipped,
+            "load": {
+                "ready": load.ready,
+                "in_flight": load.in_flight,
+                "queued": load.queued,
+                "server_waiting": load.server_waiting,
+                "latency_p95_s": load.latency_p95_s,
+                "startup_s": round(load.startup_s, 3),
+                "fresh": load.fresh,
+            },
+            "server": None
+            if self.server is None
+            else {
+                "instances": self.server.instances,
+                "running": self.server.running,
+                "waiting": self.server.waiting,
+            },
+        }
 
 
 class LiveAutoscaling:
     """Runs every autoscaled group's policy at its `interval_s`."""
 
-    def __init__(self, traffic: TrafficSource | None) -> None:
+    def __init__(
+        self, traffic: TrafficSource | None, servers: ServerLoadSource | None = None
+    ) -> None:
         self._traffic = traffic
+        self._servers = servers
         self._groups: dict[str, GroupScaling] = {}
 
     def state(self, group: str) -> GroupScaling | None:
@@ -86,9 +125,10 @@ class LiveAutoscaling:
             st.next_at = now + g.autoscaling.interval_s
             mine = [i for i in observed if i.group == g.name]
             self._time_startups(st, mine)
-            load = self._load(g, st, traffic.get(g.name), mine, target(g.name), now)
+            server = self._servers(g.name, now) if self._servers is not None else None
+            load = self._load(g, st, traffic.get(g.name), mine, target(g.name), now, server)
             decision = st.policy.decide(load, now)
-            steps.append(GroupStep(g, load, decision, st.policy.name))
+            steps.append(GroupStep(g, load, decision, st.policy.name, server))
         return steps
 
     def _state_for(self, g: GroupSpec, spec: PlatformSpec) -> GroupScaling:
@@ -123,6 +163,7 @@ class LiveAutoscaling:
         mine: Sequence[InstanceStatus],
         current: int,
         now: float,
+        server: ServerLoad | None = None,
     ) -> GroupLoad:
         assert g.autoscaling is not None
         ready = sum(1 for i in mine if i.state is InstanceState.READY)
@@ -137,12 +178,13 @@ class LiveAutoscaling:
                 samples.popleft()
         # no counters this tick: the newest we have, marked as not fresh (never read as zero)
         src = sample or (samples[-1] if samples else TrafficSample(now, 0, 0, 0, 0, (), ()))
+        in_flight, server_waiting = server_view(src.in_flight, server)
         return GroupLoad(
             at=src.at,
             current=current,
             ready=ready,
             slots_per_instance=g.max_concurrency,
-            in_flight=src.in_flight,
+            in_flight=in_flight,
             queued=src.queued,
             arrivals=src.arrivals,
             completions=src.completions,
@@ -150,6 +192,7 @@ class LiveAutoscaling:
             startup_s=startup,
             draining=draining,
             fresh=sample is not None,
+            server_waiting=server_waiting,
         )
 
 

@@ -22,6 +22,7 @@ from sluice.control.quota import LiveQuota
 from sluice.control.review import gated_changes
 from sluice.control.rollouts import ACTIONS, RolloutRunner
 from sluice.control.samples import SampleCollector
+from sluice.control.scraper import ServerScraper, scrape_targets
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.ticks import TickLoop
 from sluice.core import Clock, Conflict, InstanceState, InstanceStatus, NotFound
@@ -84,7 +85,8 @@ class Controller:
         self._backoff: dict[str, CrashBackoff] = {}
         self._seen: set[str] = set()
         """Instances already counted as failed or ready, for the crash-loop backoff."""
-        self._autoscaling = LiveAutoscaling(traffic)
+        self._servers = ServerScraper(clock.now)
+        self._autoscaling = LiveAutoscaling(traffic, self._servers.load)
         self._scaled: dict[str, int] = {}
         """The autoscaler's instance count per autoscaled group (journaled, so it survives
         a restart)."""
@@ -97,6 +99,7 @@ class Controller:
             on_change=lambda: self._publish_routing(self.spec),
             wake=self._wake.set,
             traffic=traffic,
+            servers=self._servers,
         )
         self._rollouts.point_at(self._ready_url)
         self._loop = TickLoop(self.tick, self._wake, store, events, clock)
@@ -141,6 +144,7 @@ class Controller:
             log.error("%s: quota timers and spend not kept: %s", problem, store_error_text(exc))
         finally:
             await self._rollouts.aclose()
+            await self._servers.aclose()
 
     async def rollout(self, name: str, action: str, actor: str, reason: str) -> dict[str, Any]:
         """`sluice rollout start|pause|resume|promote|abort NAME`, audited; the new split is
@@ -173,8 +177,11 @@ class Controller:
         return self._rollouts.plan(self.spec, name)
 
     def rollout_live(self, name: str) -> dict[str, Any] | None:
-        state = self._rollouts.live_state(name)
-        return state.to_json() if state is not None else None
+        return self._rollouts.live_json(name)
+
+    def server_metrics(self) -> bytes:
+        """The scraped servers' signals as `sluice_server_*` Prometheus gauges."""
+        return self._servers.prometheus_text()
 
     async def quota_report(self, window_s: float, below: float) -> dict[str, Any]:
         """`sluice quota`: pools, guarantees, use, loans, spend, under-used groups."""
@@ -401,6 +408,7 @@ class Controller:
             "controller": self._loop.to_json(),
             "store": self._events.health.to_json(),
             "samples": self._rollouts.sampling_status(),
+            "servers": self._servers.status(),
         }
 
     def store_refused(self, exc: Exception) -> None:
@@ -420,6 +428,7 @@ class Controller:
         # 1. Snapshot: desired state (spec + overrides) and what the instances report.
         observed = self._supervisor.statuses()
         now = self._clock.now()
+        self._servers.watch(scrape_targets(spec, observed))  # read in their own task
         # 2. Decide: the autoscalers' wishes, then the quota allocator's grants (no instance
         #    starts without its units), then the planner.
         steps = self._autoscaling.step(spec, observed, self.desired_replicas, now)
@@ -520,21 +529,6 @@ class Controller:
         ):
             return
         self._journaled[step.group.name] = (key, now)
-        load = step.load
-        detail = {
-            "signals": dict(d.signals),
-            "proposals": dict(d.proposals),
-            "clipped_by": list(clipped),
-            "unclipped": d.unclipped,
-            "load": {
-                "ready": load.ready,
-                "in_flight": load.in_flight,
-                "queued": load.queued,
-                "latency_p95_s": load.latency_p95_s,
-                "startup_s": round(load.startup_s, 3),
-                "fresh": load.fresh,
-            },
-        }
         await asyncio.to_thread(
             self._store.append_decision,
             group=step.group.name,
@@ -543,7 +537,7 @@ class Controller:
             desired=desired,
             winner=d.winner,
             reason=reason,
-            detail=detail,
+            detail=step.detail(clipped),
             now=now,
         )
 

@@ -14,6 +14,13 @@ planned looks of `sluice.policy.canary_plan` an analysis only runs the fast path
 the state machine counts the looks, so analysing again never re-tests. A failing analysis
 wakes the controller at once. A change the store refused is archived on a later tick (the
 split it asks for is in force already).
+
+Command servers (vLLM, SGLang, ...) keep no per-request samples, so the analysis has no
+answers of their groups to judge. Where their metrics are scraped (`ServerScraper`), each
+step's window of the servers' own TTFT and TPOT histograms is shown in the live state
+(`server_latency`, p50/p99 a side) for the operator; it gates nothing: the criteria need
+per-request status and text, and a binned test would need its own share of the
+false-rollback budget.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from sluice.control.autoscaling import TrafficSource
 from sluice.control.events import EventLog
 from sluice.control.rates import ArrivalRates
 from sluice.control.samples import GroupSamples, SampleCollector, window_rows
+from sluice.control.scraper import ServerScraper
 from sluice.core import Conflict, InstanceState, InstanceStatus, NotFound
 from sluice.policy import rollout as machine
 from sluice.policy.analysis import Analysis, Prior, RequestSample, ResourceUse, analyze
@@ -83,13 +91,16 @@ class RolloutRunner:
         on_change: Callable[[], None],
         wake: Callable[[], None] = lambda: None,
         traffic: TrafficSource | None = None,
+        servers: ServerScraper | None = None,
     ) -> None:
         """`on_change` publishes the routing snapshot: called the moment a split changes,
         before anything is written, so a rollback reaches the gateway first. `wake` asks
         for a tick now (an analysis failed: roll back without waiting for the next one).
         `traffic`: the gateway's counters, read each tick while the spec has rollouts, for
-        the plans' time estimates."""
+        the plans' time estimates. `servers`: the command servers' scraped metrics, whose
+        latency windows restart with each step (`server_latency`)."""
         self._traffic = traffic
+        self._servers = servers
         self._rates = ArrivalRates()
         self._on_change = on_change
         self._wake = wake
@@ -309,6 +320,8 @@ class RolloutRunner:
         need = run.plan.step(run.state.step).samples
         rows = window_rows(math.ceil((RATIO_CAP + 1) * need / 2))
         self._collector.reset((run.spec.baseline, run.spec.canary), started, rows)
+        if self._servers is not None:
+            self._servers.reset((run.spec.baseline, run.spec.canary), started)
 
     def point_at(self, urls: Callable[[str], str | None]) -> None:
         """`urls(group)`: a READY instance's base URL (the compare run's targets)."""
@@ -387,6 +400,24 @@ class RolloutRunner:
         holds it as of the last transition)."""
         run = self._runs.get(name)
         return run.state if run else None
+
+    def live_json(self, name: str) -> dict[str, Any] | None:
+        """`live_state` as JSON, with `server_latency` when either side's servers are
+        scraped: their TTFT/TPOT over the current step's window (shown, not gated on)."""
+        run = self._runs.get(name)
+        if run is None:
+            return None
+        out = run.state.to_json()
+        sides = {"baseline": run.spec.baseline, "canary": run.spec.canary}
+        windows = {
+            side: self._servers.window(group) if self._servers is not None else None
+            for side, group in sides.items()
+        }
+        if any(w is not None for w in windows.values()):
+            out["server_latency"] = {
+                side: w.to_json() if w is not None else None for side, w in windows.items()
+            }
+        return out
 
 
 @dataclass(frozen=True)

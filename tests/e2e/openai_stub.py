@@ -2,9 +2,12 @@
 
 It stands in for vLLM, SGLang or llama.cpp's server in the tests of the `command` and
 `external` runtimes: `--host` and `--port` like theirs, `/v1/models`, `/health`,
-`/v1/chat/completions` (with SSE streaming and `usage`). Like many real servers it dies at
-once on SIGTERM, dropping whatever it was serving: only a drain that waited for its
-in-flight requests loses none. Flags make it misbehave the ways a real one can.
+`/v1/chat/completions` (with SSE streaming and `usage`), and `/metrics` under vLLM's names
+(`vllm:num_requests_running` is what it serves now; `vllm:num_requests_waiting` is set by
+`--waiting` or `POST /stub/waiting {"waiting": N}`, to stand for a queue inside the server;
+a TTFT histogram). Like many real servers it dies at once on SIGTERM, dropping whatever it
+was serving: only a drain that waited for its in-flight requests loses none. Flags make it
+misbehave the ways a real one can (`--metrics garbage|huge|hang` for its metrics page).
 
     python tests/e2e/openai_stub.py --host 127.0.0.1 --port 8000 --model m --delay 0.2
 """
@@ -34,16 +37,72 @@ def parse() -> argparse.Namespace:
     p.add_argument("--never-ready", action="store_true", help="/v1/models is always 503")
     p.add_argument("--garbage", action="store_true", help="print and answer binary garbage")
     p.add_argument("--require-key", default="", help="answer 401 without this bearer key")
+    p.add_argument("--waiting", type=int, default=0, help="vllm:num_requests_waiting to report")
+    p.add_argument(
+        "--metrics",
+        choices=["vllm", "garbage", "huge", "hang"],
+        default="vllm",
+        help="/metrics: vLLM's names, binary garbage, 64 MiB of them, or never an answer",
+    )
     return p.parse_args()
 
 
 ARGS = parse()
 GARBAGE = b"\x00\x01\xfe\xff\x1b[2J binary noise \xc3\x28\n"
 STARTED = time.monotonic()
+TTFT_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
+
+
+class Counters:
+    """What /metrics reports: requests being served, the waiting count the test sets, and
+    the time to first token of every answer (cumulative buckets, as Prometheus has them)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.waiting = ARGS.waiting
+        self.ttft = [0] * len(TTFT_BOUNDS)
+        self.ttft_sum = 0.0
+
+    def first_token(self, seconds: float) -> None:
+        with self.lock:
+            self.ttft_sum += seconds
+            for i, bound in enumerate(TTFT_BOUNDS):
+                if seconds <= bound:
+                    self.ttft[i] += 1
+
+    def exposition(self) -> bytes:
+        labels = f'model_name="{ARGS.model}"'
+        with self.lock:
+            rows = [
+                "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+                "# TYPE vllm:num_requests_running gauge",
+                f"vllm:num_requests_running{{{labels}}} {float(self.running)}",
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+                "# TYPE vllm:num_requests_waiting gauge",
+                f"vllm:num_requests_waiting{{{labels}}} {float(self.waiting)}",
+                "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.",
+                "# TYPE vllm:gpu_cache_usage_perc gauge",
+                f"vllm:gpu_cache_usage_perc{{{labels}}} {min(1.0, self.running / 16)}",
+                "# HELP vllm:time_to_first_token_seconds Histogram of time to first token.",
+                "# TYPE vllm:time_to_first_token_seconds histogram",
+            ]
+            for bound, count in zip(TTFT_BOUNDS, self.ttft, strict=True):
+                le = "+Inf" if bound == float("inf") else str(bound)
+                rows.append(
+                    f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{le}"}} {float(count)}'
+                )
+            rows.append(f"vllm:time_to_first_token_seconds_count{{{labels}}} {self.ttft[-1]}")
+            rows.append(f"vllm:time_to_first_token_seconds_sum{{{labels}}} {self.ttft_sum}")
+        return ("\n".join(rows) + "\n").encode()
+
+
+COUNTERS = Counters()
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # like uvicorn (vLLM, SGLang): small SSE writes go at once
 
     def log_message(self, format: str, *args: Any) -> None:
         sys.stdout.write(f"{self.address_string()} {format % args}\n")
@@ -72,6 +131,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path == "/health":
             self._json(200, {"ok": True})
+        elif self.path == "/metrics":
+            self._metrics()
         elif self.path == "/v1/models":
             if ARGS.garbage:
                 sys.stdout.buffer.write(GARBAGE)
@@ -84,10 +145,32 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": {"message": f"no route {self.path}"}})
 
+    def _metrics(self) -> None:
+        if ARGS.metrics == "vllm":
+            self._send(200, COUNTERS.exposition(), "text/plain; version=0.0.4")
+        elif ARGS.metrics == "garbage":
+            self._send(200, b"<html>\x00\xff\xfe not metrics \x1b[31m</html>", "text/plain")
+        elif ARGS.metrics == "huge":  # streamed, no length: only a reader's own cap stops it
+            self.send_response(200)
+            self.send_header("content-type", "text/plain")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            line = b'vllm:num_requests_waiting{model_name="m"} 1.0\n' * 20_000
+            for _ in range(64 * 2**20 // len(line)):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.wfile.write(b"0\r\n\r\n")
+        else:  # hang: headers never come
+            time.sleep(3600)
+
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
         if not self._authorized():
+            return
+        if self.path == "/stub/waiting":
+            with COUNTERS.lock:
+                COUNTERS.waiting = int(body["waiting"])
+            self._json(200, {"waiting": COUNTERS.waiting})
             return
         if self.path != "/v1/chat/completions":
             self._json(404, {"error": {"message": f"no route {self.path}"}})
@@ -99,7 +182,18 @@ class Handler(BaseHTTPRequestHandler):
         words = [f"w{i}" for i in range(n)]
         prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
         usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+        with COUNTERS.lock:
+            COUNTERS.running += 1
+        try:
+            self._complete(body, words, usage)
+        finally:
+            with COUNTERS.lock:
+                COUNTERS.running -= 1
+
+    def _complete(self, body: dict[str, Any], words: list[str], usage: dict[str, int]) -> None:
+        started = time.monotonic()
         time.sleep(ARGS.delay)
+        COUNTERS.first_token(time.monotonic() - started)
         base = {"id": f"cmpl-{ARGS.name}", "model": ARGS.model, "system_fingerprint": ARGS.name}
         if body.get("stream"):
             self._stream(

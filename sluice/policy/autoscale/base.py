@@ -34,7 +34,7 @@ class GroupLoad:
     slots_per_instance: int
     """the group's max_concurrency"""
     in_flight: int
-    """requests running on instances now"""
+    """requests at the instances now (the gateway's count; a server's own, if larger)"""
     queued: int
     """requests waiting at the gateway now"""
     arrivals: int
@@ -48,6 +48,10 @@ class GroupLoad:
     draining: int = 0
     fresh: bool = True
     """False: the sample could not be read (missing metrics); never read as zero load"""
+    server_waiting: int = 0
+    """of `in_flight`, requests waiting inside the instances' own servers for a batch slot
+    (scraped from a command server's metrics, `sluice.policy.server_metrics.server_view`;
+    0 where nothing is scraped): queued, although the gateway's slots look taken by them"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,9 @@ signals that need it stay silent):
   `down.stabilization_s`), x `service`, at `reserve.utilization` of the slots: a burst
   that recurs finds its instances resident, not 30 s away.
 
+A request waiting inside an instance's own server (`server_waiting`, scraped from a
+command server's metrics) counts as queued, not in flight: it waits for a batch slot.
+
 Combination rule (S4): the count is the max of the load proposals (concurrency, rate,
 reserve, queue, and panic while panicking), then
 - a scale-up needs evidence beyond one metric: when a latency target is known and p95 is
@@ -91,6 +94,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import replace
 
 from sluice.policy.autoscale.base import Decision, GroupLoad
 from sluice.policy.autoscale.schedule import ScheduleFloors
@@ -114,6 +118,15 @@ heavy-tailed service times is within ~20 %; with 1-5 the first long request infl
 def _need(demand: float, per_instance: float) -> int:
     """Instances needed for `demand` at `per_instance` each (ceil, float noise tolerant)."""
     return max(0, math.ceil(demand / per_instance - _EPS))
+
+
+def _waiting_is_queued(load: GroupLoad) -> GroupLoad:
+    """Move the requests waiting inside the servers from `in_flight` to `queued`: the queue
+    signal then sees them, and Little's law does not take their wait for service time."""
+    waiting = min(load.server_waiting, load.in_flight)
+    if waiting <= 0:
+        return load
+    return replace(load, in_flight=load.in_flight - waiting, queued=load.queued + waiting)
 
 
 class SluicePolicy:
@@ -173,9 +186,12 @@ class SluicePolicy:
             self._down_max.add(now, current)
         if not load.fresh or now - load.at > spec.metrics_max_age_s:
             return self._hold_missing(load, now, floor, floor_by)
+        load = _waiting_is_queued(load)
         arrived = self._observe(load, now)
         signals, proposals = self._signals(load, now)
         rec, winner, top, notes = self._combine(load, signals, proposals)
+        if load.server_waiting:
+            notes.append(f"{load.server_waiting} requests wait inside the servers")
         cold = current == 0 and (arrived > 0 or load.queued > 0 or load.in_flight > 0)
         desired, clipped = self._guard(load, now, rec, cold, notes)
         if cold and desired < 1:
@@ -282,6 +298,8 @@ class SluicePolicy:
             "queue_per_instance": round(queue / ready, 3),
             "lead_s": lead,
         }
+        if load.server_waiting:
+            signals["server_queue"] = float(load.server_waiting)
         proposals: dict[str, int] = {}
         # rates: sustained over the window, burst over the panic window; service time by
         # Little's law over `service_window_s`: request-seconds in flight / completions
