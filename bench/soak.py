@@ -486,10 +486,11 @@ class Driver:
             self.size = to
 
     def start_rollout(self, name: str) -> None:
+        asked = time.monotonic()  # the split may take traffic before the POST has returned
         if self.act(
             f"rollout start {name}", self.p.post, f"/v1/rollouts/{name}/start", {"reason": "soak"}
         ):
-            self.active[name] = {"name": name, "start": time.monotonic()}
+            self.active[name] = {"name": name, "start": asked}
 
     def follow_rollouts(self) -> None:
         for name, run in list(self.active.items()):

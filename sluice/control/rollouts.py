@@ -451,7 +451,7 @@ def plan_report(rs: RolloutSpec, rate_rps: float | None) -> dict[str, Any]:
 def _use(w: GroupSamples) -> ResourceUse | None:
     if w.requests <= 0:
         return None
-    return ResourceUse(w.requests, w.cpu_s, w.memory_gb or None)
+    return ResourceUse(w.requests, w.cpu_s, w.memory_gb or None, instance_s=w.instance_s)
 
 
 def _resume(rec: RolloutRecord) -> _Run:

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,8 @@ class _Cursor:
     after: int = 0
     cpu_s: float | None = None
     requests: int | None = None
+    read_at: float | None = None
+    """monotonic time of the /stats read the two counters above come from"""
     failures: int = 0
     """reads of this instance that failed in a row"""
     error: str = ""
@@ -68,6 +71,9 @@ class GroupSamples:
     seen: int = 0
     cpu_s: float = 0.0
     requests: int = 0
+    instance_s: float = 0.0
+    """instance-seconds `cpu_s` and `requests` were counted over (summed over instances), so
+    that per-instance load can be compared"""
     memory_gb: float = 0.0
     """the largest of the instances' resident memory and declared model memory, GiB"""
     version: int = 0
@@ -200,7 +206,7 @@ class SampleCollector:
                 if rows:
                     win.version += 1
                 stats = (await self._client.get(f"{url}/stats")).json()
-                self._count(self.window(group), cur, stats)
+                self._count(self.window(group), cur, stats, time.monotonic())
         except (httpx.HTTPError, ValueError, KeyError, TypeError, TimeoutError) as exc:
             cur.failures += 1
             cur.error = f"{type(exc).__name__}: {exc}"[:200]
@@ -208,13 +214,14 @@ class SampleCollector:
         cur.failures, cur.error = 0, ""
 
     @staticmethod
-    def _count(win: GroupSamples, cur: _Cursor, stats: dict[str, Any]) -> None:
+    def _count(win: GroupSamples, cur: _Cursor, stats: dict[str, Any], now: float) -> None:
         cpu, done = float(stats["cpu_s_total"]), int(stats["requests_total"])
         before = (win.requests, win.memory_gb)
-        if cur.cpu_s is not None and cur.requests is not None:
+        if cur.cpu_s is not None and cur.requests is not None and cur.read_at is not None:
             win.cpu_s += max(0.0, cpu - cur.cpu_s)
             win.requests += max(0, done - cur.requests)
-        cur.cpu_s, cur.requests = cpu, done
+            win.instance_s += max(0.0, now - cur.read_at)
+        cur.cpu_s, cur.requests, cur.read_at = cpu, done, now
         rss_gb = float(stats.get("rss_bytes", 0)) / 2**30
         win.memory_gb = max(win.memory_gb, rss_gb, float(stats.get("memory_gb", 0.0)))
         if (win.requests, win.memory_gb) != before:

@@ -101,12 +101,15 @@ class RequestSample:
 
 @dataclass(frozen=True, slots=True)
 class ResourceUse:
-    """One side's resource use over the window: `cpu_s` CPU seconds spent serving `requests`
-    requests; `memory_gb` peak accelerator memory of one instance (None: not measured)."""
+    """One side's resource use over the window: `cpu_s` CPU seconds its instances spent while
+    serving `requests` requests over `instance_s` instance-seconds; `memory_gb` peak
+    accelerator memory of one instance (None: not measured)."""
 
     requests: int
     cpu_s: float
     memory_gb: float | None = None
+    instance_s: float = 0.0
+    """Instance-seconds the counters cover (0: unknown), for per-instance load."""
 
 
 @dataclass(frozen=True, slots=True)

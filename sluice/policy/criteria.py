@@ -288,6 +288,29 @@ def _ratio(
     )
 
 
+LOAD_MATCH = 1.5
+"""CPU per request is compared only while the sides' per-instance loads are within this
+factor of each other. An instance spends CPU every second whatever it serves (probes, the
+sample and stats polls, its event loop, GC): charged per request, that idle CPU makes the
+side with fewer requests per instance look costlier. At a 20% step with equal instance
+counts, a good canary read 1.9x its baseline's CPU per request (seen in bench/soak.py)."""
+
+
+def _load_mismatch(base: ResourceUse, canary: ResourceUse) -> str | None:
+    """Why the sides' CPU per request cannot be compared (None: it can, or loads unknown)."""
+    if base.instance_s <= 0 or canary.instance_s <= 0:
+        return None
+    load_b, load_c = base.requests / base.instance_s, canary.requests / canary.instance_s
+    ratio = max(load_b, load_c) / max(min(load_b, load_c), 1e-9)
+    if ratio <= LOAD_MATCH:
+        return None
+    return (
+        f"per-instance load differs x{ratio:.1f} (baseline {load_b:.3g}, canary {load_c:.3g} "
+        f"requests/s an instance; compared within x{LOAD_MATCH:g}): CPU an instance spends "
+        "whatever it serves would count against the lighter side"
+    )
+
+
 def _resources(
     base: ResourceUse | None, canary: ResourceUse | None, spec: AnalysisSpec
 ) -> list[Judged]:
@@ -301,6 +324,8 @@ def _resources(
             "cpu_per_request",
             skip=f"too few requests counted: baseline {base.requests}, canary {canary.requests}",
         )
+    elif (unequal := _load_mismatch(base, canary)) is not None:
+        cpu = Judged("cpu_per_request", skip=unequal)
     else:
         cpu = _ratio(
             "cpu_per_request",

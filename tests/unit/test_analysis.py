@@ -428,3 +428,26 @@ def test_samples_read_from_worker_rows() -> None:
     row |= {"tpot_s": None, "output_tokens": 12, "finish_reason": "stop", "text": "Hi."}
     assert RequestSample.from_json(row) == RequestSample(200, 0.5, 0.1, None, 12, "stop", "Hi.")
     assert RequestSample.from_json({"status": 502, "latency_s": 0}) == RequestSample(502, 0.0)
+
+
+def test_cpu_per_request_is_compared_only_at_matching_per_instance_load() -> None:
+    """Idle CPU (probes, polls, GC) is spent per second, not per request: at a 20% step with
+    equal instance counts a good canary looks ~2x costlier per request, so the gate waits for
+    loads within LOAD_MATCH; at matching load a real 2x regression still fails it."""
+    from sluice.policy.criteria import LOAD_MATCH, _resources
+
+    idle_per_s, per_request, seconds = 0.003, 0.001, 600.0
+
+    def side(rate_per_instance: float, instances: int, cost: float) -> ResourceUse:
+        n = int(rate_per_instance * instances * seconds)
+        cpu = n * cost + idle_per_s * instances * seconds
+        return ResourceUse(n, cpu, instance_s=instances * seconds)
+
+    base, good_light = side(8.0, 2, per_request), side(2.0, 2, per_request)
+    [cpu, _] = _resources(base, good_light, SPEC)
+    assert cpu.skip is not None and "load differs x4.0" in cpu.skip
+    bad_even = side(8.0 / LOAD_MATCH**0.5, 2, 2 * per_request)
+    [cpu, _] = _resources(base, bad_even, SPEC)
+    assert cpu.skip is None and cpu.act, cpu.text
+    [cpu, _] = _resources(base, side(8.0, 2, per_request), SPEC)
+    assert cpu.skip is None and not cpu.act
