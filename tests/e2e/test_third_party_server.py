@@ -33,7 +33,9 @@ from tests.faults.conftest import Api, Load, Outcome, in_flight, lines, report, 
 from tests.tiny_lm import TinyLM
 
 pytest.importorskip("fastapi")
-pytest.importorskip("accelerate", reason="`transformers serve` loads models with accelerate")
+pytest.importorskip(
+    "accelerate", reason="`transformers serve` loads models with accelerate: the embedding extra"
+)
 
 SHORT_TOKENS = 16
 LONG_TOKENS = 300
