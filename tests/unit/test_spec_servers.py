@@ -83,6 +83,18 @@ def test_every_server_example_validates_and_passes_port_and_model(name: str) -> 
     assert program[name] in argv
 
 
+def test_the_transformers_serve_example_pins_the_server_to_its_model_id() -> None:
+    """`transformers serve MODEL` answers only for MODEL, by that exact name: the model id
+    callers send is what the argv passes; it has no /metrics."""
+    [group] = load_spec_file(EXAMPLES / "transformers-serve.yaml").spec.groups
+    [(model_id, model)] = group.models.items()
+    cmd = model.command
+    assert cmd is not None and cmd.metrics_path is None and cmd.health_path == "/health"
+    argv = [render(a, {"host": "h", "port": "9", "model": model_id}) for a in cmd.argv]
+    assert argv[:3] == ["transformers", "serve", model_id]
+    assert argv[argv.index("--port") + 1] == "9" and argv[argv.index("--host") + 1] == "h"
+
+
 def test_placeholders_are_checked_and_rendered_as_written() -> None:
     assert placeholders_in("--port={port} {{literal}}") == {"port"}
     assert render("--port={port} {{literal}}", {"port": "8001"}) == "--port=8001 {literal}"
