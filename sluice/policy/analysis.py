@@ -77,7 +77,7 @@ GATEWAY_UNSEEN: Mapping[CriterionName, str] = {
 answers, time to the first body byte as TTFT): each criterion and why it is skipped."""
 
 
-def unobserved(base_from_gateway: bool, canary_from_gateway: bool) -> dict[CriterionName, str]:
+def unobserved(base_from_gateway: bool, canary_from_gateway: bool) -> dict[str, str]:
     """The criteria the two sides' sample sources cannot judge, and why: none when both
     are Sluice's workers; `GATEWAY_UNSEEN` when either side's rows are the gateway's
     (prefixed `not observed (...)`); TTFT too when only one is, since the gateway's time to
@@ -89,7 +89,7 @@ def unobserved(base_from_gateway: bool, canary_from_gateway: bool) -> dict[Crite
         if base_from_gateway and canary_from_gateway
         else ("the baseline" if base_from_gateway else "the canary")
     )
-    out: dict[CriterionName, str] = {
+    out: dict[str, str] = {
         n: f"not observed ({side} sampled by the gateway): {why}"
         for n, why in GATEWAY_UNSEEN.items()
     }
