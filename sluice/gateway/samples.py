@@ -7,7 +7,8 @@ group's `GroupRuntime.samples` is None, so their requests pay one attribute test
 status (0: cut off after its head), latency to the last byte, time to the first body byte of
 a streamed answer (a TTFT proxy) and the body's size in bytes. Never the text.
 
-Memory is bounded: each instance keeps its last `RING_ROWS` rows (a ring). Rows carry one
+Memory is bounded: each instance keeps its last `RING_ROWS` rows (a ring), until it leaves
+its group's routing (the collector reads READY instances only). Rows carry one
 sequence shared by every ring of this gateway, so a reader's cursor (`after`) stays valid
 when a group stops and starts recording again.
 """
@@ -46,6 +47,11 @@ class SampleRing:
         if ring is None:
             ring = self.rings[instance] = deque(maxlen=self.capacity)
         ring.append((next(self._seq), time.time(), status, latency_s, ttfb_s, nbytes))
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop the rows of instances not in `keep` (they left the group's routing)."""
+        for gone in [i for i in self.rings if i not in keep]:
+            del self.rings[gone]
 
 
 class GatewaySampling:

@@ -151,6 +151,8 @@ class GatewayState:
             )
             if woken:
                 self.wake(runtime, woken, now)
+            if runtime.samples is not None:  # an instance out of routing is read no more
+                runtime.samples.forget({ep.instance_id for ep in runtime.endpoints})
         self._update_buckets(snapshot.tenants_by_key, now)
         self.pool.authorize(ep for eps in snapshot.endpoints.values() for ep in eps)
         for ex in orphans:  # last: answering one may start its client's next request

@@ -60,6 +60,15 @@ def test_only_watched_groups_record_and_rows_read_back_after_a_cursor() -> None:
     assert sample.text is None and sample.output_tokens is None and sample.finish_reason is None
 
 
+def test_instances_out_of_routing_are_forgotten() -> None:
+    s = GatewaySampling()
+    s.watch(["a"])
+    for iid in ("a-1", "a-2"):
+        s.groups["a"].record(iid, 200, 0.1, None, 1)
+    s.groups["a"].forget({"a-2"})
+    assert s.read("a-1", 0, 10)[0] == [] and len(s.read("a-2", 0, 10)[0]) == 1
+
+
 def test_the_sequence_survives_a_group_leaving_and_coming_back() -> None:
     s = GatewaySampling()
     s.watch(["a"])
