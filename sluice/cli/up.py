@@ -143,6 +143,7 @@ class _Up:
             self.clock,
             publish=gateway.update,
             traffic=gateway.traffic,
+            samples=gateway,
         )
         await controller.load_state()
         if loaded is not None:

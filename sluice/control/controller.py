@@ -21,7 +21,7 @@ from sluice.control.events import EventLog, store_error_text, store_outage
 from sluice.control.quota import LiveQuota
 from sluice.control.review import gated_changes
 from sluice.control.rollouts import ACTIONS, RolloutRunner
-from sluice.control.samples import SampleCollector
+from sluice.control.samples import GatewaySampleSource, SampleCollector
 from sluice.control.scraper import ServerScraper, scrape_targets
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.ticks import TickLoop
@@ -69,7 +69,11 @@ class Controller:
         clock: Clock,
         publish: Callable[[RoutingSnapshot], None],
         traffic: TrafficSource | None = None,
+        samples: GatewaySampleSource | None = None,
     ) -> None:
+        """`samples`: the gateway's per-request rows, which stand in for the samples of
+        servers that keep none (command, external) under a rollout (None: such a rollout's
+        analysis has no answers of them)."""
         self._store = store
         self._supervisor = supervisor
         self._events = events
@@ -95,7 +99,7 @@ class Controller:
         self._rollouts = RolloutRunner(
             store,
             events,
-            SampleCollector(),
+            SampleCollector(gateway=samples),
             on_change=lambda: self._publish_routing(self.spec),
             wake=self._wake.set,
             traffic=traffic,

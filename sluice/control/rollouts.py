@@ -15,12 +15,15 @@ the state machine counts the looks, so analysing again never re-tests. A failing
 wakes the controller at once. A change the store refused is archived on a later tick (the
 split it asks for is in force already).
 
-Command servers (vLLM, SGLang, ...) keep no per-request samples, so the analysis has no
-answers of their groups to judge. Where their metrics are scraped (`ServerScraper`), each
-step's window of the servers' own TTFT and TPOT histograms is shown in the live state
-(`server_latency`, p50/p99 a side) for the operator; it gates nothing: the criteria need
-per-request status and text, and a binned test would need its own share of the
-false-rollback budget.
+Command servers (vLLM, SGLang, ...) and external endpoints keep no per-request samples:
+their groups' answers are the rows the gateway records of them (status, latency, time to the
+first body byte of streamed answers as TTFT; `SampleCollector` reads them in-process), and
+the criteria those rows cannot show (text, tokens, finish reasons, resources) are skipped
+with the reason (`sluice.policy.analysis.unobserved`), never judged on missing values. Where
+their metrics are scraped (`ServerScraper`), each step's window of the servers' own TTFT and
+TPOT histograms is shown in the live state too (`server_latency`, p50/p99 a side) for the
+operator; it gates nothing (a binned test would need its own share of the false-rollback
+budget).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,14 @@ from sluice.control.samples import GroupSamples, SampleCollector, window_rows
 from sluice.control.scraper import ServerScraper
 from sluice.core import Conflict, InstanceState, InstanceStatus, NotFound
 from sluice.policy import rollout as machine
-from sluice.policy.analysis import Analysis, Prior, RequestSample, ResourceUse, analyze
+from sluice.policy.analysis import (
+    Analysis,
+    Prior,
+    RequestSample,
+    ResourceUse,
+    analyze,
+    unobserved,
+)
 from sluice.policy.canary_plan import RATIO_CAP, RolloutPlan, plan_rollout, step_seconds
 from sluice.policy.rollout import RolloutPhase, RolloutState, evidence_before
 from sluice.policy.routing import CanarySplit
@@ -109,6 +119,8 @@ class RolloutRunner:
         self._collector = collector
         self._runs: dict[str, _Run] = {}
         self._urls: Callable[[str], str | None] = lambda _group: None
+        self._gateway_sampled: frozenset[str] = frozenset()
+        """Groups under rollout whose servers keep no samples (the gateway's rows stand in)."""
 
     async def aclose(self) -> None:
         for run in self._runs.values():
@@ -222,10 +234,18 @@ class RolloutRunner:
         names = {r.name for r in spec.rollouts}
         stepping = [r for r in self._runs.values() if not r.state.final]
         groups = {g for r in stepping for g in (r.spec.baseline, r.spec.canary)}
+        self._gateway_sampled = frozenset(
+            g.name
+            for g in spec.groups
+            if g.name in groups and any(m.server is not None for m in g.models.values())
+        )
         self._collector.watch(
-            (i.group, i.id, i.url)
-            for i in observed
-            if i.group in groups and i.state is InstanceState.READY and i.url
+            (
+                (i.group, i.id, i.url)
+                for i in observed
+                if i.group in groups and i.state is InstanceState.READY and i.url
+            ),
+            from_gateway=self._gateway_sampled,
         )
         for run in stepping:
             if run.spec.name not in names:
@@ -267,6 +287,10 @@ class RolloutRunner:
                 final_ready,
                 evidence_before(run.state, baseline_reused=previous),
                 previous,
+                unobserved(
+                    base.from_gateway or run.spec.baseline in self._gateway_sampled,
+                    canary.from_gateway or run.spec.canary in self._gateway_sampled,
+                ),
             )
             run.analyzing = loop.create_task(
                 self._analyze(run, job), name=f"analysis-{run.spec.name}"
@@ -293,6 +317,7 @@ class RolloutRunner:
                 prior=job.prior,
                 fast_alpha=run.plan.fast_alpha,
                 baseline_reused=job.baseline_reused,
+                unobserved=job.unobserved,
             )
         except Exception:
             log.exception("rollout %s: analysis failed", run.spec.name)
@@ -433,6 +458,7 @@ class _Job:
     final_ready: bool
     prior: Prior
     baseline_reused: bool
+    unobserved: Mapping[str, str]
 
 
 def plan_report(rs: RolloutSpec, rate_rps: float | None) -> dict[str, Any]:

@@ -5,6 +5,13 @@ Pulling from the workers keeps the gateway's hot path free of response parsing, 
 the analysis what only the instance knows: time to first token, output tokens, finish
 reason, the text itself, and process CPU and memory.
 
+Command servers (vLLM, ...) and external endpoints keep no samples: for their groups the
+rows are what the gateway saw of each answer (status, latency, time to the first body byte
+of a streamed one, no text), read in-process from an injected `GatewaySampleSource` (the
+gateway `sluice up` runs beside the controller), which records only the groups named in
+`watch(..., from_gateway=...)`. Their windows say so (`from_gateway`), and the analysis
+skips what such rows cannot show (`sluice.policy.analysis.unobserved`).
+
 The pulling runs in its own task, never in the controller's tick: the tick says which
 instances to read (`watch`) and reads the windows as they are. Every instance is read
 concurrently, each within `INSTANCE_TIMEOUT_S`, so a hung instance costs one round at most
@@ -21,13 +28,13 @@ import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from sluice.policy.analysis import RequestSample
 
-__all__ = ["GroupSamples", "SampleCollector", "window_rows"]
+__all__ = ["GatewaySampleSource", "GroupSamples", "SampleCollector", "window_rows"]
 
 log = logging.getLogger("sluice.samples")
 
@@ -46,6 +53,20 @@ def window_rows(min_samples: int) -> int:
     """A window's capacity for an analysis that needs `min_samples` a side: WINDOW_ROWS, or
     twice `min_samples` if that is more, so the cap never holds a verdict back."""
     return max(WINDOW_ROWS, 2 * min_samples)
+
+
+class GatewaySampleSource(Protocol):
+    """The gateway's per-request rows (`sluice.gateway.Gateway` is one): `sample_groups`
+    says which groups to record, `samples` reads an instance's rows after a cursor."""
+
+    def sample_groups(self, groups: Iterable[str]) -> None: ...
+
+    def samples(
+        self, instance: str, after: int, limit: int
+    ) -> tuple[list[dict[str, Any]], int]: ...
+
+
+NO_GATEWAY = "no gateway in this process records the answers of this server"
 
 
 @dataclass
@@ -78,6 +99,8 @@ class GroupSamples:
     """the largest of the instances' resident memory and declared model memory, GiB"""
     version: int = 0
     """bumped whenever anything above changes (the analysis reruns only then)"""
+    from_gateway: bool = False
+    """the rows are the gateway's (no text, tokens or resources), not the instances' own"""
     _rng: random.Random = field(default_factory=random.Random, repr=False)
 
     def add(self, sample: RequestSample) -> None:
@@ -102,7 +125,12 @@ class SampleCollector:
         client: httpx.AsyncClient | None = None,
         poll_s: float = POLL_S,
         timeout_s: float = INSTANCE_TIMEOUT_S,
+        gateway: GatewaySampleSource | None = None,
     ) -> None:
+        """`gateway`: where the rows of groups `from_gateway` are read (None: nowhere, so
+        their instances count as failing reads)."""
+        self._gateway = gateway
+        self._gateway_groups: frozenset[str] = frozenset()
         self._own_client = client is None
         self._client = client or self._new_client(timeout_s)
         self._poll_s = poll_s
@@ -130,15 +158,25 @@ class SampleCollector:
         requests that finished before it (warm-up passes included) are not in it."""
         for g in groups:
             self._groups[g] = GroupSamples(
-                since=now, capacity=capacity, _rng=random.Random(f"{g}@{now}")
+                since=now,
+                capacity=capacity,
+                from_gateway=g in self._gateway_groups,
+                _rng=random.Random(f"{g}@{now}"),
             )
 
     def window(self, group: str) -> GroupSamples:
         return self._groups.setdefault(group, GroupSamples())
 
-    def watch(self, instances: Iterable[tuple[str, str, str]]) -> None:
+    def watch(
+        self, instances: Iterable[tuple[str, str, str]], from_gateway: Iterable[str] = ()
+    ) -> None:
         """From now on read `instances`, (group, instance id, base URL) of READY instances
-        (none: the task idles). Returns at once; the reads happen in the polling task."""
+        (none: the task idles); those of groups `from_gateway` (servers that keep no samples)
+        from the gateway, which records exactly those groups from now on. Returns at once;
+        the reads happen in the polling task."""
+        self._gateway_groups = frozenset(from_gateway)
+        if self._gateway is not None:
+            self._gateway.sample_groups(self._gateway_groups)
         self._targets = list(instances)
         if self._targets and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._run(), name="sample-poller")
@@ -190,6 +228,9 @@ class SampleCollector:
 
     async def _poll_one(self, group: str, iid: str, url: str) -> None:
         cur = self._cursors.setdefault(iid, _Cursor())
+        if group in self._gateway_groups:
+            self._read_gateway(group, iid, cur)
+            return
         try:
             async with asyncio.timeout(self._timeout_s):
                 r = await self._client.get(
@@ -211,6 +252,27 @@ class SampleCollector:
             cur.failures += 1
             cur.error = f"{type(exc).__name__}: {exc}"[:200]
             return
+        cur.failures, cur.error = 0, ""
+
+    def _read_gateway(self, group: str, iid: str, cur: _Cursor) -> None:
+        """One instance's new rows from the gateway's ring (in-process: no I/O). No CPU or
+        memory counts: such servers report neither."""
+        if self._gateway is None:
+            cur.failures += 1
+            cur.error = NO_GATEWAY
+            return
+        win = self.window(group)
+        win.from_gateway = True
+        rows: list[RequestSample] = []
+        while True:  # every new row: the ring would drop what a later round did not read
+            body, cur.after = self._gateway.samples(iid, cur.after, PAGE)
+            rows += [RequestSample.from_json(s) for s in body if s["at"] >= win.since]
+            if len(body) < PAGE:
+                break
+        for row in rows:
+            win.add(row)
+        if rows:
+            win.version += 1
         cur.failures, cur.error = 0, ""
 
     @staticmethod

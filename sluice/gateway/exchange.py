@@ -40,6 +40,7 @@ from sluice.policy.routing import Endpoint, Route, TenantAccess
 if TYPE_CHECKING:
     from sluice.gateway.client import ClientProtocol
     from sluice.gateway.groups import GroupRuntime
+    from sluice.gateway.samples import SampleRing
     from sluice.gateway.state import GatewayState
 
 __all__ = ["Exchange", "deeper_than", "parse_json"]
@@ -141,6 +142,7 @@ class Exchange(UpstreamRelay):
         "state",
         "status",
         "t0",
+        "t_body",
         "tenant",
         "url",
         "via",
@@ -200,6 +202,7 @@ class Exchange(UpstreamRelay):
         self.status = 0
         self.error_code: str | None = None
         self.bytes_out = 0
+        self.t_body = 0.0  # -1.0: streamed to a sampled group, first body byte not yet seen
         self.chunked = False
         self.head_sent = False
         self.finished = False
@@ -504,15 +507,27 @@ class Exchange(UpstreamRelay):
     def _finish(self) -> None:
         self.finished = True
         g = self.grp
-        if g is not None and self.head_sent and self.error_code is None and not self.retried:
-            # answered in full, by one instance: its latency feeds latency ejection
-            latency = time.perf_counter() - self.t0 - 0.001 * self.queue_ms
-            woken = g.answered(self.instance or "", self.status, latency)
-            if woken:
-                self.state.wake(g, woken, time.monotonic())
+        if g is not None:
+            if self.head_sent and self.error_code is None and not self.retried:
+                # answered in full, by one instance: its latency feeds latency ejection
+                latency = time.perf_counter() - self.t0 - 0.001 * self.queue_ms
+                woken = g.answered(self.instance or "", self.status, latency)
+                if woken:
+                    self.state.wake(g, woken, time.monotonic())
+            if g.samples is not None and self.instance is not None:
+                self._sample(g.samples)
         self._end_admission()
         self._log()
         self.client.exchange_done(self)
+
+    def _sample(self, ring: SampleRing) -> None:
+        """Record this answer for its group's canary analysis (only groups under one). An
+        answer cut off after its head counts as status 0, a failed connection's."""
+        start = self.t0 + 0.001 * self.queue_ms
+        ttfb = self.t_body - start if self.t_body > 0.0 else None
+        status = 0 if self.head_sent and self.error_code is not None else self.status
+        assert self.instance is not None
+        ring.record(self.instance, status, time.perf_counter() - start, ttfb, self.bytes_out)
 
     def _log(self) -> None:
         state = self.state

@@ -27,6 +27,7 @@ from sluice.policy.routing import Endpoint, GroupTraffic
 
 if TYPE_CHECKING:
     from sluice.gateway.exchange import Exchange
+    from sluice.gateway.samples import SampleRing
 
 __all__ = ["GroupRuntime"]
 
@@ -64,6 +65,7 @@ class GroupRuntime:
         "ramp",
         "ramping",
         "reach",
+        "samples",
         "settle_at",
         "slow_start_s",
         "timeout_s",
@@ -104,6 +106,8 @@ class GroupRuntime:
         self.slow_start_s = 0.0
         self.timeout_s = self.traffic.timeout_s
         self.affinity: bytes | None = None
+        self.samples: SampleRing | None = None
+        """Where its answers are recorded while it is under canary analysis (else None)."""
 
     @staticmethod
     def _detector(t: GroupTraffic) -> OutlierDetector:

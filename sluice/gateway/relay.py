@@ -53,6 +53,7 @@ class UpstreamRelay:
         status: int
         error_code: str | None
         bytes_out: int
+        t_body: float
         chunked: bool
         head_sent: bool
         finished: bool
@@ -166,6 +167,8 @@ class UpstreamRelay:
             keep_alive = False  # HTTP/1.0 client: the end of the body is the end of the connection
         self.chunked = chunked
         self.keep_alive = keep_alive
+        if not has_length and g is not None and g.samples is not None:
+            self.t_body = -1.0  # streamed, and sampled: note when its first byte arrives
         out = self._out
         line = STATUS_LINES.get(status)
         out.append(line if line is not None else status_line(status))
@@ -182,6 +185,8 @@ class UpstreamRelay:
 
     def upstream_body(self, data: bytes) -> None:
         self.bytes_out += len(data)
+        if self.t_body < 0.0:
+            self.t_body = time.perf_counter()
         if self.chunked:
             self._out.extend((b"%x\r\n" % len(data), data, b"\r\n"))
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Iterable
 from typing import Any, TextIO
 
 from sluice.gateway.accesslog import AccessLog
@@ -82,6 +83,18 @@ class Gateway:
     def outstanding(self) -> dict[str, int]:
         """Requests in flight per instance id (mirrored copies included)."""
         return dict(self._state.outstanding)
+
+    def sample_groups(self, groups: Iterable[str]) -> None:
+        """Record a row per answer of exactly `groups` from now on (the groups under canary
+        analysis whose instances keep no samples); a group that stays keeps its rows."""
+        self._state.sample_groups(groups)
+
+    def samples(self, instance: str, after: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """What the gateway recorded of `instance`'s answers after cursor `after` (at most
+        `limit`, oldest first) as `/sluice/samples` rows without the text (`status`,
+        `latency_s`, `ttft_s`: time to the first body byte of a streamed answer, `at`,
+        `output_bytes`), and the cursor for the next read."""
+        return self._state.sampling.read(instance, after, limit)
 
     def status(self) -> dict[str, Any]:
         """The data plane now, JSON-able: `{"version": n, "groups": {name: {"slots",

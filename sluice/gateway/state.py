@@ -10,7 +10,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluice.gateway.accesslog import AccessLog
@@ -19,6 +19,7 @@ from sluice.gateway.groups import GroupRuntime
 from sluice.gateway.limits import Limits
 from sluice.gateway.metrics import GatewayMetrics
 from sluice.gateway.responses import sluice_headers
+from sluice.gateway.samples import GatewaySampling
 from sluice.gateway.upstream import UpstreamPool
 from sluice.policy.ratelimit import TokenBucket
 from sluice.policy.routing import (
@@ -72,6 +73,7 @@ class GatewayState:
         "outstanding",
         "pool",
         "rng",
+        "sampling",
         "served",
         "snapshot",
     )
@@ -98,6 +100,8 @@ class GatewayState:
         self.default_traffic = default_traffic or GroupTraffic()
         """Settings of a group the snapshot has no `traffic` entry for."""
         self.groups: dict[str, GroupRuntime] = {}
+        self.sampling = GatewaySampling()
+        """Per-request rows of the groups under canary analysis (`sample_groups`)."""
         self.buckets: dict[str, TokenBucket] = {}
         self.metrics = GatewayMetrics(lambda: self.groups, lambda: self.snapshot.version)
         # Request ids: a random prefix per gateway plus a counter; unique, and cheap per request.
@@ -139,6 +143,7 @@ class GatewayState:
             runtime = groups.get(name)
             if runtime is None:
                 runtime = groups[name] = GroupRuntime(name, self.metrics.group(name))
+                runtime.samples = self.sampling.groups.get(name)
             woken = runtime.configure(
                 snapshot.traffic.get(name, self.default_traffic),
                 tuple(snapshot.endpoints.get(name, ())),
@@ -146,12 +151,21 @@ class GatewayState:
             )
             if woken:
                 self.wake(runtime, woken, now)
+            if runtime.samples is not None:  # an instance out of routing is read no more
+                runtime.samples.forget({ep.instance_id for ep in runtime.endpoints})
         self._update_buckets(snapshot.tenants_by_key, now)
         self.pool.authorize(ep for eps in snapshot.endpoints.values() for ep in eps)
         for ex in orphans:  # last: answering one may start its client's next request
             ex.refused_in_queue(
                 QueueTimeout("the group serving this request was removed"), "group_removed", now
             )
+
+    def sample_groups(self, groups: Iterable[str]) -> None:
+        """Record the answers of exactly `groups` from now on (see `samples`)."""
+        if self.sampling.watch(groups):
+            rings = self.sampling.groups
+            for name, runtime in self.groups.items():
+                runtime.samples = rings.get(name)
 
     def _update_buckets(self, tenants: Mapping[str, TenantAccess], now: float) -> None:
         """One bucket per tenant with a limit; kept (tokens and all) while the limit holds."""

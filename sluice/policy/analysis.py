@@ -14,7 +14,10 @@ each criterion's evidence in `sluice.policy.criteria`.
 | wait    | otherwise: no look due yet, or an earlier look failed nothing                  |
 
 A criterion is `fail` or `pass` when judged at a look, `wait` between looks, `skip` when
-disabled, not applicable (no text: embeddings) or with too few answers of its kind.
+disabled, not applicable (no text: embeddings), with too few answers of its kind, or not
+observed by the samples' source (`unobserved`: the gateway records what it sees of the
+answers of servers that keep no samples, `GATEWAY_UNSEEN`; a missing field never counts as
+zero).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from sluice.spec.rollout import CRITERIA, AnalysisSpec, CriterionName
 
 __all__ = [
     "FAST_PREFIX",
+    "GATEWAY_UNSEEN",
     "NO_PRIOR",
     "REFUSAL_PHRASES",
     "STYLE_FEATURES",
@@ -49,6 +53,7 @@ __all__ = [
     "Verdict",
     "analyze",
     "style_features",
+    "unobserved",
 ]
 
 Verdict = Literal["pass", "fail", "wait", "skip"]
@@ -57,6 +62,43 @@ FAST_PREFIX = 1000
 """The fast path reads each step's first answers of each side, this many at most: while the
 window holds fewer than its capacity (5,000 at least) they are exactly the first to arrive,
 so the counts grow as one sequence, which its sequential test needs."""
+
+
+GATEWAY_UNSEEN: Mapping[CriterionName, str] = {
+    "tpot_p50": "the gateway sees bytes, not tokens: no time per output token",
+    "output_length": "the gateway sees bytes, not tokens: no output length",
+    "empty_rate": "the gateway does not read the output, so it cannot tell an empty one",
+    "truncated_rate": "the gateway does not read finish reasons",
+    "cpu_per_request": "the server reports no CPU time per request (not Sluice's worker)",
+    "memory": "the server reports no memory (not Sluice's worker)",
+    "style_drift": "the gateway does not read the output text",
+}
+"""What the gateway's rows lack (`RequestSample` with status, latency and, for streamed
+answers, time to the first body byte as TTFT): each criterion and why it is skipped."""
+
+
+def unobserved(base_from_gateway: bool, canary_from_gateway: bool) -> dict[str, str]:
+    """The criteria the two sides' sample sources cannot judge, and why: none when both
+    are Sluice's workers; `GATEWAY_UNSEEN` when either side's rows are the gateway's
+    (prefixed `not observed (...)`); TTFT too when only one is, since the gateway's time to
+    first byte is not a worker's time to first token."""
+    if not (base_from_gateway or canary_from_gateway):
+        return {}
+    side = (
+        "both sides"
+        if base_from_gateway and canary_from_gateway
+        else ("the baseline" if base_from_gateway else "the canary")
+    )
+    out: dict[str, str] = {
+        n: f"not observed ({side} sampled by the gateway): {why}"
+        for n, why in GATEWAY_UNSEEN.items()
+    }
+    if base_from_gateway != canary_from_gateway:
+        out["ttft_p95"] = (
+            f"not comparable ({side} sampled by the gateway): its time to the first byte "
+            "is not a worker's time to the first token"
+        )
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,11 +295,16 @@ def _fast(total: Table, spec: AnalysisSpec, alpha: float) -> Criterion | None:
     )
 
 
-def _decide(judged: list[Judged], alpha: float, disabled: set[str]) -> list[Criterion]:
+def _decide(
+    judged: list[Judged], alpha: float, disabled: set[str], unseen: Mapping[str, str]
+) -> list[Criterion]:
     """Holm over the tested criteria at the look's `alpha`; a rejection fails only with an
-    effect large enough to act on. Resource ratios fail on their own."""
+    effect large enough to act on. Resource ratios fail on their own. Criteria `unseen`
+    (by the samples' source) are skipped with its reason, tested or not."""
     tested: dict[str, float] = {
-        j.name: j.p for j in judged if j.p is not None and j.skip is None and j.name not in disabled
+        j.name: j.p
+        for j in judged
+        if j.p is not None and j.skip is None and j.name not in disabled and j.name not in unseen
     }
     levels = holm(tested, alpha)
     out = []
@@ -267,6 +314,8 @@ def _decide(judged: list[Judged], alpha: float, disabled: set[str]) -> list[Crit
         )
         if j.name in disabled:
             out.append(Criterion(j.name, "skip", "disabled in the rollout spec"))
+        elif j.name in unseen:
+            out.append(Criterion(j.name, "skip", unseen[j.name]))
         elif j.skip is not None:
             out.append(Criterion(j.name, "skip", j.skip))
         elif j.p is None:
@@ -300,6 +349,7 @@ def analyze(
     prior: Prior = NO_PRIOR,
     fast_alpha: float | None = None,
     baseline_reused: bool = False,
+    unobserved: Mapping[str, str] | None = None,
 ) -> Analysis:
     """Analyse one step's window (both sides' answers since the step began).
 
@@ -309,11 +359,13 @@ def analyze(
     hold is over, so the last look may be taken; `prior`: earlier steps' evidence;
     `fast_alpha`: the fast path's level (default its share of `false_rollback_rate`);
     `baseline_reused`: the baseline's answers are an earlier step's (the 100% step), so
-    they add nothing new to the fast path's counts."""
+    they add nothing new to the fast path's counts; `unobserved`: criteria the samples'
+    source cannot see (name -> why; see `unobserved()`), skipped with that reason."""
     step = step if step is not None else single_look(spec)
     if fast_alpha is None:
         fast_alpha = spec.false_rollback_rate * FAST_SHARE
     disabled: set[str] = set(spec.disable)
+    unseen: Mapping[str, str] = unobserved or {}
     n_b, n_c = len(baseline), len(canary)
     eb, nb = (0, 0) if baseline_reused else _errors(baseline)
     ec, nc = _errors(canary)
@@ -330,7 +382,7 @@ def analyze(
         judged = judge_all(baseline, canary, base_use, canary_use, spec, prior.strata)
         for j in judged:
             tables.update(j.tables)
-        crits = _decide(judged, alpha, disabled)
+        crits = _decide(judged, alpha, disabled, unseen)
     else:
         alpha = 0.0
         nxt = step.next_look(looks_done)
@@ -338,13 +390,16 @@ def analyze(
         crits = [
             Criterion(n, "skip", "disabled in the rollout spec")
             if n in disabled
+            else Criterion(n, "skip", unseen[n])
+            if n in unseen
             else Criterion(n, "wait", why)
             for n in CRITERIA
         ]
     if gross is not None:
         crits = [gross if c.name == "error_rate" else c for c in crits]
     done = look or looks_done
-    return _overall(crits, n_b, n_c, step, look, done, alpha, gross is not None, tables)
+    hidden = [n for n in CRITERIA if n in unseen and n not in disabled]
+    return _overall(crits, n_b, n_c, step, look, done, alpha, gross is not None, tables, hidden)
 
 
 def _overall(
@@ -357,6 +412,7 @@ def _overall(
     alpha: float,
     fast: bool,
     tables: dict[str, Table],
+    unseen: Sequence[str] = (),
 ) -> Analysis:
     k = len(step.looks)
     nxt = step.next_look(done)
@@ -371,6 +427,8 @@ def _overall(
         verdict = "pass"
         reason = f"look {k}/{k} at {min(n_b, n_c)} answers a side: {passed} criteria passed"
         reason += f", {skipped} skipped"
+        if unseen:  # the source could not see them: say which (each says why)
+            reason += f" ({len(unseen)} not observed by the samples' source: {', '.join(unseen)})"
     elif look:
         verdict = "wait"
         reason = f"look {look}/{k} failed nothing ({passed} criteria passed); next look at "

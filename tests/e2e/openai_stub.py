@@ -7,7 +7,8 @@ It stands in for vLLM, SGLang or llama.cpp's server in the tests of the `command
 `--waiting` or `POST /stub/waiting {"waiting": N}`, to stand for a queue inside the server;
 a TTFT histogram). Like many real servers it dies at once on SIGTERM, dropping whatever it
 was serving: only a drain that waited for its in-flight requests loses none. Flags make it
-misbehave the ways a real one can (`--metrics garbage|huge|hang` for its metrics page).
+misbehave the ways a real one can (`--metrics garbage|huge|hang` for its metrics page,
+`--error-rate` for a share of completions answered 500).
 
     python tests/e2e/openai_stub.py --host 127.0.0.1 --port 8000 --model m --delay 0.2
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import socket
 import sys
 import threading
@@ -38,6 +40,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--garbage", action="store_true", help="print and answer binary garbage")
     p.add_argument("--require-key", default="", help="answer 401 without this bearer key")
     p.add_argument("--waiting", type=int, default=0, help="vllm:num_requests_waiting to report")
+    p.add_argument(
+        "--error-rate", type=float, default=0.0, help="share of completions answered 500"
+    )
     p.add_argument(
         "--metrics",
         choices=["vllm", "garbage", "huge", "hang"],
@@ -177,6 +182,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         if body.get("model") != ARGS.model:
             self._json(404, {"error": {"message": f"model {body.get('model')!r} not served"}})
+            return
+        if ARGS.error_rate and random.random() < ARGS.error_rate:
+            self._json(500, {"error": {"message": "injected failure (--error-rate)"}})
             return
         n = int(body.get("max_tokens") or 8)
         words = [f"w{i}" for i in range(n)]

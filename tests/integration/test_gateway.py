@@ -227,6 +227,38 @@ async def test_streaming_arrives_incrementally() -> None:
 
 
 @pytest.mark.asyncio
+async def test_sampled_groups_record_status_latency_and_first_byte_of_streams() -> None:
+    """Rows for the canary analysis of servers that keep no samples: only for groups named
+    (`sample_groups`), with time to the first body byte for streamed answers only; an
+    answer the instance failed counts as its 5xx."""
+    up = FakeUpstream("i1", mode="sse", events=3, delay=0.2)
+    async with running(up) as (gw, client, _):
+        await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+        assert gw.samples("i1", 0, 10) == ([], 0)  # g1 is not sampled: nothing kept
+        gw.sample_groups(["g1"])
+        async with client.stream(
+            "POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH
+        ) as resp:
+            body = await resp.aread()
+        rows, cursor = gw.samples("i1", 0, 10)
+        (row,) = rows
+        assert row["status"] == 200 and row["output_bytes"] == len(body)
+        assert row["ttft_s"] < 0.15 and row["latency_s"] > 0.55, row
+        assert abs(row["at"] - time.time()) < 5
+        gw.sample_groups([])
+        await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+        assert gw.samples("i1", cursor, 10) == ([], cursor)
+    down = FakeUpstream("i1", mode="hang")
+    async with running(down, upstream_timeout_s=0.3) as (gw, client, _):
+        gw.sample_groups(["g1"])
+        assert (
+            await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+        ).status_code == 504
+        (row,) = gw.samples("i1", 0, 10)[0]
+        assert row["status"] == 504 and row["ttft_s"] is None
+
+
+@pytest.mark.asyncio
 async def test_body_ended_by_upstream_close_is_rechunked() -> None:
     async with running(FakeUpstream("i1", mode="eof")) as (_, client, log):
         resp = await client.post("/v1/completions", json=CHAT, headers=AUTH)
