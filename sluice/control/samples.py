@@ -22,8 +22,6 @@ uniform random sample (reservoir) of at most `capacity` requests of its step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import random
 import time
 from collections.abc import Iterable
@@ -32,11 +30,11 @@ from typing import Any, Protocol
 
 import httpx
 
+from sluice.control.polling import RoundPoller
 from sluice.policy.analysis import RequestSample
 
 __all__ = ["GatewaySampleSource", "GroupSamples", "SampleCollector", "window_rows"]
 
-log = logging.getLogger("sluice.samples")
 
 PAGE = 2000
 POLL_S = 1.0
@@ -115,10 +113,12 @@ class GroupSamples:
                 self.samples[k] = sample
 
 
-class SampleCollector:
+class SampleCollector(RoundPoller[tuple[str, str, str]]):
     """Keeps a cursor per instance so each sample is read once; `window(group)` returns
     what arrived since the last `reset`. `watch` starts the polling task (on the running
     loop); `aclose` stops it."""
+
+    name = "sample-poller"
 
     def __init__(
         self,
@@ -129,29 +129,11 @@ class SampleCollector:
     ) -> None:
         """`gateway`: where the rows of groups `from_gateway` are read (None: nowhere, so
         their instances count as failing reads)."""
+        super().__init__(client, poll_s, timeout_s)
         self._gateway = gateway
         self._gateway_groups: frozenset[str] = frozenset()
-        self._own_client = client is None
-        self._client = client or self._new_client(timeout_s)
-        self._poll_s = poll_s
-        self._timeout_s = timeout_s
         self._cursors: dict[str, _Cursor] = {}
         self._groups: dict[str, GroupSamples] = {}
-        self._targets: list[tuple[str, str, str]] = []
-        self._task: asyncio.Task[None] | None = None
-        self.rounds = 0
-        self.last_round_s = 0.0
-
-    @staticmethod
-    def _new_client(timeout_s: float) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=timeout_s, trust_env=False)
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._client.aclose()
 
     def reset(self, groups: Iterable[str], now: float, capacity: int = WINDOW_ROWS) -> None:
         """Start a new analysis window for `groups` (a new step) at `now` (epoch seconds):
@@ -177,9 +159,7 @@ class SampleCollector:
         self._gateway_groups = frozenset(from_gateway)
         if self._gateway is not None:
             self._gateway.sample_groups(self._gateway_groups)
-        self._targets = list(instances)
-        if self._targets and (self._task is None or self._task.done()):
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="sample-poller")
+        self._set_targets(list(instances))
 
     def status(self) -> dict[str, Any]:
         """For the control API: rounds so far, the last one's length, failing instances."""
@@ -194,29 +174,8 @@ class SampleCollector:
             },
         }
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            while self._targets:
-                started = loop.time()
-                try:
-                    await self.poll(self._targets)
-                except Exception:  # a bug here must not end the polling
-                    log.exception("sample poll round failed")
-                self.rounds += 1
-                self.last_round_s = loop.time() - started
-                await asyncio.sleep(max(0.0, self._poll_s - self.last_round_s))
-            await self._idle()
-            if not self._targets:  # no await from here to the end: watch() sees us done
-                return
-
-    async def _idle(self) -> None:
-        """Nothing to watch: drop the pooled connections. Instances stopped since their last
-        read would otherwise leave them half-closed (CLOSE_WAIT) for as long as we idle."""
+    def _forget(self) -> None:
         self._cursors.clear()
-        if self._own_client:
-            client, self._client = self._client, self._new_client(self._timeout_s)
-            await client.aclose()
 
     async def poll(self, instances: Iterable[tuple[str, str, str]]) -> None:
         """One round: read every instance concurrently, each within the timeout."""

@@ -24,21 +24,19 @@ zero. Parsing runs in a thread: in `sluice up` the gateway shares this event loo
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import httpx
 
+from sluice.control.polling import RoundPoller
 from sluice.core import InstanceState, InstanceStatus
 from sluice.policy.server_metrics import Histogram, ServerLoad, ServerSignals, parse_server_metrics
 from sluice.spec import GroupSpec, PlatformSpec
 
 __all__ = ["ScrapeTarget", "ServerScraper", "ServerWindow", "metrics_path", "scrape_targets"]
 
-log = logging.getLogger("sluice.scraper")
 
 POLL_S = 1.0
 """A round starts this often (or as soon as the last one ended, if it took longer)."""
@@ -117,10 +115,12 @@ class _Seen:
     error: str = ""
 
 
-class ServerScraper:
+class ServerScraper(RoundPoller[ScrapeTarget]):
     """`watch(targets)` starts the scraping task (on the running loop) and says what it
     reads; `load(group, now)` is what autoscaling reads; `aclose` stops it. `now` is the
     controller's clock (freshness is judged on the same clock as the tick's)."""
+
+    name = "scraper"
 
     def __init__(
         self,
@@ -131,40 +131,21 @@ class ServerScraper:
         max_bytes: int = MAX_BODY_BYTES,
         max_age_s: float = MAX_AGE_S,
     ) -> None:
+        super().__init__(client, poll_s, timeout_s)
         self._now = now
-        self._own_client = client is None
-        self._client = client or self._new_client(timeout_s)
-        self._poll_s = poll_s
-        self._timeout_s = timeout_s
         self._max_bytes = max_bytes
         self._max_age_s = max_age_s
-        self._targets: list[ScrapeTarget] = []
         self._seen: dict[str, _Seen] = {}
         self._windows: dict[str, ServerWindow] = {}
-        self._task: asyncio.Task[None] | None = None
-        self.rounds = 0
-        self.last_round_s = 0.0
-
-    @staticmethod
-    def _new_client(timeout_s: float) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=timeout_s, trust_env=False)
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._client.aclose()
 
     def watch(self, targets: Iterable[ScrapeTarget]) -> None:
         """From now on read `targets` (none: the task idles and closes its connections).
         Returns at once; the reads happen in the scraping task."""
-        self._targets = list(targets)
-        live = {t.instance for t in self._targets}
+        todo = list(targets)
+        live = {t.instance for t in todo}
         for gone in set(self._seen) - live:  # stopped: its last numbers are not the group's
             del self._seen[gone]
-        if self._targets and (self._task is None or self._task.done()):
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="scraper")
+        self._set_targets(todo)
 
     def load(self, group: str, now: float) -> ServerLoad | None:
         """The group's servers' running and waiting requests, summed over those read within
@@ -252,29 +233,6 @@ class ServerScraper:
         return ("\n".join(out) + "\n").encode() if out else b""
 
     # --- the task --------------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            while self._targets:
-                started = loop.time()
-                try:
-                    await self.poll(self._targets)
-                except Exception:  # a bug here must not end the scraping
-                    log.exception("scrape round failed")
-                self.rounds += 1
-                self.last_round_s = loop.time() - started
-                await asyncio.sleep(max(0.0, self._poll_s - self.last_round_s))
-            await self._idle()
-            if not self._targets:  # no await from here to the end: watch() sees us done
-                return
-
-    async def _idle(self) -> None:
-        """Nothing to read: drop the pooled connections (a stopped server's would stay
-        half-closed for as long as we idle)."""
-        if self._own_client:
-            client, self._client = self._client, self._new_client(self._timeout_s)
-            await client.aclose()
 
     async def poll(self, targets: Iterable[ScrapeTarget]) -> None:
         """One round: read every target concurrently, each within the limits."""
