@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from sluice.control.autoscaling import GroupStep, LiveAutoscaling, TrafficSource
 from sluice.control.events import EventLog, store_error_text, store_outage
+from sluice.control.keysources import spec_with_key_sources
 from sluice.control.quota import LiveQuota
 from sluice.control.review import gated_changes
 from sluice.control.rollouts import ACTIONS, RolloutRunner
@@ -45,7 +44,6 @@ from sluice.spec import (
     PlatformSpec,
     load_spec_text,
     redact_secrets,
-    resolve_key_sources,
     revision_diff,
 )
 from sluice.spec.secrets import secret_env_names
@@ -210,7 +208,7 @@ class Controller:
         """Resume from the store: the latest revision and live overrides."""
         latest = await asyncio.to_thread(self._store.latest_revision)
         if latest is not None:
-            self._spec = _with_key_sources(
+            self._spec = spec_with_key_sources(
                 load_spec_text(latest.yaml_text, f"revision {latest.number}")
             )
             self._revision = latest.number
@@ -247,7 +245,7 @@ class Controller:
             return None
         # The spec as it will read back from the store (keys as digests), so that comparing
         # it with the live spec after a restart sees the same tenants.
-        spec = _with_key_sources(load_spec_text(text, loaded.source))
+        spec = spec_with_key_sources(load_spec_text(text, loaded.source))
         stranded = stranded_failovers(spec, self._failovers)
         if stranded:
             raise Conflict(
@@ -593,15 +591,3 @@ class Controller:
 
 def _standby(g: GroupSpec) -> int:
     return g.autoscaling.warm_standby if g.autoscaling is not None else 0
-
-
-def _with_key_sources(loaded: LoadedSpec) -> PlatformSpec:
-    """Tenant keys named by `api_keys_env` / `api_keys_file`, read here on the controller's
-    machine (the spec names the source, never holds the keys) and kept as digests."""
-    return resolve_key_sources(
-        loaded.spec,
-        os.environ,
-        lambda path: Path(path).read_text(encoding="utf-8"),
-        text=loaded.text,
-        source=loaded.source,
-    )

@@ -21,7 +21,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -38,6 +38,7 @@ from sluice.control.servers import (
     runs_command,
     stop_grace_s,
 )
+from sluice.control.supervised import LaunchFailed, Supervised, Unhealthy
 from sluice.core import Clock, InstanceState, InstanceStatus, SluiceError
 from sluice.policy import DeviceHold, Endpoint, ProbeRecord, assign_devices, record_probe
 from sluice.runtime import ExternalRuntime, InstanceHandle, LaunchRequest, Runtime
@@ -68,49 +69,6 @@ InflightSource = Callable[[], Mapping[str, int]]
 """The gateway's requests in flight per instance id (`Gateway.outstanding`)."""
 
 
-class _Failed(Exception):
-    pass
-
-
-class _Unhealthy(_Failed):
-    """Health probes failed `failure_threshold` times in a row (the process may live on)."""
-
-
-@dataclass(eq=False)
-class _Instance:
-    id: str
-    spec: GroupSpec
-    template: str
-    created_at: float
-    state: InstanceState = InstanceState.PENDING
-    handle: InstanceHandle | None = None
-    ready_at: float | None = None
-    reason: str = ""
-    closing: bool = False
-    task: asyncio.Task[None] | None = field(default=None, repr=False)
-    probes: Probes = field(default_factory=Probes, repr=False)
-    pool: PoolSpec | None = None
-    """Set when the pool pins devices."""
-    devices: tuple[str, ...] = ()
-    device_units: int = 0
-    endpoint: EndpointSpec | None = None
-    """The existing server an external instance fronts."""
-
-    def status(self) -> InstanceStatus:
-        return InstanceStatus(
-            id=self.id,
-            group=self.spec.name,
-            template=self.template,
-            state=self.state,
-            created_at=self.created_at,
-            url=self.handle.url if self.handle else None,
-            ready_at=self.ready_at,
-            reason=self.reason,
-            pid=self.handle.pid if self.handle else None,
-            labels={"devices": ",".join(self.devices)} if self.devices else {},
-        )
-
-
 class InstanceSupervisor:
     def __init__(
         self,
@@ -136,7 +94,7 @@ class InstanceSupervisor:
         self._store = store
         self._clock = clock
         self._events = events
-        self._instances: dict[str, _Instance] = {}
+        self._instances: dict[str, Supervised] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._http: httpx.AsyncClient | None = http
         self._asks: Prober | None = None
@@ -183,7 +141,7 @@ class InstanceSupervisor:
     ) -> str:
         """Start an instance of `spec`; `pool` (the group's) pins it to devices if it has
         any. An external group's instance takes the endpoint fewest of its instances front."""
-        inst = _Instance(f"{spec.name}-{uuid.uuid4().hex[:8]}", spec, template, self._clock.now())
+        inst = Supervised(f"{spec.name}-{uuid.uuid4().hex[:8]}", spec, template, self._clock.now())
         inst.probes = probes_for(spec)
         if pool is not None and pool.devices:
             inst.pool = pool
@@ -239,7 +197,7 @@ class InstanceSupervisor:
                 alive and handle is not None and not await self._prober.not_ready(handle, probes)
             )
             if ready and spec is not None and handle is not None:
-                inst = _Instance(
+                inst = Supervised(
                     rec.id,
                     spec,
                     rec.template,
@@ -300,7 +258,7 @@ class InstanceSupervisor:
 
     # --- lifecycle ----------------------------------------------------------------------
 
-    async def _lifecycle(self, inst: _Instance, reason: str) -> None:
+    async def _lifecycle(self, inst: Supervised, reason: str) -> None:
         spec = inst.spec
         await self._events.emit(spec.name, inst.id, "launch", reason, template=inst.template)
         try:
@@ -322,10 +280,10 @@ class InstanceSupervisor:
             await self._warm_up(inst)
             await self._became_ready(inst, "ready")
             await self._watch(inst)
-        except (_Failed, SluiceError) as exc:
+        except (LaunchFailed, SluiceError) as exc:
             await self._fail(inst, str(exc))
 
-    async def _became_ready(self, inst: _Instance, kind: str) -> None:
+    async def _became_ready(self, inst: Supervised, kind: str) -> None:
         inst.ready_at = self._clock.now()
         took = inst.ready_at - inst.created_at
         self._set_state(inst, InstanceState.READY, f"ready in {took:.1f}s")
@@ -333,7 +291,7 @@ class InstanceSupervisor:
             inst.spec.name, inst.id, kind, f"ready {took:.1f}s after launch", startup_s=took
         )
 
-    async def _front(self, inst: _Instance, endpoint: EndpointSpec) -> None:
+    async def _front(self, inst: Supervised, endpoint: EndpointSpec) -> None:
         """An external endpoint: probe until it serves, warm it, route to it while its
         health probes pass; when they fail, out of routing and back to probing. It is the
         same URL whatever happens, so it is never failed for the controller to replace
@@ -343,7 +301,7 @@ class InstanceSupervisor:
         if endpoint.api_key_env is not None:
             key = self._environ.get(endpoint.api_key_env, "")
             if not usable_key(key):
-                raise _Failed(
+                raise LaunchFailed(
                     f"endpoint {endpoint.url} takes its key from ${endpoint.api_key_env}, "
                     "which is unset, empty or not a key (printable ASCII, no spaces) in "
                     "Sluice's environment"
@@ -360,14 +318,14 @@ class InstanceSupervisor:
                 await self._warm_up(inst)
                 await self._became_ready(inst, kind)
                 await self._watch(inst)
-            except _Failed as exc:
+            except LaunchFailed as exc:
                 why = f"out of routing: {exc}"
                 self._set_state(inst, InstanceState.STARTING, why)
                 await self._events.emit(spec.name, inst.id, "unhealthy", f"{endpoint.url} {why}")
                 kind = "recovered"
                 await asyncio.sleep(spec.health.interval_s)
 
-    async def _place(self, inst: _Instance, deadline: float) -> None:
+    async def _place(self, inst: Supervised, deadline: float) -> None:
         """Devices for an instance of a pool that pins them: at once when free, else wait
         (PENDING, with the reason) until an instance holding some is gone."""
         pool = inst.pool
@@ -389,14 +347,16 @@ class InstanceSupervisor:
                 return
             why = f"waiting for devices of pool {pool.name!r}: {grant.reason}"
             if self._clock.now() > deadline:
-                raise _Failed(
+                raise LaunchFailed(
                     f"not placed {inst.spec.health.startup_timeout_s:g}s after launch; {why}"
                 )
             if inst.reason != why:
                 self._set_state(inst, InstanceState.PENDING, why)
             await asyncio.sleep(PLACE_POLL_S)
 
-    async def _wait_ready(self, inst: _Instance, deadline: float | None, warn: bool = True) -> None:
+    async def _wait_ready(
+        self, inst: Supervised, deadline: float | None, warn: bool = True
+    ) -> None:
         """Until the readiness probe says ready; past `deadline`, fail. Without one (an
         external endpoint) it probes on, and says once that it is late."""
         assert inst.handle is not None
@@ -412,7 +372,7 @@ class InstanceSupervisor:
                 self._set_state(inst, inst.state, why)
             now = self._clock.now()
             if deadline is not None and now > deadline:
-                raise _Failed(
+                raise LaunchFailed(
                     f"not ready {inst.spec.health.startup_timeout_s:g}s after launch; last: {why}"
                 )
             if deadline is None and now > late_at and not told:
@@ -422,14 +382,14 @@ class InstanceSupervisor:
                 )
             await asyncio.sleep(0.1)
 
-    async def _warm_up(self, inst: _Instance) -> None:
+    async def _warm_up(self, inst: Supervised) -> None:
         assert inst.handle is not None
         try:
             await self._prober.warm_up(inst.handle, inst.probes, inst.spec.warmup)
         except ProbeFailed as exc:
-            raise _Failed(str(exc)) from None
+            raise LaunchFailed(str(exc)) from None
 
-    async def _watch(self, inst: _Instance) -> None:
+    async def _watch(self, inst: Supervised) -> None:
         """S10: a dead process or `failure_threshold` failed probes in a row fail it."""
         assert inst.handle is not None
         health = inst.spec.health
@@ -444,11 +404,11 @@ class InstanceSupervisor:
                     record, ok, "health probe failed", health.failure_threshold
                 )
                 if unhealthy:
-                    raise _Unhealthy(f"{record.consecutive_failures} health probes failed in a row")
+                    raise Unhealthy(f"{record.consecutive_failures} health probes failed in a row")
                 next_probe = loop.time() + health.interval_s
             await asyncio.sleep(EXIT_POLL_S)
 
-    async def _drain(self, inst: _Instance, reason: str) -> None:
+    async def _drain(self, inst: Supervised, reason: str) -> None:
         """S6: out of routing first, then wait until in-flight requests finish (two idle
         reads in a row: the worker's `/stats`, or for a server that is not Sluice's, the
         gateway's count), then stop. A failed read proves nothing: it is retried until
@@ -490,7 +450,7 @@ class InstanceSupervisor:
         grace = max(STOP_GRACE_S, deadline - self._clock.now())
         await self._stop(inst, reason, grace_s=grace)
 
-    async def _stop(self, inst: _Instance, reason: str, grace_s: float) -> None:
+    async def _stop(self, inst: Supervised, reason: str, grace_s: float) -> None:
         if inst.handle is not None:
             grace = stop_grace_s(inst.spec, grace_s)
             code = await self._runtime_of(inst).stop(inst.handle, grace)
@@ -503,7 +463,7 @@ class InstanceSupervisor:
         await self._events.emit(inst.spec.name, inst.id, "stopped", reason + detail)
         self.changed.set()
 
-    async def _fail(self, inst: _Instance, why: str) -> None:
+    async def _fail(self, inst: Supervised, why: str) -> None:
         """Record why, with the last lines of the instance's log, then mark FAILED: the
         controller reacts to the state at once (it removes the instance, which stops the
         process and cancels this task), so the event must be written first."""
@@ -522,19 +482,19 @@ class InstanceSupervisor:
         assert self._asks is not None, "start() first"
         return self._asks
 
-    def _runtime_of(self, inst: _Instance) -> Runtime:
+    def _runtime_of(self, inst: Supervised) -> Runtime:
         return self._external if inst.endpoint is not None else self._runtime
 
-    def _check_exit(self, inst: _Instance) -> None:
+    def _check_exit(self, inst: Supervised) -> None:
         assert inst.handle is not None
         code = self._runtime_of(inst).exit_code(inst.handle)
         if code is not None:
-            raise _Failed(f"process exited with code {code}")
+            raise LaunchFailed(f"process exited with code {code}")
 
-    def _exited(self, inst: _Instance) -> bool:
+    def _exited(self, inst: Supervised) -> bool:
         return inst.handle is None or self._runtime_of(inst).exit_code(inst.handle) is not None
 
-    async def _inflight(self, inst: _Instance, timeout_s: float) -> int:
+    async def _inflight(self, inst: Supervised, timeout_s: float) -> int:
         """Requests the instance is serving now; ProbeFailed if that is not known."""
         assert inst.handle is not None
         if not inst.probes.own_inflight:
@@ -543,7 +503,7 @@ class InstanceSupervisor:
             return self._gateway_inflight().get(inst.id, 0)
         return await self._prober.worker_inflight(inst.handle, timeout_s)
 
-    def _set_state(self, inst: _Instance, state: InstanceState, reason: str) -> None:
+    def _set_state(self, inst: Supervised, state: InstanceState, reason: str) -> None:
         inst.state, inst.reason = state, reason
         rec = InstanceRecord(
             id=inst.id,
@@ -590,13 +550,13 @@ class InstanceSupervisor:
                         await asyncio.wait_for(self._closing.wait(), retry)
                     retry = min(WRITE_RETRY_MAX_S, retry * 2)
 
-    def _spawn(self, inst: _Instance, coro: Any) -> None:
+    def _spawn(self, inst: Supervised, coro: Any) -> None:
         inst.task = asyncio.get_running_loop().create_task(coro, name=f"instance:{inst.id}")
         self._tasks.add(inst.task)
         inst.task.add_done_callback(self._tasks.discard)
         inst.task.add_done_callback(self._task_done)
 
-    def _cancel(self, inst: _Instance) -> None:
+    def _cancel(self, inst: Supervised) -> None:
         if inst.task is not None and not inst.task.done():
             inst.task.cancel()
 
