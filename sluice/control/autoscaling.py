@@ -193,6 +193,8 @@ class LiveAutoscaling:
             draining=draining,
             fresh=sample is not None,
             server_waiting=server_waiting,
+            served_s=src.served_s,
+            served_sq_s=src.served_sq_s,
         )
 
 

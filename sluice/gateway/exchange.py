@@ -532,6 +532,7 @@ class Exchange(UpstreamRelay):
     def _log(self) -> None:
         state = self.state
         latency = time.perf_counter() - self.t0
-        state.metrics.request_done(self.group, self.route, self.status, latency)
+        served = latency - 0.001 * self.queue_ms
+        state.metrics.request_done(self.group, self.route, self.status, latency, served)
         if state.access_log is not None:
             state.access_log.record(self, latency)

@@ -321,6 +321,8 @@ class GroupRuntime:
             completions=sum(counts),
             latency_bounds=DURATION_BUCKETS_S,
             latency_counts=tuple(counts),
+            served_s=self.metrics.served_s,
+            served_sq_s=self.metrics.served_sq_s,
         )
 
     def status(self, now: float) -> dict[str, object]:

@@ -106,7 +106,7 @@ class RouteStats:
 class GroupMetrics:
     """Counters of one group; they outlive the group's runtime (counters never go back)."""
 
-    __slots__ = ("arrivals", "mirrored", "queue_wait", "routes", "shed")
+    __slots__ = ("arrivals", "mirrored", "queue_wait", "routes", "served_s", "served_sq_s", "shed")
 
     def __init__(self) -> None:
         self.arrivals = 0
@@ -115,6 +115,11 @@ class GroupMetrics:
         self.shed = dict.fromkeys(SHED_REASONS, 0)
         self.mirrored = 0
         self.queue_wait = Histogram(QUEUE_BUCKETS_S)
+        self.served_s = 0.0
+        """Seconds finished requests spent at an instance (latency less queue wait): with
+        the completion count, the mean service time the autoscaler sizes with."""
+        self.served_sq_s = 0.0
+        """the sum of their squares: the service time's variability"""
 
     def request_done(self, route: str, status: int, latency_s: float) -> None:
         stats = self.routes.get(route)
@@ -149,7 +154,12 @@ class GatewayMetrics:
         return gm
 
     def request_done(
-        self, group: str | None, route: str | None, status: int, latency_s: float
+        self,
+        group: str | None,
+        route: str | None,
+        status: int,
+        latency_s: float,
+        served_s: float = 0.0,
     ) -> None:
         """Count one finished request (inlined: it runs for every request)."""
         gm = self.groups.get(group or "")
@@ -163,6 +173,8 @@ class GatewayMetrics:
         hist = stats.duration
         hist.counts[bisect_left(hist.bounds, latency_s)] += 1
         hist.sum += latency_s
+        gm.served_s += served_s
+        gm.served_sq_s += served_s * served_s
 
     def render(self) -> bytes:
         """The Prometheus text exposition (format 0.0.4)."""

@@ -221,6 +221,7 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
     active_ids: list[int] = []
     done: list[float] = [_PENDING] * n
     lat_log: list[float] = []
+    served = served_sq = 0.0  # service seconds of the completions (GroupLoad.served_s)
     marks: deque[int] = deque([0], maxlen=_P95_WINDOW_TICKS + 1)
     timeline: list[tuple[float, ...]] = []
     decisions: list[dict[str, Any]] = []
@@ -346,6 +347,9 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
                     continue
                 done[r] = now
                 lat_log.append(now - arr[r])
+                x = svc[r]
+                served += x
+                served_sq += x * x
                 lvl = inflight[k]
                 inflight[k] = lvl - 1
                 if st == _ACTIVE:
@@ -377,6 +381,8 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
                     queued=adm.queue_length,
                     arrivals=i,
                     completions=len(lat_log),
+                    served_s=served,
+                    served_sq_s=served_sq,
                     latency_p95_s=p95,
                     startup_s=startup,
                     draining=counts["draining"],

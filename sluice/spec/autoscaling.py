@@ -18,7 +18,6 @@ __all__ = [
     "HpaSpec",
     "KpaSpec",
     "PanicSpec",
-    "ReserveSpec",
     "ScaleDownSpec",
     "ScaleUpSpec",
     "ScheduleEntry",
@@ -71,7 +70,7 @@ class TargetsSpec(_Strict):
     queue signal AND, when a latency target is set, latency at risk (or a queue)."""
 
     utilization: float = Field(
-        default=0.75, gt=0, le=1, description="busy share of max_concurrency slots"
+        default=1.0, gt=0, le=1, description="busy share of max_concurrency slots"
     )
     queue_per_instance: float = Field(default=0.5, ge=0, description="waiting requests")
     latency_p95_ms: float | None = Field(
@@ -86,11 +85,23 @@ class TargetsSpec(_Strict):
     tolerance: float = Field(
         default=0.1, ge=0, lt=1, description="deadband around the target, both directions"
     )
-    service_window_s: float = Field(
-        default=300.0,
+    service_completions: int = Field(
+        default=1000,
+        ge=40,
+        le=100_000,
+        description="Little's-law window of the service-time estimate, in completions",
+    )
+    rate_arrivals: int = Field(
+        default=400,
         ge=1,
-        le=3600,
-        description="Little's-law window of the service-time estimate (in flight / completions)",
+        le=100_000,
+        description="the steady rate spans at least this many arrivals (within the memory)",
+    )
+    slo_budget_share: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="share of the SLO's error budget the steady sizing may spend on queueing",
     )
 
 
@@ -117,24 +128,6 @@ class PanicSpec(_Strict):
     enabled: bool = True
     window_s: float = Field(default=6.0, gt=0, le=600)
     threshold: float = Field(default=2.0, gt=1, le=10)
-
-
-class ReserveSpec(_Strict):
-    """Burst reserve: capacity for the busiest `window_s` of arrivals seen within `memory_s`
-    (peak arrival rate x estimated service time, at `utilization` of the slots), so a burst
-    that recurs finds its instances resident instead of a start-up away. A proposal like
-    the others: it scales up only through the combination rule (S4), and the down rules
-    (rolling max, cooldown, steps) then keep and release it."""
-
-    enabled: bool = True
-    window_s: float = Field(default=10.0, gt=0, le=600, description="arrival-peak window")
-    utilization: float = Field(default=0.6, gt=0, le=1, description="x max_concurrency")
-    memory_s: float | None = Field(
-        default=60.0,
-        ge=0,
-        le=86_400,
-        description="peak kept this long, at most down.stabilization_s; None: that window",
-    )
 
 
 class HpaPolicy(_Strict):
@@ -198,7 +191,6 @@ class AutoscalingSpec(_Strict):
     up: ScaleUpSpec = ScaleUpSpec()
     down: ScaleDownSpec = ScaleDownSpec()
     panic: PanicSpec = PanicSpec()
-    reserve: ReserveSpec = ReserveSpec()
     schedules: list[ScheduleEntry | TemplateName] = Field(
         default_factory=list, description="entries, or names of `schedule_templates`"
     )

@@ -22,7 +22,6 @@ BASE: dict[str, Any] = {
     # pinned here so the exact numbers below do not move when defaults are retuned
     "targets": {"utilization": 0.7, "window_s": 30, "trend_window_s": 60, "tolerance": 0.1},
     "down": {"cooldown_s": 120, "stabilization_s": 60, "max_step": 1, "max_percent": 10},
-    "reserve": {"enabled": False},  # its own tests below turn it on
 }
 
 

@@ -52,6 +52,11 @@ class GroupLoad:
     """of `in_flight`, requests waiting inside the instances' own servers for a batch slot
     (scraped from a command server's metrics, `sluice.policy.server_metrics.server_view`;
     0 where nothing is scraped): queued, although the gateway's slots look taken by them"""
+    served_s: float | None = None
+    """cumulative seconds the `completions` spent at an instance (their service time); None
+    where unknown (then service time is read from in-flight time by Little's law)"""
+    served_sq_s: float | None = None
+    """cumulative squares of the completions' service seconds (their variability)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,10 @@ class TrafficSample:
     completions: int
     latency_bounds: tuple[float, ...]
     latency_counts: tuple[int, ...]
+    served_s: float = 0.0
+    """cumulative seconds finished requests spent at an instance (latency less queue wait)"""
+    served_sq_s: float = 0.0
+    """cumulative squares of those seconds"""
 
 
 def window_quantile(older: TrafficSample, newer: TrafficSample, q: float) -> float | None:

@@ -55,4 +55,4 @@ def build_autoscaler(
         return KpaPolicy(spec.kpa, min_scale=floor, max_scale=spec.max, metrics_max_age_s=age)
     schedules = ScheduleFloors(resolve_schedules(spec.schedules, templates))
     slo_ms = group.slo.latency_ms if group.slo is not None else None
-    return SluicePolicy(spec, schedules=schedules, latency_target_ms=slo_ms)
+    return SluicePolicy(spec, schedules=schedules, latency_target_ms=slo_ms, slo=group.slo)

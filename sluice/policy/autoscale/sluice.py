@@ -97,9 +97,16 @@ from collections import deque
 from dataclasses import replace
 
 from sluice.policy.autoscale.base import Decision, GroupLoad
+from sluice.policy.autoscale.queueing import (
+    Objective,
+    burst_slots,
+    steady_slots,
+    wait_allowance_s,
+)
 from sluice.policy.autoscale.schedule import ScheduleFloors
-from sluice.policy.autoscale.windows import RollingExtreme, SlidingMean, Trend
-from sluice.spec.autoscaling import AutoscalingSpec
+from sluice.policy.autoscale.traffic import TrafficWindows
+from sluice.policy.autoscale.windows import RollingExtreme
+from sluice.spec.autoscaling import AutoscalingSpec, SloSpec
 
 __all__ = ["SluicePolicy"]
 
@@ -108,11 +115,9 @@ _LATENCY_OK = 0.8
 _TREND_SIGMAS = 4.0
 """a slope must stand this many standard errors clear of zero to be projected"""
 _EPS = 1e-9
-_MIN_COMPLETIONS = 40
-"""Little's law needs completions: with fewer in the service window the service time is
-unknown (rate and reserve stay silent, the burst is the observed demand). A mean of 40
-heavy-tailed service times is within ~20 %; with 1-5 the first long request inflates it
-2-3x and the policy over-reacts (on the x60 BurstGPT traces it doubled the cost)."""
+DEFAULT_SLO = SloSpec(slowdown=2.0, slack_s=1.0, target=0.99)
+"""the objective sized for when a group states none: a request may wait about its own
+service time plus a second, 99 % of the time"""
 
 
 def _need(demand: float, per_instance: float) -> int:
@@ -143,31 +148,17 @@ class SluicePolicy:
         spec: AutoscalingSpec,
         schedules: ScheduleFloors | None = None,
         latency_target_ms: float | None = None,
+        slo: SloSpec | None = None,
     ) -> None:
         self.spec = spec
+        self.slo = slo if slo is not None else DEFAULT_SLO
         self.schedules = schedules if schedules is not None else ScheduleFloors()
         self.latency_target_ms = spec.targets.latency_p95_ms or latency_target_ms
-        t = spec.targets
-        self._in_flight = SlidingMean(t.window_s)
-        self._queue = SlidingMean(spec.panic.window_s)
-        self._queue_w = SlidingMean(t.window_s)
-        self._burst_counters: deque[tuple[float, int]] = deque()  # t, arrivals
-        self._counters: deque[tuple[float, int, int]] = deque()  # t, arrivals, completions
-        self._trend = Trend(t.trend_window_s)
-        self._busy_s = 0.0  # integral of in_flight over time (request-seconds)
-        self._svc: deque[tuple[float, float, int]] = deque()  # t, busy_s, completions
-        r = spec.reserve
-        self._reserve_counters: deque[tuple[float, int]] = deque()  # t, arrivals
-        memory = spec.down.stabilization_s
-        if r.memory_s is not None:
-            memory = min(r.memory_s, memory)  # never held longer than the down rules would
-        self._reserve_peak: RollingExtreme[float] = RollingExtreme(memory)
+        self.traffic = TrafficWindows(spec)
         self._down_max: RollingExtreme[int] = RollingExtreme(spec.down.stabilization_s)
         self._up_min: RollingExtreme[int] = RollingExtreme(spec.up.stabilization_s, largest=False)
         self._ups: deque[tuple[float, int]] = deque()
         self._downs: deque[tuple[float, int]] = deque()
-        self._prev: tuple[float, int] | None = None  # last sample: at, arrivals
-        self._busy_at: float | None = None
         self._last_up_at: float | None = None
         self._last_out: int | None = None
         self._seeded = False
@@ -187,7 +178,7 @@ class SluicePolicy:
         if not load.fresh or now - load.at > spec.metrics_max_age_s:
             return self._hold_missing(load, now, floor, floor_by)
         load = _waiting_is_queued(load)
-        arrived = self._observe(load, now)
+        arrived = self.traffic.observe(load, now, self._burst_horizon(load))
         signals, proposals = self._signals(load, now)
         rec, winner, top, notes = self._combine(load, signals, proposals)
         if load.server_waiting:
@@ -246,54 +237,30 @@ class SluicePolicy:
             unclipped=keep if desired != keep else None,
         )
 
-    def _observe(self, load: GroupLoad, now: float) -> int:
-        """Feed the windows; returns the arrivals since the previous sample."""
-        demand = float(load.in_flight + load.queued)
-        self._in_flight.add(now, float(load.in_flight))
-        self._queue.add(now, float(load.queued))
-        self._queue_w.add(now, float(load.queued))
-        arrived = 0
-        if self._prev is not None:
-            dt = load.at - self._prev[0]
-            arrived = max(0, load.arrivals - self._prev[1])
-            if dt > 0:
-                self._trend.add(load.at, arrived / dt)
-                self._busy_s += load.in_flight * dt
-        self._prev = (load.at, load.arrivals)
-        svc = self._svc
-        svc.append((load.at, self._busy_s, load.completions))
-        while len(svc) > 2 and svc[1][0] <= load.at - self.spec.targets.service_window_s:
-            svc.popleft()
-        if self.spec.reserve.enabled:
-            res = self._reserve_counters
-            res.append((load.at, load.arrivals))
-            while len(res) > 2 and res[1][0] <= load.at - self.spec.reserve.window_s:
-                res.popleft()
-        counters = self._counters
-        counters.append((load.at, load.arrivals, load.completions))
-        while len(counters) > 2 and counters[1][0] <= load.at - self.spec.targets.window_s:
-            counters.popleft()
-        bursts = self._burst_counters
-        bursts.append((load.at, load.arrivals))
-        while len(bursts) > 2 and bursts[1][0] <= load.at - self.spec.panic.window_s:
-            bursts.popleft()
-        if arrived > 0 or demand > 0:
-            self._busy_at = now
-        return arrived
+    def _lead(self, load: GroupLoad) -> float:
+        return self.spec.lead_time_s if self.spec.lead_time_s is not None else load.startup_s
+
+    def _burst_horizon(self, load: GroupLoad) -> float:
+        """The longest burst span: beyond two lead times the steady need sees a surge in
+        time to act on it."""
+        return max(self.spec.targets.window_s, 2.0 * self._lead(load))
 
     def _signals(self, load: GroupLoad, now: float) -> tuple[dict[str, float], dict[str, int]]:
-        spec, t = self.spec, self.spec.targets
-        target = t.utilization * load.slots_per_instance
+        t = self.spec.targets
+        slots = load.slots_per_instance
+        target = t.utilization * slots
         ready = max(load.ready, 1)
-        lead = spec.lead_time_s if spec.lead_time_s is not None else load.startup_s
-        in_flight = self._in_flight.mean(now) or 0.0
-        queue_w = self._queue_w.mean(now) or 0.0
+        lead = self._lead(load)
+        traffic = self.traffic
+        in_flight = traffic.in_flight(now)
+        queue_w = traffic.queue_window(now)
         conc = in_flight + queue_w
         # smoothed, but a queue that has drained by now no longer counts
-        queue = min(self._queue.mean(now) or 0.0, float(load.queued))
+        queue = min(traffic.queue(now), float(load.queued))
         signals: dict[str, float] = {
             "concurrency": round(conc, 3),
             "target_per_instance": target,
+            "slots_per_instance": float(slots),
             "queue": round(queue, 3),
             "queue_per_instance": round(queue / ready, 3),
             "lead_s": lead,
@@ -301,27 +268,18 @@ class SluicePolicy:
         if load.server_waiting:
             signals["server_queue"] = float(load.server_waiting)
         proposals: dict[str, int] = {}
-        # rates: sustained over the window, burst over the panic window; service time by
-        # Little's law over `service_window_s`: request-seconds in flight / completions
-        # (unknown under _MIN_COMPLETIONS)
-        t0, a0, _ = self._counters[0]
-        t1, a1, _ = self._counters[-1]
-        span = t1 - t0
-        rate = (a1 - a0) / span if span > 0 else 0.0
-        s0, s1 = self._svc[0], self._svc[-1]
-        finished, busy = s1[2] - s0[2], s1[1] - s0[1]
-        service = busy / finished if finished >= _MIN_COMPLETIONS and busy > 0 else None
-        b0, b1 = self._burst_counters[0], self._burst_counters[-1]
-        burst_rate = (b1[1] - b0[1]) / (b1[0] - b0[0]) if b1[0] > b0[0] else 0.0
+        rate, span = traffic.rate()
+        measured = traffic.service()
+        service, service_cv2 = measured if measured is not None else (None, 1.0)
+        burst_rate = traffic.burst_rate()
         # the backlog still waiting when instances asked for now are ready (S7): a queue
-        # the ready instances drain within the lead time needs no new instance
-        # its work (requests x service) is spread over the lead time, the soonest new
-        # instances can take it; sized per service time instead, a queue that grows while
-        # instances start would ask for more every second (a constant 2.5x overload from
-        # one instance asked 142 for 5)
+        # the ready instances drain within the lead time needs no new instance; its work
+        # (requests x service) is spread over the lead time, the soonest new instances
+        # can take it (sized per service time instead, a queue that grows while instances
+        # start would ask for more every second)
         backlog, spread = float(load.queued), 1.0
         if service is not None:
-            drain = ready * load.slots_per_instance / service
+            drain = ready * slots / service
             backlog = max(0.0, load.queued + (rate - drain) * lead)
             spread = service / max(lead, service)
             signals["service_s"] = round(service, 3)
@@ -329,7 +287,7 @@ class SluicePolicy:
         proposals["concurrency"] = _need(in_flight + min(queue_w, backlog) * spread, target)
         if span > 0:
             projected = rate
-            fit = self._trend.fit(load.at)
+            fit = traffic.trend(load.at)
             if fit is not None:
                 _, slope, se = fit
                 signals["rate_slope"] = round(slope, 4)
@@ -338,24 +296,16 @@ class SluicePolicy:
             signals["rate"] = round(rate, 3)
             signals["rate_projected"] = round(projected, 3)
             if service is not None:
-                signals["rate_demand"] = round(projected * service, 3)
-                proposals["rate"] = _need(projected * service, target)
+                steady_rate = traffic.steady_rate(rate, load.at)
+                projected += steady_rate - rate
+                signals["rate_steady"] = round(steady_rate, 3)
+                self._size_from_model(load, projected, service, service_cv2, signals, proposals)
         over = queue > t.queue_per_instance * ready + _EPS and backlog > _EPS
         sustained = rate * service if service is not None else in_flight
         proposals["queue"] = _need(sustained + min(queue, backlog) * spread, target) if over else 0
         burst = burst_rate * service if service is not None else float(load.in_flight + load.queued)
         signals["burst"] = round(burst, 3)
         proposals["panic"] = _need(burst, target)
-        r = spec.reserve
-        if r.enabled:
-            r0, r1 = self._reserve_counters[0], self._reserve_counters[-1]
-            peak_rate = (r1[1] - r0[1]) / (r1[0] - r0[0]) if r1[0] > r0[0] else 0.0
-            peak = self._reserve_peak.add(now, peak_rate)
-            signals["reserve_peak_rate"] = round(peak, 3)
-            if service is not None:
-                need = peak * service
-                signals["reserve"] = round(need, 3)
-                proposals["reserve"] = _need(need, r.utilization * load.slots_per_instance)
         if load.latency_p95_s is not None:
             signals["p95_ms"] = round(load.latency_p95_s * 1000, 1)
             if self.latency_target_ms is not None:
@@ -365,6 +315,45 @@ class SluicePolicy:
                     math.ceil(max(load.current, 1) * min(ratio, 2.0)) if ratio > 1 else load.current
                 )
         return signals, proposals
+
+    def _size_from_model(
+        self,
+        load: GroupLoad,
+        rate: float,
+        service: float,
+        service_cv2: float,
+        signals: dict[str, float],
+        proposals: dict[str, int],
+    ) -> None:
+        """The queueing model's two needs (`queueing` module): steady (G/G/c at the
+        projected rate, the measured service variability and arrival dispersion) and burst
+        (the fluid envelope of the recent arrivals)."""
+        slo = self.slo
+        dispersion = self.traffic.dispersion(load.at)
+        objective = Objective.of(
+            service, slo.slowdown, slo.slack_s, slo.latency_ms, dispersion, service_cv2
+        )
+        miss = (1.0 - slo.target) * self.spec.targets.slo_budget_share
+        offered = rate * service
+        steady = steady_slots(offered, objective, miss)
+        hold = steady_slots(offered * (1 + self.spec.targets.tolerance), objective, miss)
+        wait = wait_allowance_s(service, slo.slowdown, slo.slack_s, slo.latency_ms)
+        work = self.traffic.work_by_span(service, self.spec.interval_s)
+        envelope, window = burst_slots(work, wait)
+        signals.update(
+            {
+                "offered_load": round(offered, 3),
+                "service_cv2": round(service_cv2, 3),
+                "dispersion": round(dispersion, 3),
+                "wait_allowance_s": round(wait, 3),
+                "steady_slots": float(steady),
+                "steady_slots_hold": float(hold),
+                "envelope_slots": round(envelope, 3),
+                "envelope_window_s": window,
+            }
+        )
+        proposals["steady"] = _need(steady, load.slots_per_instance)
+        proposals["envelope"] = _need(envelope, load.slots_per_instance)
 
     def _combine(
         self, load: GroupLoad, signals: dict[str, float], proposals: dict[str, int]
@@ -380,7 +369,7 @@ class SluicePolicy:
         notes: list[str] = []
         panicking = self._update_panic(load, signals, proposals)
         candidates: dict[str, int] = {
-            k: proposals[k] for k in ("concurrency", "rate", "reserve") if k in proposals
+            k: proposals[k] for k in ("concurrency", "steady", "envelope") if k in proposals
         }
         queue_fires = proposals["queue"] > 0
         if queue_fires:
@@ -401,17 +390,20 @@ class SluicePolicy:
         elif lat_bad and rec <= current:
             notes.append("p95 over target on idle instances: bottleneck elsewhere, no scale-up")
         if rec > current:
-            if lat_ok and not queue_fires and winner in ("concurrency", "rate", "panic", "reserve"):
+            if (
+                lat_ok
+                and not queue_fires
+                and winner in ("concurrency", "steady", "envelope", "panic")
+            ):
                 notes.append(
                     f"but p95 {p95:.0f}ms is well under {lat_target:.0f}ms and no queue: "
                     "no scale-up (S4)"
                 )
                 return current, "latency", top, notes
-            # a significant trend already cleared its own noise test (4 SE): no deadband
-            trending = signals.get("rate_projected", 0.0) > signals.get("rate", 0.0)
-            demand = signals.get("rate_demand", 0.0) if winner == "rate" else signals["concurrency"]
-            damped = winner == "concurrency" or (winner == "rate" and not trending)
-            if damped and demand <= current * target * (1 + t.tolerance):
+            # the deadband is for the noisy short-window signals; the steady need reads a
+            # long window (or a change that cleared its noise test) and has its margin
+            damped = winner in ("concurrency", "envelope")
+            if damped and self._demand_slots(winner, signals) <= current * (1 + t.tolerance):
                 notes.append(f"within tolerance {t.tolerance:g} of capacity: hold")
                 return current, "tolerance", top, notes
         elif rec < current and lat_bad:
@@ -420,8 +412,15 @@ class SluicePolicy:
         elif rec < current:
             # hysteresis: shrink only to a count that stays `tolerance` under its target,
             # so noise around a boundary does not walk the count down and up again
-            demand = max(signals["concurrency"], signals.get("rate_demand", 0.0))
-            keep = _need(demand, target * (1 - t.tolerance))
+            # (the model's needs in load space: the count must hold `tolerance` more load)
+            keep = max(
+                _need(signals["concurrency"], target * (1 - t.tolerance)),
+                _need(signals.get("steady_slots_hold", 0.0), signals["slots_per_instance"]),
+                _need(
+                    signals.get("envelope_slots", 0.0) * (1 + t.tolerance),
+                    signals["slots_per_instance"],
+                ),
+            )
             if keep > rec:
                 rec = min(keep, current)
                 if rec == current:
@@ -434,6 +433,14 @@ class SluicePolicy:
             if held:
                 notes.append(f"no scale-down while panicking: hold {self._panic_max}")
         return rec, winner, top, notes
+
+    @staticmethod
+    def _demand_slots(signal: str, signals: dict[str, float]) -> float:
+        """What `signal` asks for in instances, unrounded (for the deadband)."""
+        if signal == "concurrency":
+            return signals["concurrency"] / signals["target_per_instance"]
+        slots = signals.get(f"{signal}_slots", 0.0)
+        return slots / signals["slots_per_instance"]
 
     def _update_panic(
         self, load: GroupLoad, signals: dict[str, float], proposals: dict[str, int]
@@ -463,7 +470,8 @@ class SluicePolicy:
         clipped: list[str] = []
         down = spec.down
         zero_ok = spec.min == 0 and spec.stable == 0
-        idle = now - self._busy_at if self._busy_at is not None else math.inf
+        active_at = self.traffic.active_at
+        idle = now - active_at if active_at is not None else math.inf
         if current == 0 and not cold:
             notes.append("at zero, nothing arrived: stay")  # the windows are history
             return 0, clipped
@@ -570,22 +578,23 @@ class SluicePolicy:
         over = f"over target {target:.1f}/instance"
         if winner == "concurrency":
             return f"concurrency {g('concurrency', 0):.1f} {over} -> {proposals['concurrency']}"
-        if winner == "rate":
+        if winner == "steady":
             return (
-                f"rate {g('rate', 0):.2f}/s projected {g('rate_projected', 0):.2f}/s in "
-                f"{g('lead_s', 0):.0f}s x {g('service_s', 0):.2f}s service {over} "
-                f"-> {proposals['rate']}"
+                f"steady: rate {g('rate', 0):.2f}/s (projected {g('rate_projected', 0):.2f}/s "
+                f"in {g('lead_s', 0):.0f}s) x {g('service_s', 0):.2f}s service = "
+                f"{g('offered_load', 0):.1f} busy slots; {g('steady_slots', 0):.0f} slots keep "
+                f"waits under {g('wait_allowance_s', 0):.1f}s -> {proposals['steady']}"
             )
         if winner == "queue":
             per = g("queue_per_instance", 0)
             return f"queue {g('queue', 0):.1f} ({per:.2f}/ready instance) -> {proposals['queue']}"
         if winner == "panic":
             return f"burst {g('burst', 0):.1f} {over} -> {proposals['panic']}"
-        if winner == "reserve":
+        if winner == "envelope":
             return (
-                f"burst reserve: peak {g('reserve_peak_rate', 0):.2f}/s x "
-                f"{g('service_s', 0):.2f}s service = {g('reserve', 0):.1f} busy slots "
-                f"-> {proposals['reserve']}"
+                f"burst envelope: the last {g('envelope_window_s', 0):.0f}s of arrivals need "
+                f"{g('envelope_slots', 0):.1f} slots to wait under "
+                f"{g('wait_allowance_s', 0):.1f}s -> {proposals['envelope']}"
             )
         if winner == "latency":
             lat = f"p95 {g('p95_ms', 0):.0f}ms over {g('p95_target_ms', 0):.0f}ms"

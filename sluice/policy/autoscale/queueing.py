@@ -1,0 +1,177 @@
+"""How many slots a group needs to hold its latency objective: the queueing model behind the
+Sluice policy's sizing (issue 16), pure and timescale-free.
+
+The model. A group is a pool of `c` identical slots (instances x `max_concurrency`) fed by
+one FIFO queue. Requests arrive at rate `lam` and hold a slot for a service time of mean
+`s`; the offered load is `a = lam x s` busy slots (Erlangs). A request meets its objective
+when its wait is at most `w` seconds: with a slowdown objective (`slowdown` x own service
+time + `slack_s`) a typical request may wait `(slowdown - 1) x s + slack_s`; with a fixed
+`latency_ms` it may wait `latency_ms - s`; with both, the smaller.
+
+Two needs, both in slots; the policy takes the larger:
+
+- **steady (M/M/c, Erlang C)**: in a stationary stretch, the chance that a request waits
+  longer than `w` is `C(c, a) x exp(-(c - a) x w / s)` (`C` the Erlang-C probability of
+  waiting at all). The need is the smallest `c` that keeps it under `miss`, the share of the
+  error budget (1 - target) spent on steady-state queueing. This is what buys the margin
+  above the mean load that Poisson noise demands: about `a + beta sqrt(a)` for large `a`
+  (square-root staffing), far more in relative terms when `a` is small.
+- **burst (fluid envelope)**: work that arrives within any `T` seconds must be served
+  within `T + w`: `c >= work(T) / (T + w)` for every `T`. Short bursts are absorbed by the
+  wait the objective allows, long ones need their mean rate; the envelope takes the worst
+  `T` of the recent arrivals, so it reads any trace's burst shape instead of assuming one.
+
+Assumptions, and what they cost when wrong:
+- Exponential service and Poisson arrivals within a stretch (M/M/c). Heavier-tailed
+  service or burstier arrivals make real waits longer than predicted; the burst envelope
+  covers burstiness at timescales >= 1 s, not a heavy service tail.
+- One mean service time for every request: the wait allowance of a request much shorter
+  than the mean is overstated (its own slack is smaller). The steady need spends only part
+  of the error budget, which leaves room for that.
+- Slots are independent (no slowdown when an instance is busy): true of the reference
+  simulator, roughly true of batched LLM servers below their batch limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+__all__ = ["Objective", "burst_slots", "erlang_c", "steady_slots", "wait_allowance_s"]
+
+_LOAD_STEP = 0.01
+"""offered load is rounded up to 1 % (log scale) before sizing, so the cached solver sees
+few distinct inputs; rounding up keeps the answer on the safe side"""
+_MAX_SLOTS = 1_000_000
+_STEPS = 20
+"""objective terms are rounded to 1/20 (of a service time, of a squared CV)"""
+_MIN_CV2, _MAX_CV2 = 0.02, 20.0
+
+
+def wait_allowance_s(
+    service_s: float, slowdown: float | None, slack_s: float, latency_ms: float | None
+) -> float:
+    """How long a request of the mean service time may wait and still meet its objective:
+    the smaller of the slowdown and the fixed bound; never negative."""
+    allowances = []
+    if slowdown is not None:
+        allowances.append((slowdown - 1.0) * service_s + slack_s)
+    if latency_ms is not None:
+        allowances.append(latency_ms / 1000.0 - service_s)
+    if not allowances:
+        return service_s
+    return max(0.0, min(allowances))
+
+
+def erlang_c(c: int, a: float) -> float:
+    """Probability that an arrival waits at all in M/M/c with offered load `a` (1.0 when the
+    queue is unstable, c <= a). Erlang B by its stable recursion, then C from B."""
+    if a <= 0:
+        return 0.0
+    if c <= a:
+        return 1.0
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    return c * b / (c - a * (1.0 - b))
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """A latency objective in units of the mean service time `s`, and the variability the
+    sizing assumes. A request of service `x` may wait `slowdown_wait x x + slack` (slowdown
+    objective; `slowdown_wait` = slowdown - 1) and at most `fixed_wait` (fixed bound less
+    `s`); None: that bound is not set."""
+
+    slack: float
+    slowdown_wait: float | None
+    fixed_wait: float | None
+    arrival_cv2: float
+    """squared coefficient of variation of inter-arrival times (1: Poisson)"""
+    service_cv2: float
+    """squared coefficient of variation of service times (1: exponential)"""
+
+    @classmethod
+    def of(
+        cls,
+        service_s: float,
+        slowdown: float | None,
+        slack_s: float,
+        latency_ms: float | None,
+        arrival_cv2: float = 1.0,
+        service_cv2: float = 1.0,
+    ) -> Objective:
+        """The objective for mean service `service_s`, rounded to the safe side (shorter
+        waits, more variability) on coarse steps so the cached solver sees few inputs."""
+        if slowdown is None and latency_ms is None:
+            slowdown = 2.0  # no objective stated: a request may wait its own service time
+        return cls(
+            slack=_down(slack_s / service_s if slowdown is not None else 0.0),
+            slowdown_wait=None if slowdown is None else _down(slowdown - 1.0),
+            fixed_wait=None
+            if latency_ms is None
+            else _down(max(0.0, latency_ms / 1000.0 / service_s - 1.0)),
+            arrival_cv2=_up(max(arrival_cv2, 1.0)),
+            service_cv2=_up(min(max(service_cv2, _MIN_CV2), _MAX_CV2)),
+        )
+
+    def miss(self, c: int, load: float) -> float:
+        """Share of requests that wait past their allowance with `c` slots (model above)."""
+        if c <= load:
+            return 1.0
+        waits = erlang_c(c, load)
+        cs2 = self.service_cv2
+        # Allen-Cunneen: the wait tail of G/G/c decays (ca^2 + cs^2) / 2 times slower
+        theta = (c - load) * 2.0 / (self.arrival_cv2 + cs2)  # per mean service time
+        worst = 0.0
+        if self.slowdown_wait is not None:
+            # the allowance grows with the request's own service, gamma-distributed with the
+            # measured mean and cs^2: E[exp(-theta k X)] = (1 + theta k cs^2)^(-1/cs^2)
+            share = (1.0 + theta * self.slowdown_wait * cs2) ** (-1.0 / cs2)
+            worst = max(worst, waits * math.exp(-theta * self.slack) * share)
+        if self.fixed_wait is not None:
+            worst = max(worst, waits * math.exp(-theta * self.fixed_wait))
+        return worst
+
+
+def _down(x: float) -> float:
+    return math.floor(x * _STEPS) / _STEPS
+
+
+def _up(x: float) -> float:
+    return math.ceil(x * _STEPS) / _STEPS
+
+
+def steady_slots(load: float, objective: Objective, miss: float) -> int:
+    """Smallest slot count that keeps the share of requests waiting past their allowance
+    <= `miss` at offered load `load` (Erlangs), by the model above."""
+    if load <= 0:
+        return 0
+    step = math.log1p(_LOAD_STEP)
+    rounded = math.exp(math.ceil(math.log(load) / step) * step)
+    return _steady_slots(rounded, objective, miss)
+
+
+@lru_cache(maxsize=16_384)
+def _steady_slots(load: float, objective: Objective, miss: float) -> int:
+    c = max(1, math.floor(load) + 1)
+    while c < _MAX_SLOTS and objective.miss(c, load) > miss:
+        # the miss share falls fast in c: step by the square-root staffing scale, then back
+        c += max(1, int(math.sqrt(load) / 4))
+    lo = max(1, math.floor(load) + 1)
+    while c > lo and objective.miss(c - 1, load) <= miss:
+        c -= 1
+    return min(c, _MAX_SLOTS)
+
+
+def burst_slots(work_by_window: list[tuple[float, float]], wait_s: float) -> tuple[float, float]:
+    """The fluid envelope: max over windows of work(T) / (T + wait). `work_by_window` holds
+    (T seconds, request-seconds that arrived within the last T). Returns (slots, T) of the
+    binding window; (0, 0) when nothing arrived."""
+    best, best_t = 0.0, 0.0
+    for span, work in work_by_window:
+        need = work / (span + wait_s) if span + wait_s > 0 else 0.0
+        if need > best:
+            best, best_t = need, span
+    return best, best_t
