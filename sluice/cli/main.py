@@ -32,6 +32,7 @@ from sluice.cli.common import (
 )
 from sluice.cli.compare import compare
 from sluice.cli.estimate import estimate
+from sluice.cli.explain import explain
 from sluice.cli.review import approve, proposal_app, proposals, propose, reject
 from sluice.cli.rollout import rollout_app
 from sluice.cli.simulate import simulate
@@ -418,7 +419,8 @@ def quota(
                 str(g["own_units"] if g["own_units"] is not None else "-"),
                 str(g["borrowed_units"] if g["borrowed_units"] is not None else "-"),
                 f"{g['spend_per_hour']:g}",
-                g["refused"] or "",
+                (f"advisory: would grant {g['advice']['advised']}. " if g.get("advice") else "")
+                + (g["refused"] or ""),
             )
         out.print(t)
         t = Table("LOAN", "LENDER", "BORROWER", "UNITS", "SINCE", "ENDED", "RECLAIM LATENCY")
@@ -441,51 +443,6 @@ def quota(
     run(
         as_json,
         lambda: client_for(home, control)[1].get("/v1/quota", window_s=window, below=below),
-        render,
-    )
-
-
-@app.command()
-def explain(
-    group: Annotated[str, typer.Argument(help="the group whose scaling to explain")],
-    limit: int = 10,
-    as_json: JsonOpt = False,
-    home: HomeOpt = None,
-    control: ControlOpt = None,
-) -> None:
-    """Why a group has the instances it has: the autoscaler's latest decisions."""
-
-    def render(x: dict[str, Any]) -> None:
-        if not x["autoscaled"]:
-            out.print(f"{group} is not autoscaled: it runs {x['desired']} instance(s) as set")
-        else:
-            startup = x["startup_s"]
-            out.print(
-                f"{group}: policy {x['policy']}, {x['desired']} instance(s) wanted, measured "
-                f"start-up {'-' if startup is None else f'{startup:.1f}s'}"
-            )
-        t = Table("WHEN", "FROM", "TO", "WON", "CLIPPED BY", "WHY", "LAUNCHED")
-        for d in x["decisions"]:
-            launches = "; ".join(
-                f"{i['instance']}: {i['outcome']}"
-                + (f" in {i['startup_s']:.1f}s" if i["startup_s"] is not None else "")
-                + f", {i['requests_served']} requests"
-                for i in d["launched"]
-            )
-            t.add_row(
-                ts(d["at"]),
-                str(d["current"]),
-                str(d["desired"]),
-                d["winner"] or "-",
-                ", ".join(d["detail"]["clipped_by"]) or "-",
-                d["reason"],
-                launches or "-",
-            )
-        out.print(t)
-
-    run(
-        as_json,
-        lambda: client_for(home, control)[1].get(f"/v1/groups/{group}/explain", limit=limit),
         render,
     )
 
@@ -591,6 +548,7 @@ def gc(as_json: JsonOpt = False, home: HomeOpt = None, control: ControlOpt = Non
 app.command("simulate")(simulate)
 app.command("compare")(compare)
 app.command("estimate")(estimate)
+app.command("explain")(explain)
 for _review_command in (propose, proposals, approve, reject):
     app.command()(_review_command)
 

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sluice.control.auth import Authenticator, Principal, Role
 from sluice.control.controller import Controller
 from sluice.control.events import store_error_text, store_outage
-from sluice.control.explain import explain_decisions
+from sluice.control.explain import advisory_view, explain_decisions
 from sluice.control.review import ReviewBoard
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.tokens import TokenAdmin
@@ -293,7 +293,8 @@ def build_control_api(
         found = await asyncio.to_thread(store.list_events, group=group, limit=2000)
         served = (data_plane() if data_plane is not None else {}).get("served", {})
         recent = [e for e in found if e.at >= oldest]
-        return {"group": group, **state, "decisions": explain_decisions(decisions, recent, served)}
+        view = advisory_view(state, decisions, found, limit)
+        return {"group": group, **view, "decisions": explain_decisions(decisions, recent, served)}
 
     @api.post("/v1/rollouts/{name}/{action}")
     async def rollout_action(

@@ -108,7 +108,8 @@ class LiveAutoscaling:
         now: float,
     ) -> list[GroupStep]:
         """Decide for every autoscaled group whose interval has come; `target(group)` is the
-        count the previous decision set (what the policy calls `current`)."""
+        count the previous decision set (what the policy calls `current`): for an advisory
+        group, the count in force (`sluice.control.decisions`)."""
         scaled = [g for g in spec.groups if g.autoscaling is not None]
         self._groups = {g.name: self._groups[g.name] for g in scaled if g.name in self._groups}
         due = [g for g in scaled if now >= self._state_for(g, spec).next_at]
@@ -133,7 +134,9 @@ class LiveAutoscaling:
 
     def _state_for(self, g: GroupSpec, spec: PlatformSpec) -> GroupScaling:
         assert g.autoscaling is not None
-        key = g.autoscaling.model_dump_json() + repr(sorted(spec.schedule_templates.items()))
+        # a switch of `mode` keeps the policy: what it learned while advising carries over
+        knobs = g.autoscaling.model_dump_json(exclude={"mode"})
+        key = knobs + repr(sorted(spec.schedule_templates.items()))
         st = self._groups.get(g.name)
         if st is None or st.spec_key != key:
             policy = build_autoscaler(g, spec.schedule_templates)

@@ -14,7 +14,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sluice.control.autoscaling import GroupStep, LiveAutoscaling, TrafficSource
+from sluice.control.advisory import scaling_metrics, switched_modes
+from sluice.control.autoscaling import LiveAutoscaling, TrafficSource
+from sluice.control.decisions import DecisionJournal, is_advisory, standby
 from sluice.control.events import EventLog, store_error_text, store_outage
 from sluice.control.keysources import spec_with_key_sources
 from sluice.control.quota import LiveQuota
@@ -37,7 +39,6 @@ from sluice.policy import (
     plan_group,
     stranded_failovers,
 )
-from sluice.policy.quota import Allocation
 from sluice.spec import (
     GroupSpec,
     LoadedSpec,
@@ -53,9 +54,6 @@ from sluice.store import Revision, Store
 __all__ = ["Controller"]
 
 log = logging.getLogger("sluice.controller")
-
-JOURNAL_HEARTBEAT_S = 60.0
-"""A decision that changes nothing is journaled only when its reason changed, or this often."""
 
 
 class Controller:
@@ -90,9 +88,9 @@ class Controller:
         self._servers = ServerScraper(clock.now)
         self._autoscaling = LiveAutoscaling(traffic, self._servers.load)
         self._scaled: dict[str, int] = {}
-        """The autoscaler's instance count per autoscaled group (journaled, so it survives
-        a restart)."""
-        self._journaled: dict[str, tuple[object, float]] = {}
+        """The autoscaler's instance count per actively autoscaled group (journaled, so it
+        survives a restart)."""
+        self._decisions = DecisionJournal(store, events)
         self._quota = LiveQuota(store, events)
         self._rollouts = RolloutRunner(
             store,
@@ -120,19 +118,19 @@ class Controller:
 
     def desired_replicas(self, group: str) -> int:
         """Instances that serve: the autoscaler's count, else a manual override, else the
-        spec's `replicas`."""
+        spec's `replicas` (an advisory autoscaler's group counts as not autoscaled)."""
         spec = self.spec.group(group)
         if spec is None:
             raise NotFound(f"no group named {group!r}")
         scaling = spec.autoscaling
-        if scaling is not None:
+        if scaling is not None and not is_advisory(spec):
             start = min(max(spec.replicas, scaling.min, scaling.stable), scaling.max)
             return self._scaled.get(group, start)
         return self._overrides.get(group, spec.replicas)
 
     def _instances_wanted(self, g: GroupSpec) -> int:
         """Serving instances plus the warm standby kept out of rotation."""
-        return self.desired_replicas(g.name) + _standby(g)
+        return self.desired_replicas(g.name) + standby(g)
 
     async def close(self) -> None:
         """Keep what must survive a restart (quota timers, month-to-date spend); a store
@@ -182,8 +180,15 @@ class Controller:
         return self._rollouts.live_json(name)
 
     def server_metrics(self) -> bytes:
-        """The scraped servers' signals as `sluice_server_*` Prometheus gauges."""
-        return self._servers.prometheus_text()
+        """The scraped servers' signals as `sluice_server_*` Prometheus gauges, and each
+        group's desired vs advised instances (`sluice_group_*`)."""
+        groups = b""
+        if self._spec is not None:
+            advice = self._decisions.advice
+            groups = scaling_metrics(
+                self._spec, self.desired_replicas, advice, self._quota.advice_for
+            )
+        return self._servers.prometheus_text() + groups
 
     async def quota_report(self, window_s: float, below: float) -> dict[str, Any]:
         """`sluice quota`: pools, guarantees, use, loans, spend, under-used groups."""
@@ -191,17 +196,22 @@ class Controller:
         return self._quota.report(self.spec, loans, self._clock.now(), window_s, below)
 
     def explain_state(self, group: str) -> dict[str, Any]:
-        """What explain shows besides the journal: the policy, the count it holds now, and
-        the measured start-up time."""
+        """What explain shows besides the journal: the policy and its mode, the count it
+        holds now, the measured start-up time, and an advisory group's latest advice (of
+        its autoscaler; of quota: what it would grant vs what it did)."""
         spec = self.spec.group(group)
         if spec is None:
             raise NotFound(f"no group named {group!r}")
         st = self._autoscaling.state(group)
+        advice = self._decisions.advice.get(group)
         return {
             "autoscaled": spec.autoscaling is not None,
+            "mode": spec.autoscaling.mode if spec.autoscaling is not None else None,
             "policy": st.policy.name if st else None,
             "desired": self.desired_replicas(group),
             "startup_s": round(st.startup_s, 3) if st and st.startup_s is not None else None,
+            "advised": advice.to_json() if advice is not None else None,
+            "quota": {"mode": spec.quota.mode, "advice": self._quota.advice_for(group)},
         }
 
     async def load_state(self) -> None:
@@ -219,13 +229,13 @@ class Controller:
             await self._rollouts.load(self._spec)
         if self._spec is not None:
             for g in self._spec.groups:
-                if g.autoscaling is None:
+                if g.autoscaling is None or is_advisory(g):
                     continue
                 last = await asyncio.to_thread(self._store.list_decisions, group=g.name, limit=1)
-                if last:
-                    self._scaled[g.name] = min(
-                        max(last[0].desired, g.autoscaling.min), g.autoscaling.max
-                    )
+                if last:  # advice was not acted on: the count in force then was `current`
+                    advised = last[0].detail.get("mode") == "advisory"
+                    count = last[0].current if advised else last[0].desired
+                    self._scaled[g.name] = min(max(count, g.autoscaling.min), g.autoscaling.max)
 
     # --- operator actions ----------------------------------------------------------------
 
@@ -272,6 +282,7 @@ class Controller:
             now=self._clock.now(),
         )
         old = self._spec
+        counts = {g.name: self.desired_replicas(g.name) for g in old.groups} if old else {}
         for group in spec.groups:
             before = old.group(group.name) if old else None
             if group.name in self._overrides and (
@@ -283,8 +294,37 @@ class Controller:
             author, "apply", f"revision/{rev.number}", reason, {"lines_changed": diff.count("\n")}
         )
         self._spec, self._revision = spec, rev.number
+        for switch in switched_modes(old, spec, counts):
+            await self._switch_mode(switch.group, switch.to, switch.count, author)
         self._wake.set()
         return rev
+
+    async def _switch_mode(self, group: str, to: str, count: int | None, actor: str) -> None:
+        """`sluice.control.advisory`: a switch of autoscaling.mode keeps the fleet's count."""
+        now = self._clock.now()
+        if to == "advisory":
+            self._scaled.pop(group, None)
+            g = self.spec.group(group)
+            assert g is not None
+            if count is not None and count != g.replicas:
+                why = f"kept at {count}: autoscaling.mode active -> advisory"
+                await asyncio.to_thread(
+                    self._store.set_replicas_override,
+                    group=group,
+                    replicas=count,
+                    actor=actor,
+                    reason=why,
+                    now=now,
+                )
+                await self.audit(actor, "scale", f"group/{group}", why, {"to": count})
+                self._overrides[group] = count
+        else:
+            assert count is not None
+            self._scaled[group] = count
+            if self._overrides.pop(group, None) is not None:
+                await asyncio.to_thread(self._store.clear_replicas_override, group)
+        kept = self.desired_replicas(group)
+        await self._events.emit(group, None, "mode", f"autoscaling.mode -> {to}: {kept} kept")
 
     async def scale(self, group: str, replicas: int, actor: str, reason: str) -> int:
         """S1: manual replica count, effective on the next tick, audited. Returns the old."""
@@ -293,11 +333,12 @@ class Controller:
             raise NotFound(f"no group named {group!r}")
         if replicas < 0:
             raise Conflict(f"replicas must be >= 0, got {replicas}")
-        if spec.autoscaling is not None:
+        if spec.autoscaling is not None and not is_advisory(spec):
             raise Conflict(
                 f"group {group!r} is autoscaled ({spec.autoscaling.policy}, "
                 f"min {spec.autoscaling.min}, max {spec.autoscaling.max}); change "
-                "autoscaling.min/max in the spec and `sluice apply` it instead",
+                "autoscaling.min/max in the spec and `sluice apply` it instead (or set "
+                "autoscaling.mode: advisory to drive the count by hand while it advises)",
                 group=group,
             )
         if too_many := external_scale_problem(spec, replicas):
@@ -433,17 +474,34 @@ class Controller:
         self._servers.watch(scrape_targets(spec, observed))  # read in their own task
         # 2. Decide: the autoscalers' wishes, then the quota allocator's grants (no instance
         #    starts without its units), then the planner.
+        #    An advisory autoscaler decides as usual and is journaled with what quota would
+        #    have allowed of it (a preview), but its group keeps the count in force.
         steps = self._autoscaling.step(spec, observed, self.desired_replicas, now)
         floors = self._rollouts.baseline_floors()
         wanted = {g.name: self._instances_wanted(g) for g in spec.groups}
-        for step in steps:
+        acting = [s for s in steps if not is_advisory(s.group)]
+        advising = [s for s in steps if is_advisory(s.group)]
+        for step in acting:
             want = max(step.decision.desired, floors.get(step.group.name, 0))
-            wanted[step.group.name] = want + _standby(step.group)
+            wanted[step.group.name] = want + standby(step.group)
         allocation = await self._quota.round(spec, observed, wanted, now)
         grants = allocation.grants
-        for step in steps:
+        for step in acting:
             floor = floors.get(step.group.name, 0)
-            await self._settle(step, grants[step.group.name].instances, floor, allocation, now)
+            granted = grants[step.group.name].instances
+            desired = await self._decisions.settle(step, granted, floor, allocation, now)
+            if desired != step.load.current:
+                self._scaled[step.group.name] = desired
+        if advising:
+            advised = {
+                s.group.name: max(s.decision.desired, floors.get(s.group.name, 0)) for s in advising
+            }
+            preview = self._quota.preview(spec, observed, {**wanted, **advised}, now)
+            for step in advising:
+                floor = floors.get(step.group.name, 0)
+                granted = preview.grants[step.group.name].instances
+                await self._decisions.advise(step, granted, floor, preview, now)
+        self._decisions.keep_only({g.name for g in spec.groups if is_advisory(g)})
         if allocation.reclaims:  # serving-aware: out of routing, drained, then released
             for r in allocation.reclaims:
                 for iid in r.instance_ids:
@@ -480,67 +538,11 @@ class Controller:
             return GroupTarget(g.name, g.template(), instances, min(g.max_surge, spare))
         return GroupTarget(g.name, g.template(), instances, max_surge=0, max_unavailable=1)
 
-    async def _settle(
-        self, step: GroupStep, granted: int, floor: int, allocation: Allocation, now: float
-    ) -> None:
-        """Journal an autoscaler decision with what quota allowed of it, and make that the
-        group's count (S11: a quota or budget refusal shows as the guard that clipped it).
-        `floor`: a rollout's baseline keeps its count until the rollout ends (C2)."""
-        g, decision = step.group, step.decision
-        before = step.load.current
-        want = max(decision.desired, floor)
-        desired = min(want, max(0, granted - _standby(g)))
-        clipped, reason = decision.clipped_by, decision.reason
-        if want > decision.desired:
-            clipped += ("rollout",)
-            reason += f"; kept at {floor}: baseline of a running rollout"
-        refusal = allocation.refusals.get(g.name)
-        if desired < want and refusal:
-            clipped += ("budget" if refusal.startswith("budget") else "quota",)
-            reason += f"; {refusal}"
-        await self._journal(step, before, desired, clipped, reason, now)
-        if desired != before:
-            self._scaled[g.name] = desired
-            await self._events.emit(g.name, None, "autoscale", f"{before} -> {desired}: {reason}")
-
     def _pool_held_by_others(self, spec: PlatformSpec, group: GroupSpec) -> int:
         return sum(
             self._instances_wanted(g) * g.resources.accelerators
             for g in spec.groups
             if g.resources.pool == group.resources.pool and g.name != group.name
-        )
-
-    async def _journal(
-        self,
-        step: GroupStep,
-        before: int,
-        desired: int,
-        clipped: tuple[str, ...],
-        reason: str,
-        now: float,
-    ) -> None:
-        """Store a decision that changes the count, whose reason changed, or once a minute."""
-        d = step.decision
-        key = (d.winner, clipped, desired)
-        last = self._journaled.get(step.group.name)
-        if (
-            desired == before
-            and last is not None
-            and last[0] == key
-            and now - last[1] < JOURNAL_HEARTBEAT_S
-        ):
-            return
-        self._journaled[step.group.name] = (key, now)
-        await asyncio.to_thread(
-            self._store.append_decision,
-            group=step.group.name,
-            policy=step.policy,
-            current=before,
-            desired=desired,
-            winner=d.winner,
-            reason=reason,
-            detail=step.detail(clipped),
-            now=now,
         )
 
     async def _track_crash_loops(self, observed: list[InstanceStatus], now: float) -> None:
@@ -587,7 +589,3 @@ class Controller:
             )
         )
         self._published_key = key
-
-
-def _standby(g: GroupSpec) -> int:
-    return g.autoscaling.warm_standby if g.autoscaling is not None else 0

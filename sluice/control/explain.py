@@ -1,6 +1,7 @@
 """`sluice explain GROUP` (S11): the autoscaler's recent decisions, each with the signals that
 drove it, the instances it launched (did they come up, how long did they take) and whether
-traffic reached them."""
+traffic reached them. An advisory decision (issue 16) launched nothing: it shows the advised
+count (`desired`) against the count in force (`current`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from sluice.store import Event, ScalingDecision
 
-__all__ = ["explain_decisions"]
+__all__ = ["advisory_view", "explain_decisions"]
 
 
 def explain_decisions(
@@ -35,14 +36,44 @@ def explain_decisions(
     until = float("inf")
     for d in decisions:  # newest first, so `until` is the next (newer) decision's time
         item = d.to_json()
+        item["mode"] = d.detail.get("mode", "active")
         item["launched"] = [
             _instance(iid, at, outcome.get(iid), served.get(iid))
             for iid, at in sorted(launched.items(), key=lambda kv: kv[1])
-            if d.desired > d.current and d.at <= at < until
+            if item["mode"] == "active" and d.desired > d.current and d.at <= at < until
         ]
         out.append(item)
         until = d.at
     return out
+
+
+def advisory_view(
+    state: dict[str, Any],
+    decisions: Sequence[ScalingDecision],
+    events: Sequence[Event],
+    limit: int,
+) -> dict[str, Any]:
+    """explain's advisory fields: the latest advice (in memory; after a restart, until the
+    first tick, the newest journaled one) and quota's recent `quota-advice` events."""
+    view = dict(state)
+    if view.get("mode") == "advisory" and view.get("advised") is None:
+        last = next((d for d in decisions if d.detail.get("mode") == "advisory"), None)
+        if last is not None:
+            view["advised"] = {
+                "at": last.at,
+                "policy": last.policy,
+                "desired": last.desired,
+                "actual": last.current,
+                "reason": last.reason,
+                "winner": last.winner,
+                "clipped_by": list(last.detail.get("clipped_by", [])),
+            }
+    quota = dict(view.get("quota") or {})
+    if quota.get("mode") == "advisory":
+        recent = [e for e in events if e.kind == "quota-advice"][:limit]
+        quota["recent"] = [e.to_json() for e in recent]
+    view["quota"] = quota
+    return view
 
 
 def _instance(

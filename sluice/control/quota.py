@@ -6,6 +6,10 @@ The decisions are `sluice.policy.quota.allocate` (pure); this module owns what a
 must keep between ticks: the allocator's state (persisted, so grace periods and loan
 attribution survive a restart), month-to-date spend (persisted), the last refusal per group
 (so an unchanged refusal is not re-emitted every second) and a bounded usage history.
+
+A group with `quota.mode: advisory` is only advised (`sluice.policy.quota.advisory`): the
+allocator's decision for it is kept (`advice`, with its own persisted memory) and journaled
+as a `quota-advice` event whenever it changes, and its grant is bounded by free units only.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ from typing import Any
 from sluice.control.events import EventLog
 from sluice.core import InstanceState, InstanceStatus
 from sluice.policy.quota import (
+    AdvisedAllocation,
     Allocation,
     GroupClaim,
     PoolState,
     QuotaState,
     RunningInstance,
     UsageSample,
-    allocate,
+    allocate_advised,
     ledger_changes,
     reclaim_loan_ids,
     underused_groups,
@@ -64,11 +69,16 @@ class LiveQuota:
         """Units each group holds now (running and draining instances)."""
         self._spare: dict[str, int] = {}
         self.last: Allocation | None = None
+        self._advice_state = QuotaState()
+        self._advised: dict[str, str] = {}
+        """The last quota advice journaled per advisory group (said once per change)."""
+        self.advice: AdvisedAllocation | None = None
 
     async def load(self) -> None:
         saved = await asyncio.to_thread(self._store.get_state, STATE_KEY)
         if saved:
             self._state = QuotaState.from_json(saved.get("allocator", {}))
+            self._advice_state = QuotaState.from_json(saved.get("advice", {}))
             self._month = saved.get("month", "")
             self._spent = {k: float(v) for k, v in saved.get("spent", {}).items()}
 
@@ -82,24 +92,18 @@ class LiveQuota:
         """Allocate for `wanted` (instances per group), then record what follows from it."""
         self._meter(now)
         claims = [self._claim(spec, g.name, observed, wanted.get(g.name, 0)) for g in spec.groups]
-        pools = [PoolState(p.name, p.purpose, p.count, p.price_per_hour) for p in spec.pools]
-        alloc = allocate(
-            pools,
-            claims,
-            self._state,
-            now,
-            budget=spec.budget,
-            spent_this_month=self._spent.get("", 0.0),
-        )
+        advised = self._allocate(spec, claims, now)
+        alloc = advised.enforced
         self._held = {
             c.name: len(c.running) * c.units_per_instance + c.draining_units for c in claims
         }
-        self._spare = {p.name: p.count for p in pools}
+        self._spare = {p.name: p.count for p in spec.pools}
         for c in claims:
             granted = alloc.grants[c.name].instances * c.units_per_instance
             self._spare[c.pool] -= max(self._held[c.name], granted)
         loans_changed = alloc.loans != self._state.loans or alloc.reclaims
         self._state = alloc.state
+        self._advice_state = advised.advice.state
         self._rate = {name: grant.spend_per_hour for name, grant in alloc.grants.items()}
         self._rate[""] = alloc.spend_per_hour
         if loans_changed:
@@ -112,11 +116,66 @@ class LiveQuota:
         self._refused = dict(alloc.refusals)
         for group, why in fresh.items():
             await self._events.emit(group, None, "quota", why)
+        await self._journal_advice(advised, claims)
         self._sample_usage(spec, claims, now)
         if now - self._persisted_at >= PERSIST_EVERY_S:
             await self._persist(now)
-        self.last = alloc
+        self.last, self.advice = alloc, advised
         return alloc
+
+    def preview(
+        self,
+        spec: PlatformSpec,
+        observed: Sequence[InstanceStatus],
+        wanted: Mapping[str, int],
+        now: float,
+    ) -> Allocation:
+        """What a round for `wanted` would grant, remembering nothing (what an advisory
+        autoscaler's count would have been allowed, had it been acted on)."""
+        claims = [self._claim(spec, g.name, observed, wanted.get(g.name, 0)) for g in spec.groups]
+        return self._allocate(spec, claims, now).enforced
+
+    def _allocate(
+        self, spec: PlatformSpec, claims: Sequence[GroupClaim], now: float
+    ) -> AdvisedAllocation:
+        pools = [PoolState(p.name, p.purpose, p.count, p.price_per_hour) for p in spec.pools]
+        return allocate_advised(
+            pools,
+            claims,
+            self._state,
+            self._advice_state,
+            now,
+            advisory={g.name for g in spec.groups if g.quota.mode == "advisory"},
+            budget=spec.budget,
+            spent_this_month=self._spent.get("", 0.0),
+        )
+
+    def advice_for(self, group: str) -> dict[str, Any] | None:
+        """An advisory group's last round: what quota would grant and do vs what it got."""
+        return None if self.advice is None else _advice_of(self.advice, group)
+
+    async def _journal_advice(
+        self, advised: AdvisedAllocation, claims: Sequence[GroupClaim]
+    ) -> None:
+        """A `quota-advice` event per advisory group whenever its advice changes."""
+        wanted = {c.name: c.wanted for c in claims}
+        for group in sorted(advised.advisory):
+            advice = _advice_of(advised, group)
+            if advice is None:
+                continue
+            told, got = advice["advised"], advice["granted"]
+            text = (
+                f"advised {told} vs actual {got} of {wanted[group]} wanted (not enforced): "
+                f"{advice['reason']}"
+            )
+            for r in advice["reclaims"]:
+                text += f"; would reclaim {', '.join(r['instances'])}: {r['reason']}"
+            if self._advised.get(group) == text:
+                continue
+            self._advised[group] = text
+            await self._events.emit(group, None, "quota-advice", text, **advice)
+        for group in set(self._advised) - advised.advisory:
+            del self._advised[group]
 
     def spare_units(self, pool: str) -> int:
         """Units of `pool` neither held nor granted after the last round: room to surge."""
@@ -124,7 +183,12 @@ class LiveQuota:
 
     async def _persist(self, now: float) -> None:
         self._persisted_at = now
-        state = {"allocator": self._state.to_json(), "month": self._month, "spent": self._spent}
+        state = {
+            "allocator": self._state.to_json(),
+            "advice": self._advice_state.to_json(),
+            "month": self._month,
+            "spent": self._spent,
+        }
         await asyncio.to_thread(self._store.put_state, STATE_KEY, state, now)
 
     async def close(self, now: float) -> None:
@@ -219,6 +283,8 @@ class LiveQuota:
                     "spent_this_month": round(self._spent.get(g.name, 0.0), 6),
                     "why": grant.reason if grant else "",
                     "refused": self._refused.get(g.name),
+                    "mode": g.quota.mode,
+                    "advice": self.advice_for(g.name),
                 }
             )
         guarantees = {g.name: g.quota.guaranteed for g in spec.groups}
@@ -261,3 +327,28 @@ class LiveQuota:
                 for u in under
             ],
         }
+
+
+def _advice_of(advised: AdvisedAllocation, group: str) -> dict[str, Any] | None:
+    """What quota would grant `group` and do for or against it, vs what it was granted."""
+    if group not in advised.advisory:
+        return None
+    told, got = advised.advice.grants[group], advised.enforced.grants[group]
+    reclaims = [
+        {
+            "borrower": r.borrower,
+            "lender": r.lender,
+            "instances": list(r.instance_ids),
+            "reason": r.reason,
+        }
+        for r in advised.advice.reclaims
+        if group in (r.borrower, r.lender)
+    ]
+    return {
+        "advised": told.instances,
+        "granted": got.instances,
+        "reason": told.reason,
+        "refused": advised.advice.refusals.get(group),
+        "borrowed_units": told.borrowed_units,
+        "reclaims": reclaims,
+    }

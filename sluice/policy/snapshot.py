@@ -78,7 +78,9 @@ def _traffic(g: GroupSpec) -> GroupTraffic:
         outlier_max_ejected_percent=g.outlier.max_ejected_percent,
         outlier_latency_ratio=g.outlier.latency_ratio if g.outlier.latency else 0.0,
         outlier_latency_min_requests=g.outlier.latency_min_requests,
-        buffer_when_cold=g.autoscaling is not None and g.autoscaling.min == 0,
+        buffer_when_cold=g.autoscaling is not None
+        and g.autoscaling.min == 0
+        and g.autoscaling.mode == "active",
     )
 
 

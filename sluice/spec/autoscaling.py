@@ -178,6 +178,11 @@ class AutoscalingSpec(_Strict):
     """A group's scaler. `max` is mandatory (S5); `min: 0` allows scale to zero."""
 
     policy: Literal["sluice", "hpa", "kpa"] = "sluice"
+    mode: Literal["active", "advisory"] = Field(
+        default="active",
+        description="advisory: decide and journal every tick, but run `replicas` (or a "
+        "`sluice scale` override) instead of the decision, to watch before it drives",
+    )
     min: int = Field(default=1, ge=0, le=100_000)
     max: int = Field(ge=1, le=100_000)
     stable: int = Field(default=0, ge=0, description="stable pool: never scaled below (S9)")

@@ -38,6 +38,7 @@ def check_platform(spec: PlatformSpec, read_model: ModelReader | None = None) ->
         *_pool_capacity(spec),
         *_references(spec),
         *_schedules(spec),
+        *_advisory(spec),
         *_quotas(spec),
         *_rollouts(spec),
         *device_problems(spec),
@@ -195,6 +196,30 @@ def _schedules(spec: PlatformSpec) -> Iterator[Problem]:
                 yield (*path, "cron"), f"invalid cron {item.cron!r}"
 
 
+def _advisory(spec: PlatformSpec) -> Iterator[Problem]:
+    """An advisory autoscaler (issue 16) leaves the count to `replicas`: a group parked at
+    0 could serve nothing, and a warm standby has no autoscaler to bring it into rotation."""
+    for i, g in enumerate(spec.groups):
+        a = g.autoscaling
+        if a is None or a.mode != "advisory":
+            continue
+        path: tuple[str | int, ...] = ("groups", i)
+        if g.replicas == 0:
+            yield (
+                (*path, "replicas"),
+                "an advisory autoscaler only advises: the group runs `replicas` (or a "
+                "`sluice scale` override), and 0 would serve no request; set replicas to "
+                "the count to run while you watch, or autoscaling.mode: active",
+            )
+        if a.warm_standby:
+            yield (
+                (*path, "autoscaling", "warm_standby"),
+                f"warm_standby {a.warm_standby} waits for an autoscaler to bring it into "
+                "rotation, and an advisory one brings nothing in; set warm_standby: 0, or "
+                "autoscaling.mode: active",
+            )
+
+
 # The longest calendar month: a per_month budget must cover the guaranteed rate for all of it.
 _MONTH_HOURS = 31 * 24
 
@@ -251,8 +276,9 @@ def _quotas(spec: PlatformSpec) -> Iterator[Problem]:
 
 
 def _floor(g: GroupSpec) -> tuple[int, str]:
-    """The fewest instances the group must run, and the field that says so."""
-    if g.autoscaling is None:
+    """The fewest instances the group must run, and the field that says so (an advisory
+    autoscaler's group runs its `replicas`)."""
+    if g.autoscaling is None or g.autoscaling.mode == "advisory":
         return g.replicas, "replicas"
     if g.autoscaling.stable > g.autoscaling.min:
         return g.autoscaling.stable, "autoscaling.stable"

@@ -8,9 +8,15 @@ the pool (never across purpose: inference vs training, Q5).
 A group without a `quota` section has no guarantee and no borrow cap: it runs best-effort on
 the pool's unassigned units (count - sum of guarantees) and on idle lendable guarantees, and
 its instances are the first drained when an owner wants its units back.
+
+`mode: advisory` makes the allocator's decisions for a group advice only (journaled and
+explained, not enforced; `sluice.policy.quota.advisory`): it gets what it asks for while the
+pool has free units, is never reclaimed from, and reclaims nothing.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -50,6 +56,11 @@ class QuotaSpec(_Strict):
     )
     reclaim_grace_s: float = Field(
         default=5.0, ge=0, le=3600, description="a lender waits this long before draining"
+    )
+    mode: Literal["active", "advisory"] = Field(
+        default="active",
+        description="advisory: the allocator's grants, refusals and reclaims for this group "
+        "are journaled, not enforced; it gets what it asks for while the pool has free units",
     )
 
     @model_validator(mode="after")

@@ -1,5 +1,6 @@
 """Quota (Q1-Q6), pure: grants per group each tick, loans, reclaims, and the under-use report."""
 
+from sluice.policy.quota.advisory import AdvisedAllocation, allocate_advised
 from sluice.policy.quota.allocate import allocate
 from sluice.policy.quota.loans import (
     Holding,
@@ -25,6 +26,7 @@ from sluice.policy.quota.model import (
 from sluice.policy.quota.underuse import Underuse, UsageSample, underused_groups
 
 __all__ = [
+    "AdvisedAllocation",
     "Allocation",
     "Grant",
     "GroupClaim",
@@ -41,6 +43,7 @@ __all__ = [
     "Underuse",
     "UsageSample",
     "allocate",
+    "allocate_advised",
     "attribute_loans",
     "hours_left_in_month",
     "ledger_changes",

@@ -150,9 +150,12 @@ def allocate(
     *,
     budget: BudgetSpec | None = None,
     spent_this_month: float = 0.0,
+    other_spend_per_hour: float = 0.0,
 ) -> Allocation:
     """Decide every group's grant for this round. `now`: epoch seconds (also the calendar
     month for `per_month`). `budget`/`spent_this_month`: the global budget and its spend.
+    `other_spend_per_hour`: the rate of units held outside `claims` (advisory-quota groups,
+    `sluice.policy.quota.advisory`), which the global budget counts too.
 
     pre: group names are unique; units_per_instance >= 1; wanted >= 0.
     """
@@ -172,7 +175,7 @@ def allocate(
         groups.append(g)
     live = [g for g in groups if g.usable]
     glob = _Global(_caps(budget, spent_this_month, hours_left, "global"))
-    glob.rate = sum(g.rate for g in groups)
+    glob.rate = sum(g.rate for g in groups) + other_spend_per_hour
     members: dict[str, list[_Group]] = {p.name: [] for p in pools}
     for g in live:
         members[g.c.pool].append(g)
