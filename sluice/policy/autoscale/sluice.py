@@ -414,7 +414,7 @@ class SluicePolicy:
             # so noise around a boundary does not walk the count down and up again
             # (the model's needs in load space: the count must hold `tolerance` more load)
             keep = max(
-                _need(signals["concurrency"], target * (1 - t.tolerance)),
+                _need(signals["concurrency"], target),
                 _need(signals.get("steady_slots_hold", 0.0), signals["slots_per_instance"]),
                 _need(
                     signals.get("envelope_slots", 0.0) * (1 + t.tolerance),
