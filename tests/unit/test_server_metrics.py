@@ -238,9 +238,7 @@ def test_server_view_never_counts_a_request_twice(
 
 
 def _decide(in_flight: int, server_waiting: int) -> tuple[int, dict[str, float], str]:
-    spec = AutoscalingSpec.model_validate(
-        {"max": 10, "targets": {"latency_p95_ms": 1000}, "reserve": {"enabled": False}}
-    )
+    spec = AutoscalingSpec.model_validate({"max": 10, "targets": {"latency_p95_ms": 1000}})
     policy = SluicePolicy(spec)
     for t in range(5):
         d = policy.decide(
@@ -269,5 +267,5 @@ def test_a_queue_inside_the_server_scales_up_where_busy_but_fast_instances_do_no
     # ...but if the server says all 12 wait for a batch slot, people wait: a queue
     grown, signals, reason = _decide(in_flight=12, server_waiting=12)
     assert "12 requests wait inside the servers" in reason
-    assert grown >= 4
+    assert grown >= 3  # 12 waiting, 4 slots an instance
     assert signals["server_queue"] == 12.0 and signals["queue"] == 12.0

@@ -369,7 +369,7 @@ class SluicePolicy:
         notes: list[str] = []
         panicking = self._update_panic(load, signals, proposals)
         candidates: dict[str, int] = {
-            k: proposals[k] for k in ("concurrency", "steady", "envelope") if k in proposals
+            k: proposals[k] for k in ("steady", "envelope", "concurrency") if k in proposals
         }
         queue_fires = proposals["queue"] > 0
         if queue_fires:
@@ -413,8 +413,10 @@ class SluicePolicy:
             # hysteresis: shrink only to a count that stays `tolerance` under its target,
             # so noise around a boundary does not walk the count down and up again
             # (the model's needs in load space: the count must hold `tolerance` more load)
+            # (at utilization 1 concurrency is only the floor of what is busy: no band)
+            band = 1 - t.tolerance if t.utilization < 1 else 1.0
             keep = max(
-                _need(signals["concurrency"], target),
+                _need(signals["concurrency"], target * band),
                 _need(signals.get("steady_slots_hold", 0.0), signals["slots_per_instance"]),
                 _need(
                     signals.get("envelope_slots", 0.0) * (1 + t.tolerance),
