@@ -1,25 +1,32 @@
 """Trace-driven simulator: the real policy code against simulated instances and a virtual clock."""
 
+from sluice.sim.causal import CausalCandidate, CausalResult, WindowPlanPolicy, causal
 from sluice.sim.engine import EPOCH, SimOptions, SimResult, Workload, make_policy, prepare, run
 from sluice.sim.model import SERVICE_MAX_S, SERVICE_MIN_S, InstanceModel, pick_group
 from sluice.sim.oracle import OracleResult, PlanPolicy, best_fixed, oracle, work_floor
 from sluice.sim.report import write_report
 from sluice.sim.study import simulate_spec
 from sluice.sim.trace import REQUIRED_COLUMNS, Trace, load_trace, trace_from_rows
+from sluice.sim.warm import WarmStart, warm_start, warm_start_count
 
 __all__ = [
     "EPOCH",
     "REQUIRED_COLUMNS",
     "SERVICE_MAX_S",
     "SERVICE_MIN_S",
+    "CausalCandidate",
+    "CausalResult",
     "InstanceModel",
     "OracleResult",
     "PlanPolicy",
     "SimOptions",
     "SimResult",
     "Trace",
+    "WarmStart",
+    "WindowPlanPolicy",
     "Workload",
     "best_fixed",
+    "causal",
     "load_trace",
     "make_policy",
     "oracle",
@@ -28,6 +35,8 @@ __all__ = [
     "run",
     "simulate_spec",
     "trace_from_rows",
+    "warm_start",
+    "warm_start_count",
     "work_floor",
     "write_report",
 ]
