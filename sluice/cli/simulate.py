@@ -21,7 +21,10 @@ def simulate(
     group: Annotated[str | None, typer.Option("--group", help="group to simulate")] = None,
     policy: Annotated[
         str | None,
-        typer.Option("--policy", help="sluice | hpa | kpa | fixed:N | oracle (default: spec)"),
+        typer.Option(
+            "--policy",
+            help="sluice | hpa | kpa | fixed:N | oracle | causal (default: spec)",
+        ),
     ] = None,
     slo_ms: Annotated[
         float | None, typer.Option("--slo-ms", help="fixed latency SLO instead of the spec's")
@@ -47,6 +50,13 @@ def simulate(
     slow_start_factor: Annotated[
         float, typer.Option("--slow-start-factor", help="x start-up time when slow")
     ] = 3.0,
+    warm: Annotated[
+        bool,
+        typer.Option(
+            "--warm-start",
+            help="start with the oracle's t=0 instance count ready (default: the spec's count)",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """What would happen with this spec on that traffic? (trace-driven simulation)"""
@@ -71,11 +81,13 @@ def simulate(
                 slow_start_factor=slow_start_factor,
             ),
             report_dir=report,
+            warm=warm,
         )
 
     def render(r: dict[str, Any]) -> None:
         out.print(
-            f"{r['group']} / {r['policy']}: {r['requests']} requests, "
+            f"{r['group']} / {r['policy']} ({r['start']} start, "
+            f"{r['initial_instances']} ready at t=0): {r['requests']} requests, "
             f"SLO {r['slo_attainment']:.4f} (target {r['slo_target']}), "
             f"p50 {r['p50_ms'] or 0:.0f} ms, p99 {r['p99_ms'] or 0:.0f} ms, "
             f"{r['instance_seconds']:.0f} instance-s (cost {r['cost']:.3f}), "
@@ -83,6 +95,14 @@ def simulate(
             f"{r['rejected']} rejected",
             soft_wrap=True,
         )
+        if "causal_best" in r:
+            b = r["causal_best"]
+            out.print(
+                f"best causal of the family: window {b['window_s']:g} s, rule {b['rule']}, "
+                f"headroom {b['headroom']:g} ({r['causal_chosen_for']}; a hindsight pick "
+                f"among {len(r['causal_candidates'])} candidates)",
+                soft_wrap=True,
+            )
         if "report" in r:
             out.print(f"report: {r['report']}")
 

@@ -1,5 +1,6 @@
 """Trace-driven simulator: the real policy code against simulated instances and a virtual clock."""
 
+from sluice.sim.causal import CausalCandidate, CausalResult, WindowPlanPolicy, causal
 from sluice.sim.engine import EPOCH, SimOptions, SimResult, Workload, make_policy, prepare, run
 from sluice.sim.families import FAMILIES, Family, generate
 from sluice.sim.model import SERVICE_MAX_S, SERVICE_MIN_S, InstanceModel, pick_group
@@ -7,6 +8,7 @@ from sluice.sim.oracle import OracleResult, PlanPolicy, best_fixed, oracle, work
 from sluice.sim.report import write_report
 from sluice.sim.study import simulate_spec
 from sluice.sim.trace import REQUIRED_COLUMNS, Trace, load_trace, trace_from_rows
+from sluice.sim.warm import WarmStart, warm_start, warm_start_count
 
 __all__ = [
     "EPOCH",
@@ -14,6 +16,8 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "SERVICE_MAX_S",
     "SERVICE_MIN_S",
+    "CausalCandidate",
+    "CausalResult",
     "Family",
     "InstanceModel",
     "OracleResult",
@@ -21,8 +25,11 @@ __all__ = [
     "SimOptions",
     "SimResult",
     "Trace",
+    "WarmStart",
+    "WindowPlanPolicy",
     "Workload",
     "best_fixed",
+    "causal",
     "generate",
     "load_trace",
     "make_policy",
@@ -32,6 +39,8 @@ __all__ = [
     "run",
     "simulate_spec",
     "trace_from_rows",
+    "warm_start",
+    "warm_start_count",
     "work_floor",
     "write_report",
 ]

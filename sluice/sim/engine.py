@@ -128,6 +128,9 @@ class SimResult:
     expired: int
     end_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    initial_instances: int = 0
+    """instances ready at t = 0, before the first decision (`SimOptions.initial` or its
+    default)"""
 
     TIMELINE_COLUMNS = (
         "t",
@@ -179,6 +182,7 @@ class SimResult:
             "scale_events": self.scale_events,
             "peak_instances": self.peak_instances,
             "duration_s": self.end_s,
+            "initial_instances": self.initial_instances,
             **self.extra,
         }
 
@@ -459,6 +463,7 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
         shed=counts["shed"],
         expired=counts["expired"],
         end_s=end,
+        initial_instances=initial,
     )
 
 

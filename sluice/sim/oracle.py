@@ -19,6 +19,12 @@ What each number bounds (instance-seconds, on one trace and instance model):
   outside the family could be cheaper. It does bound what a causal policy with the same
   start-up delay can reach within that family of plans.
 
+- **warm start** (`sluice.sim.warm`): the count the oracle's run holds at t = 0, ready for
+  every policy at t = 0 (`SimOptions.initial`), so that no policy pays a cold start the
+  oracle never pays. Without it a live policy starts at its spec's count and the oracle, as
+  it always did, at its own t = 0 need. `oracle(work, SimOptions(initial=k))` runs every
+  candidate from k ready.
+
 A per-second "capacity needed" profile (ceil(offered concurrency / slots)) is NOT a lower
 bound once queueing within the SLO is allowed: a request may wait up to its slack, so a burst
 can be served by fewer instances over a longer time. That is why the oracle's headroom may
@@ -91,6 +97,11 @@ class OracleResult:
     best_fixed_n: int | None
     best_fixed: SimResult | None
 
+    @property
+    def initial(self) -> int:
+        """Instances ready at t = 0 in the winning run."""
+        return self.result.initial_instances
+
 
 def _meets(res: SimResult) -> bool:
     s = res.summary()
@@ -99,7 +110,8 @@ def _meets(res: SimResult) -> bool:
 
 def best_fixed(work: Workload, opts: SimOptions | None = None) -> tuple[int | None, SimResult]:
     """Smallest fixed N in [min, max] that reaches the SLO target (bisection). Returns
-    (None, run at max) when even max does not."""
+    (None, run at max) when even max does not. Each fleet starts with N ready, unless
+    `opts.initial` says otherwise (a warm start: that many ready, then N asked for)."""
     m = work.model
     o = opts or SimOptions()
     span = max(work.trace.span_s, 1.0)
@@ -129,7 +141,10 @@ def best_fixed(work: Workload, opts: SimOptions | None = None) -> tuple[int | No
 
 
 def oracle(work: Workload, opts: SimOptions | None = None, steps: int = 9) -> OracleResult:
-    """The cheapest plan found that reaches the SLO target, knowing the future."""
+    """The cheapest plan found that reaches the SLO target, knowing the future. Each candidate
+    starts with its own t = 0 need ready (a plan: what it asks for at t = 0; a fixed fleet: N),
+    unless `opts.initial` is set: then every candidate starts from that many ready (see
+    `sluice.sim.warm`)."""
     o = opts or SimOptions()
     m = work.model
     n_fixed, fixed_res = best_fixed(work, o)
@@ -165,6 +180,9 @@ def oracle(work: Workload, opts: SimOptions | None = None, steps: int = 9) -> Or
 
 
 def _with_initial(o: SimOptions, initial: int) -> SimOptions:
+    """`o` as given when it sets `initial` (a warm start), else with `initial`."""
+    if o.initial is not None:
+        return o
     return SimOptions(
         seed=o.seed,
         crash_rate_per_hour=o.crash_rate_per_hour,
