@@ -66,11 +66,16 @@ class ScheduleEntry(_Strict):
 
 
 class TargetsSpec(_Strict):
-    """Per-instance targets of the Sluice policy (S4). A scale-up needs the concurrency or
-    queue signal AND, when a latency target is set, latency at risk (or a queue)."""
+    """What the Sluice policy sizes for and how it reads the traffic (S4). The count comes
+    from the queueing model of the group's `slo` (`policy/autoscale/queueing.py`); when a
+    latency target is set, a scale-up also needs latency at risk (or a queue)."""
 
     utilization: float = Field(
-        default=1.0, gt=0, le=1, description="busy share of max_concurrency slots"
+        default=1.0,
+        gt=0,
+        le=1,
+        description="busy share of max_concurrency slots the concurrency signal allows "
+        "(1: what is busy is a floor; below 1 it targets that utilization, HPA style)",
     )
     queue_per_instance: float = Field(default=0.5, ge=0, description="waiting requests")
     latency_p95_ms: float | None = Field(
@@ -89,7 +94,7 @@ class TargetsSpec(_Strict):
         default=1000,
         ge=40,
         le=100_000,
-        description="Little's-law window of the service-time estimate, in completions",
+        description="the service time's mean and variability span this many completions",
     )
     rate_arrivals: int = Field(
         default=400,

@@ -15,6 +15,7 @@ import sluice.policy.admission
 import sluice.policy.autoscale
 import sluice.policy.plan
 import sluice.sim.engine
+from sluice.policy.autoscale.queueing import Objective, steady_slots
 from sluice.sim import (
     InstanceModel,
     PlanPolicy,
@@ -25,7 +26,6 @@ from sluice.sim import (
     run,
     trace_from_rows,
 )
-from sluice.policy.autoscale.queueing import Objective, steady_slots
 from sluice.spec import load_spec_text
 from sluice.spec.autoscaling import AutoscalingSpec
 

@@ -1,92 +1,80 @@
-"""The Sluice autoscaler: several signals combined, up fast, down careful, lead-time aware,
-every decision explained (S4-S9, S11).
+"""The Sluice autoscaler: instances sized from a queueing model of the work, several signals
+combined, up fast, down careful, lead-time aware, every decision explained (S4-S9, S11).
 
-Signals (each proposes an instance count; `target = utilization x slots` per instance;
-`service` is the service time seen through Little's law over `targets.service_window_s`:
-request-seconds in flight / completions, unknown under 40 completions, and then the
-signals that need it stay silent):
-- concurrency: mean of `in_flight + queued` over `targets.window_s` -> ceil(mean / target),
-  where the queued part counts only up to the backlog still waiting when instances asked
-  for now would be ready (`backlog_at_ready`, below), its work spread over the lead time
-  (x service / max(lead, service)): with no start-up time this is plain in_flight + queued;
-- rate: arrivals per second over the same window, projected `lead` seconds ahead along its
-  least-squares trend over `targets.trend_window_s` (`rate + slope x lead`; only a rising
-  slope >= 4 standard errors counts, so the projection never goes below the rate), times
-  `service` -> instances; `lead` is `lead_time_s`, else the measured `startup_s` (S7);
+The traffic is read by `TrafficWindows` (traffic.py): the arrival rate over
+`targets.window_s` and, for sizing, over the last `targets.rate_arrivals` arrivals unless
+the short window shows a real change (3 standard errors); the service time's mean and
+variability over the last `targets.service_completions` completions (from the gateway's
+served seconds, else by Little's law); the local dispersion of the arrivals; the work that
+arrived over each recent span. The objective is the group's `slo` (slowdown + slack, a fixed
+`latency_ms`, or both; a request may wait about its own service time plus 1 s when none is
+stated), at its `target`.
+
+Signals (each proposes an instance count; `lead` = `lead_time_s`, else the measured
+`startup_s`, S7):
+- steady (the model, `queueing.steady_slots`): the slots that keep the share of requests
+  waiting past their allowance under `targets.slo_budget_share` of the error budget at the
+  offered load (rate x mean service), with the measured service variability and arrival
+  dispersion (G/G/c). The rate is projected `lead` seconds ahead along its least-squares
+  trend over `targets.trend_window_s` when the slope stands 4 standard errors clear of zero
+  (capacity asked now serves the rate at ready time);
+- envelope (the model, `queueing.burst_slots`): for T = 1, 2, 4, ... s up to two lead
+  times, the work that arrived in the last T must be served within T + the mean request's
+  wait allowance: a burst's size, read from the trace, not assumed;
+- concurrency: mean of `in_flight + queued` over `targets.window_s` at `utilization` x slots
+  per instance (1 by default: what is busy now is a floor, the model sizes), the queued part
+  counted only up to `backlog_at_ready` and spread over the lead time;
 - queue: above `queue_per_instance` per ready instance, and only if a backlog remains at
   ready time, `backlog_at_ready = queued + (rate - ready x slots / service) x lead`: a queue
-  the ready instances drain before new ones could start needs none (S7; Knative's panic
-  floods slow starters, knative/serving#13284). Proposal: ceil((rate x service + that
-  backlog spread over the lead time) / target), independent of the count;
+  the ready instances drain before new ones could start needs none (knative/serving#13284);
 - latency: p95 against `targets.latency_p95_ms` (else the group's `slo.latency_ms`);
-- panic: arrivals over `panic.window_s` x `service` (not the queue, which a short burst
-  inflates); at `threshold` x current capacity it enters burst mode;
-- reserve (burst reserve, a prediction from the arrival history): the busiest
-  `reserve.window_s` of arrivals within `reserve.memory_s` (at most
-  `down.stabilization_s`), x `service`, at `reserve.utilization` of the slots: a burst
-  that recurs finds its instances resident, not 30 s away.
+- panic: arrivals over `panic.window_s` x service; at `threshold` x current capacity it
+  enters burst mode.
+The model's needs stay silent until the service time is known (40 completions).
 
 A request waiting inside an instance's own server (`server_waiting`, scraped from a
 command server's metrics) counts as queued, not in flight: it waits for a batch slot.
 
-Combination rule (S4): the count is the max of the load proposals (concurrency, rate,
-reserve, queue, and panic while panicking), then
+Combination rule (S4): the count is the max of the load proposals (steady, envelope,
+concurrency, queue, and panic while panicking), then
 - a scale-up needs evidence beyond one metric: when a latency target is known and p95 is
-  well under it (< 80 %) and the queue is under its target, concurrency, rate, reserve
-  or panic alone do not scale up (instances are busy but serve in time); a queue always
-  counts (people wait);
+  well under it (< 80 %) and the queue is under its target, no load signal alone scales up
+  (instances are busy but serve in time); a queue always counts (people wait);
 - latency over target adds `ceil(current x min(p95/target, 2))` only while instances are
   busy (concurrency near target, or a queue): high latency on idle instances is a
   bottleneck elsewhere (S12), more instances would not help;
 - a scale-down needs latency under target (or unknown) and fresh data;
-- deadband: concurrency (or an untrending rate) within `tolerance` above capacity does not
-  scale up, and a scale-down goes only to a count that stays `tolerance` under its target
-  (hysteresis band of about 2 x tolerance around each count).
+- deadband: concurrency or the envelope within `tolerance` above capacity does not scale
+  up (the steady need reads a long window and has its margin); a scale-down goes only to a
+  count that would still hold `tolerance` more load (hysteresis in load, not in instances).
 
 Guards, in order: up-stabilization (rolling min), down-stabilization (rolling max of
-recommendations, HPA style), panic (max(stable, panic), never down while panicking, and the
-panic counts stay in the rolling max so leaving panic does not collapse the count:
-knative/serving#3153, #9121), cooldown (no scale-down within `down.cooldown_s` of a
-scale-up), step limits per period (the larger of `max_step` and `max_percent`, at least 1),
-the 1 -> 0 rule (`down.to_zero_delay_s` of no arrival, nothing running or queued; that
-idle time is the last instance's only wait, no cooldown or rolling max), then
-floors (`min`, `stable` pool, scheduled floors: hard, they bypass step limits) and `max`.
-From zero, any arrival or queued request asks for >= 1 at once (no stabilization, cooldown
-or step limit). Missing or stale metrics hold the count (floors still apply).
+recommendations, HPA style: the policy's memory of bursts), panic (max(stable, panic),
+never down while panicking, and the panic counts stay in the rolling max so leaving panic
+does not collapse the count: knative/serving#3153, #9121), cooldown (no scale-down within
+`down.cooldown_s` of a scale-up), step limits per period (the larger of `max_step` and
+`max_percent`, at least 1), the 1 -> 0 rule (`down.to_zero_delay_s` of no arrival, nothing
+running or queued; that idle time is the last instance's only wait), then floors (`min`,
+`stable` pool, scheduled floors: hard, they bypass step limits) and `max`. From zero, any
+arrival or queued request asks for >= 1 at once. Missing or stale metrics hold the count.
 
-Why the defaults (reference group of `examples/reference-sim.yaml`: 4 slots, 30 s start-up,
-SLO 2 x service + 1 s at 99 %; measured with `bench/autoscale.py` on the Azure code trace,
-where a fixed 9 is the cheapest fixed fleet at 99 %, and on the BurstGPT traces natural and
-time-compressed x60; numbers are Azure slo / instance-seconds, x60 ones as noted):
-- service time over 300 s, >= 40 completions: the old 30 s estimate (mean in flight /
-  completions/s) runs 2-3x high at a burst's onset (completions lag arrivals) and fed
-  that into panic, rate and reserve: with it (`service_window_s: 30`) 0.9929 / 34.5k and
-  0.895 on BurstGPT_3 x60; before the reserve it cost 6,971 inst-s on BurstGPT_3 x60
-  (now 1,767) and 11-12 % over the `min: 1` floor on the natural BurstGPT traces (now 0);
-- utilization 0.75 with the reserve at 0.6: the reserve sizes the burst capacity, so the
-  concurrency target need not: 0.65 / 0.7 / 0.75 / 0.8 all gave 0.9985, at 31.0k / 30.2k
-  / 29.8k / 29.8k; without the reserve 0.75 gives 0.9788 / 24.6k. The burst at 849 s,
-  after 160 s without a single arrival, needs ~10 instances resident (fixed 8 loses 120
-  requests there, 9 loses 56; the budget is 88): only history can put them there;
-- reserve window 10 s, utilization 0.6, memory 60 s: a 5 s window -> 1.0000 / 40.0k,
-  20 s -> 0.9883 / 25.2k; utilization 0.55 -> 1.0000 / 32.4k, 0.65 -> 0.9938 / 28.0k;
-  memory 0 / 30 / 90 / 120 / 300 s -> 0.9837 / 28.5k, 0.9947 / 29.3k, 1.0000 / 30.7k,
-  31.1k, 34.0k (300 s, the rolling max's own length, holds every peak twice as long and
-  cost 3,408 against 1,767 on BurstGPT_3 x60);
-- queue 0.5/instance: a queue means slots are full, act on it early;
-- window 30 s: about one start-up time; shorter chases single-second bursts whose
-  instances would arrive after the burst; panic (6 s, 2x) covers real surges;
-- trend window 60 s: two start-up times; at 14 req/s Poisson noise a slope must exceed
-  ~0.11 req/s^2 to clear 4 SE (white noise does so in ~3e-5 of windows), so noise
-  is not projected while fast ramps, the ones a 30 s start-up cannot follow, are;
-- tolerance 0.1: the upstream HPA deadband, stops one-instance flapping at steady load;
+Why the defaults. The sizing has no trace-shaped constant: the model reads the rate,
+service time, variability, dispersion and burst shape from the traffic, and the objective
+from the spec. What is left are estimator windows and guards, each set by what it
+estimates, and checked by `bench/autoscale.py` on every shared trace and every generated
+family (`sluice.sim.families`) with leave-one-out (bench/README.md has the tables):
+- `rate_arrivals` 400 (the steady rate to +-5 %), `service_completions` 1000 (+-3 % at
+  cs2 0.7): estimator noise is what the rolling max turns into cost, at any rate;
+- `slo_budget_share` 1: the model is on the safe side (above); 0.5 and 0.8 gave the same
+  attainment everywhere at up to 6 % more cost;
+- window 30 s (about one start-up), trend window 60 s with a 4-standard-error test (at 14
+  req/s Poisson noise clears it in ~3e-5 of windows; 3 SE and 2.5 SE cost 2-13 % more on
+  the stationary families for one fewer miss on a ramp);
+- tolerance 0.1: the upstream HPA deadband;
 - up: no stabilization, no step limit: under-provisioning costs SLO, over-shoot only cost;
-- down: rolling max 300 s (HPA's default): bursts on that trace recur within minutes, and
-  a burst that finds its capacity gone misses its SLO (the capacity bought back arrives
-  30 s late): 240 s gave 0.9789, 120 s 0.8831; cooldown 120 s (4 start-ups); 1 instance
-  or 25 % per 30 s (10 % -> 1.0000 / 31.4k, 50 % -> 0.9985 / 29.2k: 25 % leaves a ladder,
-  not a cliff, after a burst, knative/serving#3153); to zero after 300 s idle (the last
-  instance waits for that idle time only).
+- down: rolling max 300 s (HPA's default) is the memory that keeps a burst's capacity
+  resident for the next one; cooldown 120 s (4 start-ups); 1 instance or 25 % per 30 s (a
+  ladder, not a cliff, after a burst, knative/serving#3153); to zero after 300 s idle.
 What the defaults do not reach, and why, is in bench/README.md (autoscale section).
 """
 
