@@ -1,25 +1,32 @@
-"""Autoscaling policies side by side on real traces, against the clairvoyant reference.
+"""Autoscaling policies side by side on every shared trace and every generated trace family,
+started warm and cold, against the clairvoyant oracle, the best fixed fleet and the best
+causal reference (issue 16).
 
     python bench/autoscale.py [--json] [--traces DIR] [--spec examples/reference-sim.yaml]
-                              [--speedup-variants 60]
+                              [--families all|none|NAME,...] [--seeds 1] [--quick]
+                              [--leave-one-out] [--speedup-variants 60]
 
-Every `*.norm.csv` in `--traces` (default: ../shared/traces from the repo root) is replayed
-through the instance model of `--spec` (one group; the reference model by default) under the
-Sluice policy (the spec's defaults), HPA and KPA with their upstream defaults, HPA and KPA
-*tuned* (the cheapest target on a grid that reaches the SLO target: HPA
-`target_per_instance`, KPA `target_utilization`; when no grid value reaches it, the
-cheapest at least as good as Sluice, else the best attainment, flagged
-`reaches_target: false`), the best fixed N that reaches the SLO
-target, and the oracle (sluice.sim.oracle). Traces whose mean rate is under 1 req/s also get a
-time-compressed row (`NAME @xK`, times divided by K), clearly labelled. `--json` prints one
-JSON line: per trace and policy `slo_attainment`, `instance_seconds`, `cost`, and the ratios
-`sluice_cost_vs_oracle`, `sluice_cost_vs_hpa` / `sluice_cost_vs_kpa` (against the TUNED
-rows: the fair "equal SLO" comparison) and `sluice_cost_vs_hpa_default` /
-`sluice_cost_vs_kpa_default` (against upstream defaults), plus `comparison` notes saying
-when a tuned competitor cannot reach the target at any grid setting (then the tuned row is
-the cheapest at least as good as Sluice, else its best attainment: `chosen_for`).
-`--report-dir DIR` also writes every run's HTML report (plots + decision log) under
-DIR/TRACE/POLICY/.
+Traces: every `*.norm.csv` in `--traces` (default ../shared/traces from the repo root), plus
+a time-compressed row (`NAME @xK`, times divided by K) for each whose mean rate is under
+1 req/s, plus every family of `sluice.sim.families` (seed 0, or seeds 0..N-1). Each is
+replayed through the instance model of `--spec` (one group; the reference model by default)
+under one configuration for all of them: the Sluice policy with the spec's defaults, HPA
+and KPA with their upstream defaults, HPA and KPA *tuned* (the cheapest target on a grid
+that reaches the SLO target, warm only; when none does, the cheapest at least as good as
+Sluice, else the best attainment: `chosen_for`), the best fixed N, the oracle
+(`sluice.sim.oracle`) and the best causal reference (`sluice.sim.causal`: counts per window
+from past windows only; a hindsight pick within its family, warm only).
+
+Warm: every policy starts with the oracle's t = 0 count ready (`sluice.sim.warm`). Cold:
+the group starts at its spec's count. The targets are judged warm:
+- SLO attainment >= the spec's target on every shared trace (not the compressed variants);
+- cost <= 1.3x the oracle on the Mooncake trace and on every stationary family;
+- cost <= 0.9x the best fixed fleet on the Azure code trace.
+
+`--leave-one-out` (bench/_autoscale_loo.py) picks the defaults from a small grid of the
+policy's free knobs on all traces but one, scores that pick on the one left out, for every
+trace, and reports how far the held-out scores are from the shipped defaults'.
+`--quick` skips the tuned rows and the causal reference. `--json` prints one JSON line.
 See bench/README.md.
 """
 
@@ -35,18 +42,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._autoscale_loo import Case, leave_one_out  # noqa: E402
 from sluice.policy.autoscale import build_autoscaler  # noqa: E402
 from sluice.sim import (  # noqa: E402
+    FAMILIES,
     InstanceModel,
+    SimOptions,
     SimResult,
     Trace,
+    causal,
+    generate,
     load_trace,
     make_policy,
-    oracle,
     pick_group,
     prepare,
     run,
-    write_report,
+    warm_start,
 )
 from sluice.spec import load_spec_file  # noqa: E402
 
@@ -54,15 +65,18 @@ POLICIES = ("sluice", "hpa", "kpa")
 TUNE_GRID = (0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.275, 0.25, 0.225, 0.2, 0.175, 0.15, 0.1, 0.05)
 """target values tried for the tuned HPA / KPA rows (share of max_concurrency per instance)"""
 TUNED_KNOB = {"hpa": "target_per_instance", "kpa": "target_utilization"}
+ORACLE_COST_TARGET = 1.3
+FIXED_COST_TARGET = 0.9
+AZURE = "AzureLLMInferenceTrace_code.norm.csv"
+MOONCAKE = "mooncake_synthetic_trace.norm.csv"
 
 
-def _row(res: SimResult) -> dict[str, Any]:
+def row(res: SimResult) -> dict[str, Any]:
     s = res.summary()
     return {
         "slo_attainment": round(s["slo_attainment"], 5),
         "instance_seconds": round(s["instance_seconds"], 1),
         "cost": round(s["cost"], 4),
-        "p50_ms": None if s["p50_ms"] is None else round(s["p50_ms"], 1),
         "p99_ms": None if s["p99_ms"] is None else round(s["p99_ms"], 1),
         "peak_instances": s["peak_instances"],
         "scale_events": s["scale_events"],
@@ -70,170 +84,170 @@ def _row(res: SimResult) -> dict[str, Any]:
     }
 
 
-def _ratio(a: float, b: float) -> float | None:
+def ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b > 0 else None
 
 
-def _tuned_policy(model: InstanceModel, name: str, value: float, templates: Any) -> Any:
+def _tuned_policy(model: InstanceModel, name: str, value: float) -> Any:
     """The group's HPA / KPA with its target knob set to `value` (everything else as spec'd)."""
     auto = model.group.autoscaling
     assert auto is not None
     sub = getattr(auto, name).model_copy(update={TUNED_KNOB[name]: value})
     group = model.group.model_copy(update={"autoscaling": auto.model_copy(update={name: sub})})
-    return build_autoscaler(group, templates or {}, name)
+    return build_autoscaler(group, {}, name)
 
 
 def tune(
-    work: Any, model: InstanceModel, name: str, templates: Any, sluice_slo: float
-) -> tuple[float, SimResult, str, list[dict[str, float]]]:
+    work: Any, model: InstanceModel, name: str, opts: SimOptions, sluice_slo: float
+) -> dict[str, Any]:
     """The cheapest grid value of the policy's target that reaches the SLO target; when none
-    does, the cheapest that does at least as well as Sluice (an equal-attainment
-    comparison); when none does that either, the best attainment (cheapest among equals).
-    Returns (value, run, chosen_for, grid), chosen_for one of 'slo_target',
-    'sluice_attainment', 'best_attainment'."""
-    tried: list[tuple[float, SimResult, float]] = []
-    for value in TUNE_GRID:
-        res = run(work, _tuned_policy(model, name, value, templates))
-        tried.append((value, res, res.summary()["slo_attainment"]))
-    grid = [
-        {
-            TUNED_KNOB[name]: v,
-            "slo_attainment": round(a, 5),
-            "instance_seconds": round(r.instance_seconds, 1),
-        }
-        for v, r, a in tried
-    ]
+    does, the cheapest at least as good as Sluice; when none does that either, the best
+    attainment (cheapest among equals)."""
+    tried = [(v, run(work, _tuned_policy(model, name, v), opts)) for v in TUNE_GRID]
+    scored = [(v, r, r.summary()["slo_attainment"]) for v, r in tried]
     for bar, why in ((model.slo.target, "slo_target"), (sluice_slo, "sluice_attainment")):
-        ok = [(r.instance_seconds, v, r) for v, r, a in tried if a >= bar]
+        ok = [(r.instance_seconds, v, r) for v, r, a in scored if a >= bar]
         if ok:
             _, v, r = min(ok, key=lambda x: x[0])
-            return v, r, why, grid
-    _, _, v, r = max(((a, -r.instance_seconds, v, r) for v, r, a in tried), key=lambda x: x[:2])
-    return v, r, "best_attainment", grid
+            return {TUNED_KNOB[name]: v, "chosen_for": why, **row(r)}
+    _, _, v, r = max(((a, -r.instance_seconds, v, r) for v, r, a in scored), key=lambda x: x[:2])
+    return {TUNED_KNOB[name]: v, "chosen_for": "best_attainment", **row(r)}
 
 
 def study(
-    model: InstanceModel, trace: Trace, templates: Any, report_dir: Path | None = None
-) -> dict[str, Any]:
+    name: str, model: InstanceModel, trace: Trace, kind: str, stationary: bool | None, quick: bool
+) -> tuple[dict[str, Any], Case]:
+    """The trace's rows, and the warm case leave-one-out replays."""
     t0 = time.perf_counter()
     work = prepare(model, trace)
-    target = model.slo.target
-    results: dict[str, SimResult] = {}
-    for name in POLICIES:
-        results[name] = run(work, make_policy(model, name, templates))
-    sluice_slo = results["sluice"].summary()["slo_attainment"]
-    tuned: dict[str, tuple[float, str, list[dict[str, float]]]] = {}
-    for name in ("hpa", "kpa"):
-        value, res, why, grid = tune(work, model, name, templates, sluice_slo)
-        results[f"{name}_tuned"] = res
-        tuned[name] = (value, why, grid)
-    o = oracle(work)
-    if o.best_fixed is not None:
-        results["best_fixed"] = o.best_fixed
-    results["oracle"] = o.result
-    rows: dict[str, Any] = {name: _row(res) for name, res in results.items()}
-    if "best_fixed" in rows:
-        rows["best_fixed"] = {"n": o.best_fixed_n, **rows["best_fixed"]}
-    rows["oracle"] = {"plan": o.plan, **rows["oracle"]}
-    for name, (value, why, grid) in tuned.items():
-        rows[f"{name}_tuned"] = {
-            TUNED_KNOB[name]: value,
-            "chosen_for": why,
-            "reaches_target": rows[f"{name}_tuned"]["slo_attainment"] >= target,
-            **rows[f"{name}_tuned"],
-            "grid": grid,
-        }
-    if report_dir is not None:
-        for name, res in results.items():
-            write_report(res, report_dir / name, {**res.summary(), "policy": name})
-    sl = rows["sluice"]
+    ws = warm_start(work)
+    o = ws.oracle
     out: dict[str, Any] = {
+        "kind": kind,
+        "stationary": stationary,
         "requests": len(trace),
         "span_s": round(trace.span_s, 1),
         "mean_rate_per_s": round(len(trace) / max(trace.span_s, 1e-9), 4),
-        "work_floor_instance_seconds": round(work.work_floor_instance_seconds, 1),
-        "policies": rows,
-        "sluice_cost_vs_oracle": _ratio(sl["instance_seconds"], rows["oracle"]["instance_seconds"]),
-        "sluice_cost_vs_best_fixed": _ratio(
-            sl["instance_seconds"], rows.get("best_fixed", {}).get("instance_seconds", 0.0)
-        ),
+        "warm_count": ws.count,
+        "oracle": {"plan": o.plan, **row(o.result)},
+        "best_fixed": None if o.best_fixed is None else {"n": o.best_fixed_n, **row(o.best_fixed)},
     }
-    notes: list[str] = []
-    for other in ("hpa", "kpa"):
-        t_row = rows[f"{other}_tuned"]
-        out[f"sluice_cost_vs_{other}"] = _ratio(sl["instance_seconds"], t_row["instance_seconds"])
-        out[f"sluice_cost_vs_{other}_default"] = _ratio(
-            sl["instance_seconds"], rows[other]["instance_seconds"]
-        )
-        # "equal SLO": both reach the target (the tuned row is the cheapest that does), or
-        # Sluice does at least as well
-        both = sl["slo_attainment"] >= target and t_row["slo_attainment"] >= target
-        out[f"sluice_slo_at_least_{other}"] = both or (
-            sl["slo_attainment"] >= t_row["slo_attainment"]
-        )
-        out[f"sluice_slo_at_least_{other}_default"] = (
-            sl["slo_attainment"] >= rows[other]["slo_attainment"]
-        )
-        knob = f"{other} {TUNED_KNOB[other]}={t_row[TUNED_KNOB[other]]}"
-        got = f"{t_row['slo_attainment']:.4f} at {t_row['instance_seconds']:.0f} inst-s"
-        if t_row["chosen_for"] == "slo_target":
-            notes.append(f"tuned {knob} is the cheapest grid setting reaching {target:g}")
-        elif t_row["chosen_for"] == "sluice_attainment":
-            notes.append(
-                f"{other.upper()} reaches {target:g} at no grid target; {knob} is the cheapest "
-                f"at least as good as sluice ({got}): equal-attainment comparison"
-            )
-        else:
-            notes.append(
-                f"{other.upper()} reaches neither {target:g} nor sluice's attainment at any "
-                f"grid target (best: {knob}, {got}); sluice_cost_vs_{other} compares "
-                "against that best, sluice serves more requests in SLO"
-            )
-    out["comparison"] = notes
-    out["meets_slo"] = {k: v["slo_attainment"] >= target for k, v in rows.items()}
-    out["targets_met"] = {
-        "sluice_slo": sl["slo_attainment"] >= target,
-        "vs_oracle_le_1.3": (out["sluice_cost_vs_oracle"] or 0) <= 1.3,
-        "vs_hpa_le_0.85_at_equal_slo": out["sluice_slo_at_least_hpa"]
-        and (out["sluice_cost_vs_hpa"] or 0) <= 0.85,
-        "vs_kpa_le_0.85_at_equal_slo": out["sluice_slo_at_least_kpa"]
-        and (out["sluice_cost_vs_kpa"] or 0) <= 0.85,
-    }
+    for start, opts in (("warm", ws.options), ("cold", SimOptions())):
+        rows = {p: row(run(work, make_policy(model, p), opts)) for p in POLICIES}
+        if start == "warm" and not quick:
+            for p in ("hpa", "kpa"):
+                rows[f"{p}_tuned"] = tune(work, model, p, opts, rows["sluice"]["slo_attainment"])
+            c = causal(work, opts)
+            rows["causal"] = {
+                "candidate": c.best.label,
+                "chosen_for": c.chosen_for,
+                **row(c.result),
+            }
+        out[start] = rows
+        out[f"{start}_ratios"] = _ratios(rows, out)
     out["wall_s"] = round(time.perf_counter() - t0, 2)
+    cap: tuple[str, float, float] | None = None
+    if name == MOONCAKE or stationary:
+        cap = ("cost_vs_oracle_le_1.3", o.result.instance_seconds, ORACLE_COST_TARGET)
+    elif name == AZURE and o.best_fixed is not None:
+        cap = ("cost_vs_best_fixed_le_0.9", o.best_fixed.instance_seconds, FIXED_COST_TARGET)
+    case = Case(name, work, ws.options, o.result.instance_seconds, kind == "shared", cap)
+    warm = out["warm"]["sluice"]
+    out["targets_met"] = case.targets(
+        warm["slo_attainment"], warm["instance_seconds"], model.slo.target
+    )
+    return out, case
+
+
+def _ratios(rows: dict[str, Any], ref: dict[str, Any]) -> dict[str, float | None]:
+    cost = rows["sluice"]["instance_seconds"]
+    out = {"sluice_cost_vs_oracle": ratio(cost, ref["oracle"]["instance_seconds"])}
+    if ref["best_fixed"] is not None:
+        out["sluice_cost_vs_best_fixed"] = ratio(cost, ref["best_fixed"]["instance_seconds"])
+    for other in ("hpa", "kpa", "hpa_tuned", "kpa_tuned", "causal"):
+        if other in rows:
+            out[f"sluice_cost_vs_{other}"] = ratio(cost, rows[other]["instance_seconds"])
     return out
 
 
-def _dir(args: argparse.Namespace, name: str) -> Path | None:
-    return None if args.report_dir is None else args.report_dir / name.removesuffix(".norm.csv")
+def workloads(args: argparse.Namespace) -> list[tuple[str, Trace, str, bool | None]]:
+    """(name, trace, kind, stationary) for every trace the bench replays."""
+    out: list[tuple[str, Trace, str, bool | None]] = []
+    for f in sorted(Path(args.traces).glob("*.norm.csv")):
+        tr = load_trace(f)
+        out.append((f.name, tr, "shared", None))
+        if len(tr) / max(tr.span_s, 1e-9) < 1.0:
+            for k in args.speedup_variants:
+                out.append((f"{f.name} @x{k:g}", tr.transform(speedup=k), "compressed", None))
+    names = list(FAMILIES) if args.families == "all" else []
+    if args.families not in ("all", "none"):
+        names = [n.strip() for n in args.families.split(",") if n.strip()]
+    for n in names:
+        fam = FAMILIES[n]
+        for seed in range(args.seeds):
+            out.append((f"family:{n}@{seed}", generate(n, seed), "family", fam.stationary))
+    return out
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     spec = load_spec_file(args.spec).spec
     model = InstanceModel.from_spec(spec, pick_group(spec, args.group))
-    files = sorted(Path(args.traces).glob("*.norm.csv"))
-    if not files:
-        raise SystemExit(f"no *.norm.csv traces in {args.traces}")
+    todo = workloads(args)
+    if not todo:
+        raise SystemExit(f"no traces: no *.norm.csv in {args.traces} and no families")
     traces: dict[str, Any] = {}
-    for f in files:
-        tr = load_trace(f)
-        print(f"{f.name}: {len(tr)} requests", file=sys.stderr, flush=True)
-        traces[f.name] = study(model, tr, spec.schedule_templates, _dir(args, f.name))
-        if len(tr) / max(tr.span_s, 1e-9) < 1.0:
-            for k in args.speedup_variants:
-                name = f"{f.name} @x{k:g} (time-compressed)"
-                print(f"{name}", file=sys.stderr, flush=True)
-                traces[name] = study(
-                    model,
-                    tr.transform(speedup=k),
-                    spec.schedule_templates,
-                    _dir(args, f"{f.stem.removesuffix('.norm')}@x{k:g}"),
-                )
-    return {
+    cases: list[Case] = []
+    for name, tr, kind, stationary in todo:
+        print(f"{name}: {len(tr)} requests", file=sys.stderr, flush=True)
+        t, case = study(name, model, tr, kind, stationary, args.quick)
+        traces[name] = t
+        cases.append(case)
+    out: dict[str, Any] = {
         "instance_model": model.describe(),
         "spec": str(args.spec),
         "traces": traces,
-        "all_targets_met": all(all(t["targets_met"].values()) for t in traces.values()),
+        "targets_failed": sorted(
+            f"{name}: {k}"
+            for name, t in traces.items()
+            for k, ok in t["targets_met"].items()
+            if not ok
+        ),
     }
+    if args.leave_one_out:
+        print("leave-one-out", file=sys.stderr, flush=True)
+        out["leave_one_out"] = leave_one_out(model, cases)
+    return out
+
+
+def print_table(res: dict[str, Any]) -> None:
+    cols = ("sluice", "hpa", "kpa", "hpa_tuned", "kpa_tuned", "causal")
+    head = " ".join(f"{c:>15}" for c in (*cols, "best_fixed", "oracle"))
+    print(f"{'trace':34} {'start':5} {head}  {'/oracle':>7} {'/fixed':>6}")
+    for name, t in res["traces"].items():
+        for start in ("warm", "cold"):
+            rows = t[start]
+            cells = [
+                f"{rows[c]['slo_attainment']:.4f}/{rows[c]['instance_seconds']:>7.0f}"
+                if c in rows
+                else f"{'':>15}"
+                for c in cols
+            ]
+            for ref in ("best_fixed", "oracle"):
+                r = t[ref]
+                cells.append(
+                    f"{r['slo_attainment']:.4f}/{r['instance_seconds']:>7.0f}" if r else f"{'':>15}"
+                )
+            ra = t[f"{start}_ratios"]
+            print(
+                f"{name[:34]:34} {start:5} {' '.join(f'{c:>15}' for c in cells)}  "
+                f"{ra['sluice_cost_vs_oracle'] or 0:7.2f} "
+                f"{ra.get('sluice_cost_vs_best_fixed') or 0:6.2f}"
+            )
+    if res["targets_failed"]:
+        print("targets not met:", *res["targets_failed"], sep="\n  ")
+    loo = res.get("leave_one_out")
+    if loo:
+        print(f"leave-one-out: {loo['summary']}")
 
 
 def main() -> None:
@@ -242,30 +256,17 @@ def main() -> None:
     ap.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
     ap.add_argument("--spec", type=Path, default=ROOT / "examples" / "reference-sim.yaml")
     ap.add_argument("--group", default=None)
-    ap.add_argument(
-        "--report-dir", type=Path, default=None, help="write each run's HTML report here"
-    )
+    ap.add_argument("--families", default="all", help="all, none, or NAME,NAME,...")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds per family (0..N-1)")
     ap.add_argument("--speedup-variants", type=float, nargs="*", default=[60.0])
+    ap.add_argument("--quick", action="store_true", help="no tuned rows, no causal reference")
+    ap.add_argument("--leave-one-out", action="store_true")
     args = ap.parse_args()
     res = bench(args)
     if args.json:
         print(json.dumps(res), flush=True)
-        return
-    print(f"{'trace':52} {'policy':10} {'slo':>8} {'inst-s':>10} {'p99 ms':>9} {'peak':>5}")
-    for tname, t in res["traces"].items():
-        for pname, p in t["policies"].items():
-            print(
-                f"{tname[:52]:52} {pname:10} {p['slo_attainment']:8.4f} "
-                f"{p['instance_seconds']:10.0f} {p['p99_ms'] or 0:9.0f} {p['peak_instances']:5}"
-            )
-        print(
-            f"{'':52} sluice/oracle {t['sluice_cost_vs_oracle']}  sluice/hpa_tuned "
-            f"{t['sluice_cost_vs_hpa']}  sluice/kpa_tuned {t['sluice_cost_vs_kpa']}  "
-            f"sluice/hpa {t['sluice_cost_vs_hpa_default']}  "
-            f"sluice/kpa {t['sluice_cost_vs_kpa_default']}"
-        )
-        for note in t["comparison"]:
-            print(f"{'':52} {note}")
+    else:
+        print_table(res)
 
 
 if __name__ == "__main__":

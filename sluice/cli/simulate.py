@@ -16,7 +16,12 @@ __all__ = ["simulate"]
 def simulate(
     spec: Annotated[Path, typer.Option("--spec", help="spec YAML")],
     trace: Annotated[
-        Path, typer.Option("--trace", help="CSV: t_s,input_tokens,output_tokens,model")
+        Path,
+        typer.Option(
+            "--trace",
+            help="CSV: t_s,input_tokens,output_tokens,model; or family:NAME[@SEED], a "
+            "generated trace (sluice.sim.families: poisson-4, mmpp-onoff, flash-crowd, ...)",
+        ),
     ],
     group: Annotated[str | None, typer.Option("--group", help="group to simulate")] = None,
     policy: Annotated[

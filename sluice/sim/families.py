@@ -35,17 +35,19 @@ import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
 import numpy.typing as npt
 
-from sluice.core.errors import NotFound
+from sluice.core.errors import NotFound, SpecError, SpecIssue
 from sluice.policy.routing import PRIORITIES
-from sluice.sim.trace import Trace
+from sluice.sim.trace import Trace, load_trace
 
 __all__ = [
     "FAMILIES",
+    "FAMILY_PREFIX",
     "MIXES",
     "Arrivals",
     "Diurnal",
@@ -56,6 +58,7 @@ __all__ = [
     "Ramp",
     "TokenMix",
     "generate",
+    "load_trace_or_family",
 ]
 
 F64 = npt.NDArray[np.float64]
@@ -470,3 +473,20 @@ def generate(
         known = ", ".join(FAMILIES)
         raise NotFound(f"no trace family named {name!r}; families: {known}", known=list(FAMILIES))
     return fam.trace(seed, duration_s=duration_s, rate_scale=rate_scale)
+
+
+FAMILY_PREFIX = "family:"
+
+
+def load_trace_or_family(ref: str | Path) -> Trace:
+    """A trace file, or `family:NAME[@SEED]` for a generated one (`sluice simulate --trace`).
+    A bad seed raises `SpecError` naming the fix; an unknown family `NotFound`."""
+    text = str(ref)
+    if not text.startswith(FAMILY_PREFIX):
+        return load_trace(ref)
+    name, _, seed = text.removeprefix(FAMILY_PREFIX).partition("@")
+    seed = seed.removeprefix("seed")
+    if seed and not seed.isdigit():
+        fix = f"write {FAMILY_PREFIX}{name}@N with a whole number N >= 0 as the seed"
+        raise SpecError([SpecIssue("--trace", f"bad seed {seed!r}: {fix}")])
+    return generate(name, int(seed or 0))

@@ -14,10 +14,10 @@ from typing import Any
 from sluice.core.errors import SpecError, SpecIssue
 from sluice.sim.causal import HINDSIGHT_NOTE, causal
 from sluice.sim.engine import SimOptions, SimResult, make_policy, prepare, run
+from sluice.sim.families import load_trace_or_family
 from sluice.sim.model import InstanceModel, pick_group
 from sluice.sim.oracle import oracle
 from sluice.sim.report import write_report
-from sluice.sim.trace import load_trace
 from sluice.sim.warm import warm_start
 from sluice.spec.loader import load_spec_file
 
@@ -54,7 +54,7 @@ def simulate_spec(
     model = InstanceModel.from_spec(loaded.spec, g, slo_ms)
     sh = shape or TraceShape()
     o = options or SimOptions()
-    trace = load_trace(trace_path).transform(
+    trace = load_trace_or_family(trace_path).transform(
         start=sh.start,
         duration=sh.duration,
         speedup=sh.speedup,

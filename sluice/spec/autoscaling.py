@@ -88,7 +88,7 @@ class TargetsSpec(_Strict):
         default=60.0, ge=10, le=3600, description="least-squares window of the arrival trend"
     )
     tolerance: float = Field(
-        default=0.1, ge=0, lt=1, description="deadband around the target, both directions"
+        default=0.05, ge=0, lt=1, description="deadband around the target, both directions"
     )
     service_completions: int = Field(
         default=1000,
@@ -97,13 +97,13 @@ class TargetsSpec(_Strict):
         description="the service time's mean and variability span this many completions",
     )
     rate_arrivals: int = Field(
-        default=400,
+        default=1600,
         ge=1,
         le=100_000,
         description="the steady rate spans at least this many arrivals (within the memory)",
     )
     slo_budget_share: float = Field(
-        default=1.0,
+        default=0.5,
         gt=0,
         le=1,
         description="share of the SLO's error budget the steady sizing may spend on queueing",

@@ -760,3 +760,24 @@ async def test_metrics_count_requests_and_show_the_data_plane() -> None:
     assert value("sluice_gateway_mirrored_total", group="g1") == 0
     assert value("sluice_gateway_queue_wait_seconds_count", group="g1") == 0
     assert value("sluice_gateway_snapshot_version") == 1
+
+
+@pytest.mark.asyncio
+async def test_served_seconds_count_time_at_the_instance_not_in_the_queue() -> None:
+    """The autoscaler's service time (`TrafficSample.served_s`): three 0.3 s requests on one
+    slot wait 0, 0.3 and 0.6 s in the queue; each is counted at about 0.3 s served."""
+    up = FakeUpstream("i1", latency=0.3)
+    async with running(up, snapshot=g1(up, max_concurrency=1)) as (gw, client, _):
+        body = {"model": "m1", "messages": []}
+        resps = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=body, headers=AUTH) for _ in range(3))
+        )
+        assert [r.status_code for r in resps] == [200, 200, 200]
+        sample = gw.traffic()["g1"]
+        latency = sum(
+            b * n for b, n in zip(sample.latency_bounds, sample.latency_counts, strict=False)
+        )
+    assert sample.completions == 3
+    assert 0.85 <= sample.served_s <= 1.3  # ~3 x 0.3 s; queueing would make it ~1.8 s
+    assert sample.served_sq_s == pytest.approx(3 * (sample.served_s / 3) ** 2, rel=0.3)
+    assert latency > sample.served_s  # the bucket bounds of 0.3 / 0.6 / 0.9 s latencies

@@ -97,9 +97,10 @@ def test_sluice_settles_on_the_queueing_models_count() -> None:
     slo = model.group.slo
     assert slo is not None and slo.slowdown is not None
     objective = Objective.of(0.5, slo.slowdown, slo.slack_s, None, 1.0, 0.0)
-    miss = (1 - slo.target) * AutoscalingSpec(max=10).targets.slo_budget_share
+    targets = AutoscalingSpec(max=10).targets
+    miss = (1 - slo.target) * targets.slo_budget_share
     need = math.ceil(steady_slots(10.0, objective, miss) / 4)
-    hold = math.ceil(steady_slots(11.0, objective, miss) / 4)  # the 10 % hysteresis
+    hold = math.ceil(steady_slots(10.0 * (1 + targets.tolerance), objective, miss) / 4)
     assert need == 3  # 12 slots: the model is not plain ceil(10 / 4) by accident here
     settled = _settled(model, "sluice")
     assert np.all((settled >= need) & (settled <= hold + 1)), np.unique(settled)
