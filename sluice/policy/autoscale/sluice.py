@@ -279,19 +279,20 @@ class SluicePolicy:
         signals["backlog_at_ready"] = round(backlog, 3)
         proposals["concurrency"] = _need(in_flight + min(queue_w, backlog) * spread, target)
         if span > 0:
-            projected = rate
+            # the steady need sizes for the rate at ready time: the steady rate, plus the
+            # trend over the lead time when its slope stands clear of the noise
+            steady_rate = traffic.steady_rate(rate, load.at)
+            projected = steady_rate
             fit = traffic.trend(load.at)
             if fit is not None:
                 _, slope, se = fit
                 signals["rate_slope"] = round(slope, 4)
                 if slope > 0 and slope >= _TREND_SIGMAS * se:
-                    projected = rate + slope * lead
+                    projected += slope * lead
             signals["rate"] = round(rate, 3)
+            signals["rate_steady"] = round(steady_rate, 3)
             signals["rate_projected"] = round(projected, 3)
             if service is not None:
-                steady_rate = traffic.steady_rate(rate, load.at)
-                projected += steady_rate - rate
-                signals["rate_steady"] = round(steady_rate, 3)
                 self._size_from_model(load, projected, service, service_cv2, signals, proposals)
         over = queue > t.queue_per_instance * ready + _EPS and backlog > _EPS
         sustained = rate * service if service is not None else in_flight
@@ -575,8 +576,9 @@ class SluicePolicy:
             return f"concurrency {g('concurrency', 0):.1f} {over} -> {proposals['concurrency']}"
         if winner == "steady":
             return (
-                f"steady: rate {g('rate', 0):.2f}/s (projected {g('rate_projected', 0):.2f}/s "
-                f"in {g('lead_s', 0):.0f}s) x {g('service_s', 0):.2f}s service = "
+                f"steady: rate {g('rate_steady', 0):.2f}/s (projected "
+                f"{g('rate_projected', 0):.2f}/s in {g('lead_s', 0):.0f}s) x "
+                f"{g('service_s', 0):.2f}s service = "
                 f"{g('offered_load', 0):.1f} busy slots; {g('steady_slots', 0):.0f} slots keep "
                 f"waits under {g('wait_allowance_s', 0):.1f}s -> {proposals['steady']}"
             )
