@@ -473,7 +473,7 @@ class Exchange(UpstreamRelay):
             self.status = 499  # nginx's "client closed request"
         self.error_code = code
         self.finished = True
-        self._log()
+        self._log(time.perf_counter())
 
     # -- ending -----------------------------------------------------------------------------
 
@@ -506,32 +506,33 @@ class Exchange(UpstreamRelay):
 
     def _finish(self) -> None:
         self.finished = True
+        now = time.perf_counter()  # read once: latency ejection, samples and the log agree
         g = self.grp
         if g is not None:
             if self.head_sent and self.error_code is None and not self.retried:
                 # answered in full, by one instance: its latency feeds latency ejection
-                latency = time.perf_counter() - self.t0 - 0.001 * self.queue_ms
+                latency = now - self.t0 - 0.001 * self.queue_ms
                 woken = g.answered(self.instance or "", self.status, latency)
                 if woken:
                     self.state.wake(g, woken, time.monotonic())
             if g.samples is not None and self.instance is not None:
-                self._sample(g.samples)
+                self._sample(g.samples, now)
         self._end_admission()
-        self._log()
+        self._log(now)
         self.client.exchange_done(self)
 
-    def _sample(self, ring: SampleRing) -> None:
+    def _sample(self, ring: SampleRing, now: float) -> None:
         """Record this answer for its group's canary analysis (only groups under one). An
         answer cut off after its head counts as status 0, a failed connection's."""
         start = self.t0 + 0.001 * self.queue_ms
         ttfb = self.t_body - start if self.t_body > 0.0 else None
         status = 0 if self.head_sent and self.error_code is not None else self.status
         assert self.instance is not None
-        ring.record(self.instance, status, time.perf_counter() - start, ttfb, self.bytes_out)
+        ring.record(self.instance, status, now - start, ttfb, self.bytes_out)
 
-    def _log(self) -> None:
+    def _log(self, now: float) -> None:
         state = self.state
-        latency = time.perf_counter() - self.t0
+        latency = now - self.t0
         served = latency - 0.001 * self.queue_ms
         state.metrics.request_done(self.group, self.route, self.status, latency, served)
         if state.access_log is not None:
