@@ -151,10 +151,11 @@ def test_steady_rate_ignores_noise_and_follows_a_change() -> None:
     counts = [sum(rng.random() < 0.3 for _ in range(10)) for _ in range(300)]  # ~3/s
     tw = feed(counts)
     short, _ = tw.rate()
-    long = tw.steady_rate(short, 299.0)
-    assert abs(long - 3.0) < 0.35  # the last 400 arrivals, ~130 s
-    assert tw.steady_rate(long * 1.15, 299.0) == pytest.approx(long)  # within noise: long
-    assert tw.steady_rate(long * 2.0, 299.0) == long * 2.0  # a change: the short rate
+    dispersion = tw.dispersion(299.0)
+    long = tw.steady_rate(short, dispersion)
+    assert abs(long - 3.0) < 0.35  # the whole 300 s memory: fewer than 1600 arrivals
+    assert tw.steady_rate(long * 1.15, dispersion) == pytest.approx(long)  # noise: long
+    assert tw.steady_rate(long * 2.0, dispersion) == long * 2.0  # a change: the short rate
 
 
 def test_service_mean_and_variability_from_served_seconds() -> None:

@@ -96,6 +96,7 @@ from sluice.policy.autoscale.queueing import (
     steady_slots,
     wait_allowance_s,
 )
+from sluice.policy.autoscale.reasons import lead_sentence
 from sluice.policy.autoscale.schedule import ScheduleFloors
 from sluice.policy.autoscale.traffic import TrafficWindows
 from sluice.policy.autoscale.windows import RollingExtreme
@@ -194,7 +195,7 @@ class SluicePolicy:
         lead = f"{winner} -> {rec}" if winner else f"hold {rec}"
         return Decision(
             desired=desired,
-            reason="; ".join([self._lead_sentence(top, signals, proposals, lead), *notes]),
+            reason="; ".join([lead_sentence(top, signals, proposals, lead), *notes]),
             signals=signals,
             proposals=proposals,
             winner=winner,
@@ -281,7 +282,8 @@ class SluicePolicy:
         if span > 0:
             # the steady need sizes for the rate at ready time: the steady rate, plus the
             # trend over the lead time when its slope stands clear of the noise
-            steady_rate = traffic.steady_rate(rate, load.at)
+            dispersion = traffic.dispersion(load.at)
+            steady_rate = traffic.steady_rate(rate, dispersion)
             projected = steady_rate
             fit = traffic.trend(load.at)
             if fit is not None:
@@ -293,7 +295,9 @@ class SluicePolicy:
             signals["rate_steady"] = round(steady_rate, 3)
             signals["rate_projected"] = round(projected, 3)
             if service is not None:
-                self._size_from_model(load, projected, service, service_cv2, signals, proposals)
+                self._size_from_model(
+                    load, projected, service, service_cv2, dispersion, signals, proposals
+                )
         over = queue > t.queue_per_instance * ready + _EPS and backlog > _EPS
         sustained = rate * service if service is not None else in_flight
         proposals["queue"] = _need(sustained + min(queue, backlog) * spread, target) if over else 0
@@ -316,6 +320,7 @@ class SluicePolicy:
         rate: float,
         service: float,
         service_cv2: float,
+        dispersion: float,
         signals: dict[str, float],
         proposals: dict[str, int],
     ) -> None:
@@ -323,7 +328,6 @@ class SluicePolicy:
         projected rate, the measured service variability and arrival dispersion) and burst
         (the fluid envelope of the recent arrivals)."""
         slo = self.slo
-        dispersion = self.traffic.dispersion(load.at)
         objective = Objective.of(
             service, slo.slowdown, slo.slack_s, slo.latency_ms, dispersion, service_cv2
         )
@@ -561,42 +565,6 @@ class SluicePolicy:
             while q and q[0][0] <= now - horizon:
                 q.popleft()
         self._last_out = desired
-
-    def _lead_sentence(
-        self,
-        winner: str | None,
-        signals: dict[str, float],
-        proposals: dict[str, int],
-        fallback: str,
-    ) -> str:
-        g = signals.get
-        target = g("target_per_instance", 0.0)
-        over = f"over target {target:.1f}/instance"
-        if winner == "concurrency":
-            return f"concurrency {g('concurrency', 0):.1f} {over} -> {proposals['concurrency']}"
-        if winner == "steady":
-            return (
-                f"steady: rate {g('rate_steady', 0):.2f}/s (projected "
-                f"{g('rate_projected', 0):.2f}/s in {g('lead_s', 0):.0f}s) x "
-                f"{g('service_s', 0):.2f}s service = "
-                f"{g('offered_load', 0):.1f} busy slots; {g('steady_slots', 0):.0f} slots keep "
-                f"waits under {g('wait_allowance_s', 0):.1f}s -> {proposals['steady']}"
-            )
-        if winner == "queue":
-            per = g("queue_per_instance", 0)
-            return f"queue {g('queue', 0):.1f} ({per:.2f}/ready instance) -> {proposals['queue']}"
-        if winner == "panic":
-            return f"burst {g('burst', 0):.1f} {over} -> {proposals['panic']}"
-        if winner == "envelope":
-            return (
-                f"burst envelope: the last {g('envelope_window_s', 0):.0f}s of arrivals need "
-                f"{g('envelope_slots', 0):.1f} slots to wait under "
-                f"{g('wait_allowance_s', 0):.1f}s -> {proposals['envelope']}"
-            )
-        if winner == "latency":
-            lat = f"p95 {g('p95_ms', 0):.0f}ms over {g('p95_target_ms', 0):.0f}ms"
-            return f"{lat} -> {proposals['latency']}"
-        return fallback
 
 
 def _in_period(now: float, period_s: float, events: deque[tuple[float, int]]) -> int:

@@ -158,13 +158,13 @@ class TrafficWindows:
             cv2 = max(0.0, second / (mean * mean) - 1.0)
         return mean, cv2
 
-    def steady_rate(self, rate: float, at: float) -> float:
+    def steady_rate(self, rate: float, dispersion: float) -> float:
         """The arrival rate the steady need is sized for. The short-window `rate` is noisy
         at low rates (30 s at 0.3/s holds 9 arrivals, +-33 %, and the rolling max keeps every
         high reading), so this is the rate over the last `targets.rate_arrivals` arrivals
         (within the memory) unless `rate` differs from it by more than `_CHANGE_SIGMAS`
-        standard errors (Poisson, times the dispersion index): a real change counts within
-        one window, noise does not move the count."""
+        standard errors (Poisson, times `dispersion`, the index `dispersion()` gives): a real
+        change counts within one window, noise does not move the count."""
         memory = self._memory
         t1, n1 = memory[-1]
         want = n1 - self.spec.targets.rate_arrivals
@@ -174,7 +174,7 @@ class TrafficWindows:
         if t1 - t0 <= window:
             return rate
         steady = (n1 - n0) / (t1 - t0)
-        noise = math.sqrt(self.dispersion(at) * max(steady, rate) / window)
+        noise = math.sqrt(dispersion * max(steady, rate) / window)
         return rate if abs(rate - steady) > _CHANGE_SIGMAS * noise else steady
 
     def dispersion(self, at: float) -> float:
