@@ -29,11 +29,8 @@ _SERVICE_MAX_S = 3600.0
 _EPS = 1e-9
 
 
-def _trim(q: deque[tuple[float, int]], cutoff: float) -> None:
-    """Drop samples older than `cutoff`, keeping the newest one at or before it (so the
-    window is spanned from its start) and always two."""
-    while len(q) > 2 and q[1][0] <= cutoff:
-        q.popleft()
+def _time(sample: tuple[float, int]) -> float:
+    return sample[0]
 
 
 class TrafficWindows:
@@ -50,10 +47,10 @@ class TrafficWindows:
         self._queue = SlidingMean(spec.panic.window_s)
         self._queue_w = SlidingMean(t.window_s)
         self._trend = Trend(t.trend_window_s)
-        self._window: deque[tuple[float, int]] = deque()  # t, arrivals over window_s
-        self._burst: deque[tuple[float, int]] = deque()  # over panic.window_s
-        self._recent: deque[tuple[float, int]] = deque()  # over the burst horizon
-        self._memory: deque[tuple[float, int]] = deque()  # over the memory
+        # t, cumulative arrivals: one sample a tick, as far back as the longest window read
+        # (rate, panic, burst horizon, memory); each window starts at `_start_index`
+        self._arrivals: deque[tuple[float, int]] = deque()
+        self._horizon_s = 0.0
         # t, busy (or served) seconds, completions, served squares (-1: unknown)
         self._svc: deque[tuple[float, float, int, float]] = deque()
         self._busy_s = 0.0  # integral of in_flight over time (request-seconds)
@@ -61,7 +58,6 @@ class TrafficWindows:
         # the actual counts from it: the local dispersion index
         self._expected = SlidingMean(memory_s)
         self._deviation_sq = SlidingMean(memory_s)
-        self._prev: tuple[float, int] | None = None  # last sample: at, arrivals
         self.active_at: float | None = None
         """when anything last arrived, ran or waited (the 1 -> 0 rule's idle clock)"""
 
@@ -73,25 +69,23 @@ class TrafficWindows:
         self._queue.add(now, float(load.queued))
         self._queue_w.add(now, float(load.queued))
         at = load.at
+        q = self._arrivals
         arrived, dt = 0, 0.0
-        if self._prev is not None:
-            dt = at - self._prev[0]
-            arrived = max(0, load.arrivals - self._prev[1])
+        if q:
+            dt = at - q[-1][0]
+            arrived = max(0, load.arrivals - q[-1][1])
             if dt > 0:
                 self._trend.add(at, arrived / dt)
                 self._busy_s += load.in_flight * dt
-        self._prev = (at, load.arrivals)
         self._observe_service(load)
-        sample = (at, load.arrivals)
-        for q, span in (
-            (self._window, spec.targets.window_s),
-            (self._burst, spec.panic.window_s),
-            (self._recent, horizon_s),
-            (self._memory, spec.down.stabilization_s),
-        ):
-            q.append(sample)
-            _trim(q, at - span)
-        t0, a0 = self._burst[0]
+        q.append((at, load.arrivals))
+        self._horizon_s = horizon_s
+        longest = max(
+            spec.targets.window_s, spec.panic.window_s, horizon_s, spec.down.stabilization_s
+        )
+        while len(q) > 2 and q[1][0] <= at - longest:
+            q.popleft()
+        t0, a0 = q[self._start_index(spec.panic.window_s)]
         if dt > 0 and at > t0:
             expected = (load.arrivals - a0) / (at - t0) * dt
             self._expected.add(now, expected)
@@ -115,6 +109,14 @@ class TrafficWindows:
         ):
             svc.popleft()
 
+    def _start_index(self, span_s: float) -> int:
+        """Where a window of `span_s` seconds ending at the newest sample starts: the newest
+        sample at or before its start (so the window is spanned whole), else the oldest;
+        never the newest itself while there are two."""
+        q = self._arrivals
+        i = bisect_right(q, q[-1][0] - span_s, key=_time) - 1
+        return min(max(i, 0), max(len(q) - 2, 0))
+
     # -- estimates -------------------------------------------------------------------------
 
     def in_flight(self, now: float) -> float:
@@ -129,13 +131,15 @@ class TrafficWindows:
 
     def rate(self) -> tuple[float, float]:
         """(arrivals per second over `targets.window_s`, the span it covers in seconds)."""
-        (t0, a0), (t1, a1) = self._window[0], self._window[-1]
+        q = self._arrivals
+        (t0, a0), (t1, a1) = q[self._start_index(self.spec.targets.window_s)], q[-1]
         span = t1 - t0
         return ((a1 - a0) / span if span > 0 else 0.0), span
 
     def burst_rate(self) -> float:
         """Arrivals per second over the panic window."""
-        (t0, a0), (t1, a1) = self._burst[0], self._burst[-1]
+        q = self._arrivals
+        (t0, a0), (t1, a1) = q[self._start_index(self.spec.panic.window_s)], q[-1]
         return (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0
 
     def trend(self, at: float) -> tuple[float, float, float] | None:
@@ -165,11 +169,12 @@ class TrafficWindows:
         (within the memory) unless `rate` differs from it by more than `_CHANGE_SIGMAS`
         standard errors (Poisson, times `dispersion`, the index `dispersion()` gives): a real
         change counts within one window, noise does not move the count."""
-        memory = self._memory
-        t1, n1 = memory[-1]
+        q = self._arrivals
+        lo = self._start_index(self.spec.down.stabilization_s)
+        t1, n1 = q[-1]
         want = n1 - self.spec.targets.rate_arrivals
-        i = max(bisect_right(memory, want, key=lambda e: e[1]) - 1, 0)
-        t0, n0 = memory[i]
+        i = max(bisect_right(q, want, lo=lo, key=lambda e: e[1]) - 1, lo)
+        t0, n0 = q[i]
         window = self.spec.targets.window_s
         if t1 - t0 <= window:
             return rate
@@ -191,16 +196,17 @@ class TrafficWindows:
     def work_by_span(self, service_s: float, tick_s: float) -> list[tuple[float, float]]:
         """(T, request-seconds that arrived in the last T) for T = tick, 2 tick, 4 tick, ...
         up to the burst horizon."""
-        recent = self._recent
-        last_at, last_n = recent[-1]
+        q = self._arrivals
+        lo = self._start_index(self._horizon_s)
+        last_at, last_n = q[-1]
         out: list[tuple[float, float]] = []
-        i = len(recent) - 1
+        i = len(q) - 1
         span = tick_s
-        reach = last_at - recent[0][0]
+        reach = last_at - q[lo][0]
         while span <= reach + _EPS:
-            while i > 0 and recent[i - 1][0] >= last_at - span - _EPS:
+            while i > lo and q[i - 1][0] >= last_at - span - _EPS:
                 i -= 1
-            t_i, n_i = recent[i]
+            t_i, n_i = q[i]
             if last_at - t_i > _EPS:
                 out.append((last_at - t_i, (last_n - n_i) * service_s))
             span *= 2.0
