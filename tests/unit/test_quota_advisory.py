@@ -19,7 +19,7 @@ from sluice.policy.quota import (
 )
 from sluice.spec.quota import BudgetSpec
 from tests.unit.test_quota import GPU, T0, claim, counts
-from tests.unit.test_quota_properties import PHASE, World, drain, worlds
+from tests.unit.test_quota_properties import PHASE, World, claims_of, drain, worlds
 
 
 def advised(
@@ -109,21 +109,7 @@ def simulate_advisory(world: World, advisory: set[str]) -> None:
         for g in world.groups:
             g.draining = [(t, u) for t, u in g.draining if t > now]
         wanted = world.demand[r // PHASE]
-        claims = [
-            GroupClaim(
-                name=g.name,
-                pool=g.pool,
-                units_per_instance=g.u,
-                wanted=wanted[i],
-                quota=g.quota,
-                running=tuple(g.running),
-                draining_units=g.held() - len(g.running) * g.u,
-                budget=g.budget,
-                drain_timeout_s=float(g.drain_ticks),
-                purpose="training" if g.pool == "train" else "inference",
-            )
-            for i, g in enumerate(world.groups)
-        ]
+        claims = claims_of(world, wanted)  # (spend stays 0: this world is not metered)
         out = allocate_advised(world.pools, claims, state, advice, now, advisory=advisory)
         alloc = out.enforced
         state, advice = alloc.state, out.advice.state

@@ -4,6 +4,7 @@ every round's grants and reclaims (drains complete after a few ticks)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, event, given, settings
@@ -99,6 +100,26 @@ def worlds(draw: st.DrawFn, *, budgets: bool, shrink: bool) -> World:
     return World(pools, groups, demand, cut, budget, draw(st.booleans()))
 
 
+def claims_of(world: World, wanted: Sequence[int]) -> list[GroupClaim]:
+    """Each group's claim for one round: what it runs, drains and spent, and `wanted`."""
+    return [
+        GroupClaim(
+            name=g.name,
+            pool=g.pool,
+            units_per_instance=g.u,
+            wanted=wanted[i],
+            quota=g.quota,
+            running=tuple(g.running),
+            draining_units=g.held() - len(g.running) * g.u,
+            budget=g.budget,
+            spent_this_month=g.spent,
+            drain_timeout_s=float(g.drain_ticks),
+            purpose="training" if g.pool == "train" else "inference",
+        )
+        for i, g in enumerate(world.groups)
+    ]
+
+
 def simulate(world: World) -> list[list[tuple[int, int]]]:
     """Run every round; check per-round invariants; return (wanted, running) per round/group."""
     state = QuotaState()
@@ -115,22 +136,7 @@ def simulate(world: World) -> list[list[tuple[int, int]]]:
         for g in world.groups:
             g.draining = [(t, u) for t, u in g.draining if t > now]
         wanted = world.demand[r // PHASE]
-        claims = [
-            GroupClaim(
-                name=g.name,
-                pool=g.pool,
-                units_per_instance=g.u,
-                wanted=wanted[i],
-                quota=g.quota,
-                running=tuple(g.running),
-                draining_units=g.held() - len(g.running) * g.u,
-                budget=g.budget,
-                spent_this_month=g.spent,
-                drain_timeout_s=float(g.drain_ticks),
-                purpose="training" if g.pool == "train" else "inference",
-            )
-            for i, g in enumerate(world.groups)
-        ]
+        claims = claims_of(world, wanted)
         alloc = allocate(pools, claims, state, now, budget=world.budget, spent_this_month=spent)
         state = alloc.state
         started = apply(world, alloc, now, lag=world.lag and r % 2 == 0)
