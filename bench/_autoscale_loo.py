@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.policy.autoscale import SluicePolicy
+from sluice.policy.autoscale import Autoscaler, build_autoscaler
 from sluice.sim import InstanceModel, SimOptions, Workload, run
 
 GRID: dict[str, tuple[float, ...]] = {
@@ -58,14 +58,16 @@ def _configs() -> list[dict[str, float]]:
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*GRID.values())]
 
 
-def _policy(model: InstanceModel, knobs: dict[str, float]) -> SluicePolicy:
+def _policy(model: InstanceModel, knobs: dict[str, float]) -> Autoscaler:
+    """The group's own Sluice policy (`build_autoscaler`, so its schedules and latency
+    target too) with these `targets.*` knobs."""
     auto = model.group.autoscaling
     assert auto is not None
     targets = auto.targets.model_copy(
         update={k: (int(v) if k == "rate_arrivals" else v) for k, v in knobs.items()}
     )
-    spec = auto.model_copy(update={"targets": targets})
-    return SluicePolicy(spec, slo=model.group.slo)
+    update = {"autoscaling": auto.model_copy(update={"targets": targets})}
+    return build_autoscaler(model.group.model_copy(update=update), {}, "sluice")
 
 
 def _score(results: list[tuple[float, float, int]], target: float) -> tuple[int, float, float]:
