@@ -75,6 +75,14 @@ def summary(group: str, x: dict[str, Any]) -> list[str]:
             )
         elif advisory:
             lines.append("autoscaling: advised nothing yet (no decision since the start)")
+    tiers = x.get("tiers")
+    if tiers and tiers["stable"] + tiers["burst"]:
+        lines.append(
+            f"tiers: {tiers['stable']} stable on its guaranteed units "
+            f"({tiers['own_units']} of {tiers['guaranteed_units']} used), {tiers['burst']} "
+            f"burst ({tiers['borrowed_units']} units above its guarantee, borrowed or "
+            "unassigned); burst instances go first on scale-down, reclaim and budget cuts"
+        )
     quota = x.get("quota") or {}
     told = quota.get("advice")
     if quota.get("mode") == "advisory" and told is not None:

@@ -308,15 +308,17 @@ def get_instances(
     home: HomeOpt = None,
     control: ControlOpt = None,
 ) -> None:
-    """Instances with state, address and the reason for their last change."""
+    """Instances with state, tier (stable: on the group's guaranteed units; burst: above
+    them, first to go), address and the reason for their last change."""
 
     def render(items: list[dict[str, Any]]) -> None:
-        t = Table("INSTANCE", "GROUP", "STATE", "URL", "PID", "SINCE", "REASON")
+        t = Table("INSTANCE", "GROUP", "STATE", "TIER", "URL", "PID", "SINCE", "REASON")
         for i in items:
             t.add_row(
                 i["id"],
                 i["group"],
                 i["state"],
+                i.get("tier") or "-",
                 i["url"] or "-",
                 str(i["pid"] or "-"),
                 ts(i["created_at"]),

@@ -239,6 +239,7 @@ def build_control_api(
                 "ready_at": s.ready_at,
                 "reason": s.reason,
                 "devices": s.labels.get("devices", ""),
+                "tier": controller.tier(s.id),
             }
             for s in sorted(supervisor.statuses(), key=lambda s: (s.group, s.created_at))
             if group is None or s.group == group

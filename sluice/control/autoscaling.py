@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sluice.core import InstanceState, InstanceStatus
-from sluice.policy.autoscale import Autoscaler, Decision, GroupLoad, build_autoscaler
+from sluice.policy.autoscale import Autoscaler, GroupLoad, build_autoscaler
 from sluice.policy.autoscale.base import TrafficSample, window_quantile
 from sluice.policy.server_metrics import ServerLoad, server_view
 from sluice.spec import GroupSpec, PlatformSpec
@@ -47,44 +47,8 @@ class GroupScaling:
     timed: set[str] = field(default_factory=set)
     """instances whose launch -> ready time is already in `startup_s`"""
     next_at: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class GroupStep:
-    """One group's decision this tick, with the load it was made on."""
-
-    group: GroupSpec
-    load: GroupLoad
-    decision: Decision
-    policy: str
     server: ServerLoad | None = None
-    """what the group's servers said, when it was scraped"""
-
-    def detail(self, clipped: tuple[str, ...]) -> dict[str, object]:
-        """The journal's detail of this decision (what `sluice explain` shows)."""
-        d, load = self.decision, self.load
-        return {
-            "signals": dict(d.signals),
-            "proposals": dict(d.proposals),
-            "clipped_by": list(clipped),
-            "unclipped": d.unclipped,
-            "load": {
-                "ready": load.ready,
-                "in_flight": load.in_flight,
-                "queued": load.queued,
-                "server_waiting": load.server_waiting,
-                "latency_p95_s": load.latency_p95_s,
-                "startup_s": round(load.startup_s, 3),
-                "fresh": load.fresh,
-            },
-            "server": None
-            if self.server is None
-            else {
-                "instances": self.server.instances,
-                "running": self.server.running,
-                "waiting": self.server.waiting,
-            },
-        }
+    """what the group's servers said at its last decision, when scraped"""
 
 
 class LiveAutoscaling:
@@ -100,37 +64,46 @@ class LiveAutoscaling:
     def state(self, group: str) -> GroupScaling | None:
         return self._groups.get(group)
 
-    def step(
+    def due(
         self,
         spec: PlatformSpec,
         observed: Sequence[InstanceStatus],
         target: Callable[[str], int],
         now: float,
-    ) -> list[GroupStep]:
-        """Decide for every autoscaled group whose interval has come; `target(group)` is the
-        count the previous decision set (what the policy calls `current`): for an advisory
-        group, the count in force (`sluice.control.decisions`)."""
+    ) -> dict[str, GroupLoad]:
+        """The load of every autoscaled group whose interval has come (its policy, in
+        `scalers`, decides on it in the tick's decision step); `target(group)` is the count
+        the previous decision set (what the policy calls `current`): for an advisory group,
+        the count in force (`sluice.control.decisions`)."""
         scaled = [g for g in spec.groups if g.autoscaling is not None]
         self._groups = {g.name: self._groups[g.name] for g in scaled if g.name in self._groups}
         due = [g for g in scaled if now >= self._state_for(g, spec).next_at]
         if not due:
-            return []
+            return {}
         try:
             traffic = self._traffic() if self._traffic is not None else {}
         except Exception:  # the gateway's counters are unreadable: missing, not zero
             traffic = {}
-        steps = []
+        mine: dict[str, list[InstanceStatus]] = {}
+        for inst in observed:
+            mine.setdefault(inst.group, []).append(inst)
+        loads = {}
         for g in due:
             st = self._groups[g.name]
             assert g.autoscaling is not None
             st.next_at = now + g.autoscaling.interval_s
-            mine = [i for i in observed if i.group == g.name]
-            self._time_startups(st, mine)
-            server = self._servers(g.name, now) if self._servers is not None else None
-            load = self._load(g, st, traffic.get(g.name), mine, target(g.name), now, server)
-            decision = st.policy.decide(load, now)
-            steps.append(GroupStep(g, load, decision, st.policy.name, server))
-        return steps
+            theirs = mine.get(g.name, [])
+            self._time_startups(st, theirs)
+            st.server = self._servers(g.name, now) if self._servers is not None else None
+            loads[g.name] = self._load(
+                g, st, traffic.get(g.name), theirs, target(g.name), now, st.server
+            )
+        return loads
+
+    @property
+    def scalers(self) -> dict[str, Autoscaler]:
+        """Each autoscaled group's policy object (it keeps its own memory between ticks)."""
+        return {name: st.policy for name, st in self._groups.items()}
 
     def _state_for(self, g: GroupSpec, spec: PlatformSpec) -> GroupScaling:
         assert g.autoscaling is not None

@@ -1,7 +1,7 @@
 """The reconcile loop: drive every group to its desired instances, and keep routing current.
 
-`tick()` is the whole brain, in numbered steps (snapshot, decide, apply, publish); the
-decisions are `sluice.policy.plan_group`, the same code the simulator runs.
+`tick()` runs in numbered steps (snapshot, decide, keep, apply, publish); the decision is
+one pure call, `sluice.policy.tick.decide`, the same one the fleet simulator makes.
 
 `run()` never ends on an error and holds the last good state while the store refuses
 writes (`sluice.control.ticks.TickLoop`); `status()` says how it goes.
@@ -16,7 +16,7 @@ from typing import Any
 
 from sluice.control.advisory import scaling_metrics, switched_modes
 from sluice.control.autoscaling import LiveAutoscaling, TrafficSource
-from sluice.control.decisions import DecisionJournal, is_advisory, standby
+from sluice.control.decisions import DecisionJournal
 from sluice.control.events import EventLog, store_error_text, store_outage
 from sluice.control.keysources import spec_with_key_sources
 from sluice.control.quota import LiveQuota
@@ -30,15 +30,14 @@ from sluice.core import Clock, Conflict, InstanceState, InstanceStatus, NotFound
 from sluice.policy import (
     CrashBackoff,
     Drain,
-    GroupTarget,
     Launch,
     Remove,
     RoutingSnapshot,
     build_routing_snapshot,
     failover_problem,
-    plan_group,
     stranded_failovers,
 )
+from sluice.policy.tick import BURST, STABLE, TickInput, decide, is_advisory, standby
 from sluice.spec import (
     GroupSpec,
     LoadedSpec,
@@ -87,6 +86,7 @@ class Controller:
         """Instances already counted as failed or ready, for the crash-loop backoff."""
         self._servers = ServerScraper(clock.now)
         self._autoscaling = LiveAutoscaling(traffic, self._servers.load)
+        self._tiers: dict[str, str] = {}
         self._scaled: dict[str, int] = {}
         """The autoscaler's instance count per actively autoscaled group (journaled, so it
         survives a restart)."""
@@ -180,15 +180,16 @@ class Controller:
         return self._rollouts.live_json(name)
 
     def server_metrics(self) -> bytes:
-        """The scraped servers' signals as `sluice_server_*` Prometheus gauges, and each
-        group's desired vs advised instances (`sluice_group_*`)."""
+        """The scraped servers' signals as `sluice_server_*` Prometheus gauges, each group's
+        desired vs advised instances (`sluice_group_*`), and the controller's tick and
+        decision times (`sluice_controller_*_seconds`)."""
         groups = b""
         if self._spec is not None:
             advice = self._decisions.advice
             groups = scaling_metrics(
                 self._spec, self.desired_replicas, advice, self._quota.advice_for
             )
-        return self._servers.prometheus_text() + groups
+        return self._servers.prometheus_text() + groups + self._loop.prometheus_text()
 
     async def quota_report(self, window_s: float, below: float) -> dict[str, Any]:
         """`sluice quota`: pools, guarantees, use, loans, spend, under-used groups."""
@@ -212,6 +213,19 @@ class Controller:
             "startup_s": round(st.startup_s, 3) if st and st.startup_s is not None else None,
             "advised": advice.to_json() if advice is not None else None,
             "quota": {"mode": spec.quota.mode, "advice": self._quota.advice_for(group)},
+            "tiers": self._tier_counts(spec),
+        }
+
+    def _tier_counts(self, g: GroupSpec) -> dict[str, Any]:
+        """S9: the group's stable part (on its guaranteed units) and burst part (above)."""
+        mine = [i.id for i in self._supervisor.statuses() if i.group == g.name]
+        grant = self._quota.last.grants.get(g.name) if self._quota.last else None
+        return {
+            "stable": sum(1 for i in mine if self._tiers.get(i) == STABLE),
+            "burst": sum(1 for i in mine if self._tiers.get(i) == BURST),
+            "guaranteed_units": g.quota.guaranteed,
+            "own_units": grant.own_units if grant else 0,
+            "borrowed_units": grant.borrowed_units if grant else 0,
         }
 
     async def load_state(self) -> None:
@@ -472,49 +486,35 @@ class Controller:
         observed = self._supervisor.statuses()
         now = self._clock.now()
         self._servers.watch(scrape_targets(spec, observed))  # read in their own task
-        # 2. Decide: the autoscalers' wishes, then the quota allocator's grants (no instance
-        #    starts without its units), then the planner.
-        #    An advisory autoscaler decides as usual and is journaled with what quota would
-        #    have allowed of it (a preview), but its group keeps the count in force.
-        steps = self._autoscaling.step(spec, observed, self.desired_replicas, now)
-        floors = self._rollouts.baseline_floors()
-        wanted = {g.name: self._instances_wanted(g) for g in spec.groups}
-        acting = [s for s in steps if not is_advisory(s.group)]
-        advising = [s for s in steps if is_advisory(s.group)]
-        for step in acting:
-            want = max(step.decision.desired, floors.get(step.group.name, 0))
-            wanted[step.group.name] = want + standby(step.group)
-        allocation = await self._quota.round(spec, observed, wanted, now)
-        grants = allocation.grants
-        for step in acting:
-            floor = floors.get(step.group.name, 0)
-            granted = grants[step.group.name].instances
-            desired = await self._decisions.settle(step, granted, floor, allocation, now)
-            if desired != step.load.current:
-                self._scaled[step.group.name] = desired
-        if advising:
-            advised = {
-                s.group.name: max(s.decision.desired, floors.get(s.group.name, 0)) for s in advising
-            }
-            preview = self._quota.preview(spec, observed, {**wanted, **advised}, now)
-            for step in advising:
-                floor = floors.get(step.group.name, 0)
-                granted = preview.grants[step.group.name].instances
-                await self._decisions.advise(step, granted, floor, preview, now)
+        # 2. Decide: the one pure step the simulator runs too (`sluice.policy.tick`):
+        #    autoscalers, then quota (no instance starts without its units), then the plan.
+        quota, advice = self._quota.memory
+        inputs = TickInput(
+            spec=spec,
+            observed=observed,
+            counts={g.name: self.desired_replicas(g.name) for g in spec.groups},
+            now=now,
+            loads=self._autoscaling.due(spec, observed, self.desired_replicas, now),
+            scalers=self._autoscaling.scalers,
+            floors=self._rollouts.baseline_floors(),
+            quota=quota,
+            advice=advice,
+            meter=self._quota.meter(now),
+        )
+        with self._loop.timing_decision():
+            decision = decide(inputs)
+        # 3. Keep what follows: quota memory and ledger, the decisions' journal.
+        await self._quota.record(spec, decision, now)
+        for scaled in decision.scaled:
+            st = self._autoscaling.state(scaled.group.name)
+            await self._decisions.record(scaled, st.server if st else None, now)
+        self._scaled.update(decision.counts)
         self._decisions.keep_only({g.name for g in spec.groups if is_advisory(g)})
-        if allocation.reclaims:  # serving-aware: out of routing, drained, then released
-            for r in allocation.reclaims:
-                for iid in r.instance_ids:
-                    self._supervisor.drain(iid, r.reason)
-            observed = self._supervisor.statuses()
-        targets = [self._target(g, grants[g.name].instances) for g in spec.groups]
-        known = {g.name for g in spec.groups}
-        targets += [GroupTarget(name, "", 0) for name in {i.group for i in observed} - known]
-        await self._track_crash_loops(observed, now)
-        actions = [a for t in targets for a in plan_group(t, observed)]
-        # 3. Apply (launches of a crash-looping group wait for its backoff).
+        self._tiers = dict(decision.tiers)
+        # 4. Apply (launches of a crash-looping group wait for its backoff).
+        await self._track_crash_loops(decision.observed, now)
         self._supervisor.withheld_env = secret_env_names(spec)
-        for action in actions:
+        for action in decision.actions:
             if isinstance(action, Launch):
                 group = spec.group(action.group)
                 assert group is not None
@@ -525,18 +525,14 @@ class Controller:
                 self._supervisor.drain(action.instance_id, action.reason)
             elif isinstance(action, Remove):
                 self._supervisor.remove(action.instance_id, action.reason)
-        # 4. Canary analysis of running rollouts, then publish the routing snapshot when the
+        # 5. Canary analysis of running rollouts, then publish the routing snapshot when the
         #    ready set, a split or the spec changed (a rollback reaches the gateway here).
-        await self._rollouts.tick(spec, observed, now)
+        await self._rollouts.tick(spec, list(decision.observed), now)
         self._publish_routing(spec)
 
-    def _target(self, g: GroupSpec, instances: int) -> GroupTarget:
-        """A rolling update surges only into units the pool has spare; with none, it replaces
-        one instance at a time instead of starting one the quota has no unit for."""
-        spare = self._quota.spare_units(g.resources.pool) // g.resources.accelerators
-        if min(g.max_surge, spare) > 0:
-            return GroupTarget(g.name, g.template(), instances, min(g.max_surge, spare))
-        return GroupTarget(g.name, g.template(), instances, max_surge=0, max_unavailable=1)
+    def tier(self, instance_id: str) -> str | None:
+        """`stable` (on its group's guaranteed units) or `burst`, as of the last tick."""
+        return self._tiers.get(instance_id)
 
     def _pool_held_by_others(self, spec: PlatformSpec, group: GroupSpec) -> int:
         return sum(

@@ -16,28 +16,15 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.control.autoscaling import GroupStep
 from sluice.control.events import EventLog
-from sluice.policy.quota import Allocation
-from sluice.spec import GroupSpec
+from sluice.policy.server_metrics import ServerLoad
+from sluice.policy.tick import Scaled, is_advisory, standby
 from sluice.store import Store
 
 __all__ = ["JOURNAL_HEARTBEAT_S", "Advice", "DecisionJournal", "is_advisory", "standby"]
 
 JOURNAL_HEARTBEAT_S = 60.0
 """A decision that changes nothing is journaled only when its reason changed, or this often."""
-
-
-def is_advisory(g: GroupSpec) -> bool:
-    """The group's autoscaler only advises: its count is `replicas` or an override."""
-    return g.autoscaling is not None and g.autoscaling.mode == "advisory"
-
-
-def standby(g: GroupSpec) -> int:
-    """Warm standby instances kept out of rotation (an active autoscaler's only)."""
-    if g.autoscaling is None or is_advisory(g):
-        return 0
-    return g.autoscaling.warm_standby
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,24 +52,28 @@ class Advice:
         }
 
 
-def clipped(
-    step: GroupStep, granted: int, floor: int, allocation: Allocation
-) -> tuple[int, tuple[str, ...], str]:
-    """What quota (`granted` instances, standby included) and a rollout's baseline floor
-    leave of the decision: (count, guards that clipped it, reason). S11: a quota or budget
-    refusal shows as the guard that clipped it; C2: a baseline keeps its count."""
-    g, decision = step.group, step.decision
-    want = max(decision.desired, floor)
-    desired = min(want, max(0, granted - standby(g)))
-    guards, reason = decision.clipped_by, decision.reason
-    if want > decision.desired:
-        guards += ("rollout",)
-        reason += f"; kept at {floor}: baseline of a running rollout"
-    refusal = allocation.refusals.get(g.name)
-    if desired < want and refusal:
-        guards += ("budget" if refusal.startswith("budget") else "quota",)
-        reason += f"; {refusal}"
-    return desired, guards, reason
+def journal_detail(s: Scaled, server: ServerLoad | None) -> dict[str, object]:
+    """The journal's detail of a decision (what `sluice explain` shows)."""
+    d, load = s.decision, s.load
+    return {
+        "signals": dict(d.signals),
+        "proposals": dict(d.proposals),
+        "clipped_by": list(s.guards),
+        "unclipped": d.unclipped,
+        "load": {
+            "ready": load.ready,
+            "in_flight": load.in_flight,
+            "queued": load.queued,
+            "server_waiting": load.server_waiting,
+            "latency_p95_s": load.latency_p95_s,
+            "startup_s": round(load.startup_s, 3),
+            "fresh": load.fresh,
+        },
+        "server": None
+        if server is None
+        else {"instances": server.instances, "running": server.running, "waiting": server.waiting},
+        "mode": "advisory" if s.advisory else "active",
+    }
 
 
 class DecisionJournal:
@@ -95,41 +86,36 @@ class DecisionJournal:
         self.advice: dict[str, Advice] = {}
         """The latest advice per advisory group (explain and metrics read it)."""
 
-    async def settle(
-        self, step: GroupStep, granted: int, floor: int, allocation: Allocation, now: float
-    ) -> int:
-        """An active decision: journal it with what quota allowed of it; returns the
-        group's new count."""
-        g, before = step.group, step.load.current
-        desired, guards, reason = clipped(step, granted, floor, allocation)
+    async def record(self, s: Scaled, server: ServerLoad | None, now: float) -> None:
+        """Journal one settled decision (`sluice.policy.tick.Scaled`): an active one with
+        what quota allowed of it, and its move as an event; an advisory one as advice."""
+        if s.advisory:
+            await self._advise(s, server, now)
+            return
+        g, before = s.group, s.actual
         self.advice.pop(g.name, None)
-        await self._journal(step, before, desired, guards, reason, now, moved=desired != before)
-        if desired != before:
-            await self._events.emit(g.name, None, "autoscale", f"{before} -> {desired}: {reason}")
-        return desired
+        moved = s.count != before
+        await self._journal(s, server, before, now, moved=moved)
+        if moved:
+            await self._events.emit(g.name, None, "autoscale", f"{before} -> {s.count}: {s.reason}")
 
-    async def advise(
-        self, step: GroupStep, granted: int, floor: int, allocation: Allocation, now: float
-    ) -> Advice:
-        """An advisory decision: clipped as it would be if acted on (`granted`: the quota's
-        answer to it, `sluice.control.quota.LiveQuota.preview`), journaled, not applied."""
-        g, actual = step.group, step.load.current
-        advised, guards, reason = clipped(step, granted, floor, allocation)
+    async def _advise(self, s: Scaled, server: ServerLoad | None, now: float) -> None:
+        g, actual = s.group, s.actual
         last = self.advice.get(g.name)
-        moved = last is None or (last.advised, last.actual) != (advised, actual)
-        advice = Advice(now, step.policy, advised, actual, reason, step.decision.winner, guards)
-        self.advice[g.name] = advice
-        await self._journal(step, actual, advised, guards, reason, now, moved=moved, advisory=True)
+        moved = last is None or (last.advised, last.actual) != (s.count, actual)
+        self.advice[g.name] = Advice(
+            now, s.policy, s.count, actual, s.reason, s.decision.winner, s.guards
+        )
+        await self._journal(s, server, actual, now, moved=moved)
         if moved:
             await self._events.emit(
                 g.name,
                 None,
                 "advice",
-                f"advised {actual} -> {advised}, actual stays {actual} (advisory): {reason}",
-                advised=advised,
+                f"advised {actual} -> {s.count}, actual stays {actual} (advisory): {s.reason}",
+                advised=s.count,
                 actual=actual,
             )
-        return advice
 
     def keep_only(self, groups: set[str]) -> None:
         """Forget the advice of groups no longer advisory."""
@@ -137,38 +123,28 @@ class DecisionJournal:
             del self.advice[name]
 
     async def _journal(
-        self,
-        step: GroupStep,
-        before: int,
-        desired: int,
-        guards: tuple[str, ...],
-        reason: str,
-        now: float,
-        *,
-        moved: bool,
-        advisory: bool = False,
+        self, s: Scaled, server: ServerLoad | None, before: int, now: float, *, moved: bool
     ) -> None:
         """Store a decision that moves (the count; for advice: the advised or actual count),
         whose reason changed, or once a minute."""
-        d = step.decision
-        key = (advisory, d.winner, guards, desired, before if advisory else None)
-        last = self._journaled.get(step.group.name)
+        d = s.decision
+        key = (s.advisory, d.winner, s.guards, s.count, before if s.advisory else None)
+        last = self._journaled.get(s.group.name)
         fresh = last is not None and now - last[1] < JOURNAL_HEARTBEAT_S
         if not moved and fresh and last is not None and last[0] == key:
             return
-        self._journaled[step.group.name] = (key, now)
-        detail = step.detail(guards)
-        detail["mode"] = "advisory" if advisory else "active"
-        if advisory:
+        self._journaled[s.group.name] = (key, now)
+        detail = journal_detail(s, server)
+        if s.advisory:
             detail["actual"] = before
         await asyncio.to_thread(
             self._store.append_decision,
-            group=step.group.name,
-            policy=step.policy,
+            group=s.group.name,
+            policy=s.policy,
             current=before,
-            desired=desired,
+            desired=s.count,
             winner=d.winner,
-            reason=reason,
+            reason=s.reason,
             detail=detail,
             now=now,
         )

@@ -1,10 +1,11 @@
-"""The live side of quota (Q1-Q6): ask the allocator every tick before anything starts, keep
-the borrow ledger in step with its loans, meter spend, and remember usage for the under-use
-report.
+"""The live side of quota (Q1-Q6): keep what follows from each tick's quota round (the
+borrow ledger in step with its loans, metered spend and accelerator-hours, usage for the
+under-use report).
 
-The decisions are `sluice.policy.quota.allocate` (pure); this module owns what a live run
-must keep between ticks: the allocator's state (persisted, so grace periods and loan
-attribution survive a restart), month-to-date spend (persisted), the last refusal per group
+The round itself is part of the tick's pure decision (`sluice.policy.tick.decide`, which
+calls `sluice.policy.quota.allocate`); this module owns what a live run must keep between
+ticks: the allocator's state (persisted, so grace periods and loan attribution survive a
+restart), month-to-date spend and accelerator-hours (persisted), the last refusal per group
 (so an unchanged refusal is not re-emitted every second) and a bounded usage history.
 
 A group with `quota.mode: advisory` is only advised (`sluice.policy.quota.advisory`): the
@@ -16,25 +17,22 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from typing import Any
 
 from sluice.control.events import EventLog
-from sluice.core import InstanceState, InstanceStatus
 from sluice.policy.quota import (
     AdvisedAllocation,
     Allocation,
     GroupClaim,
-    PoolState,
     QuotaState,
-    RunningInstance,
     UsageSample,
-    allocate_advised,
     ledger_changes,
     reclaim_loan_ids,
     underused_groups,
 )
+from sluice.policy.quota.metering import TOTAL, Meter
+from sluice.policy.tick import TickDecision
 from sluice.spec import PlatformSpec
 from sluice.store import Loan, Store
 
@@ -46,28 +44,20 @@ USAGE_EVERY_S = 10.0
 USAGE_KEEP_S = 24 * 3600.0
 """Usage history for the under-use report: one sample per group every 10 s, for a day."""
 
-_RUNNING = frozenset(
-    {InstanceState.PENDING, InstanceState.STARTING, InstanceState.WARMING, InstanceState.READY}
-)
-
 
 class LiveQuota:
     def __init__(self, store: Store, events: EventLog) -> None:
         self._store = store
         self._events = events
         self._state = QuotaState()
-        self._month = ""
-        self._spent: dict[str, float] = {}
-        """Month-to-date spend per group (price units); "" is the total."""
-        self._rate: dict[str, float] = {}
-        self._last_at: float | None = None
+        self._meter = Meter()
+        """Month-to-date spend and accelerator-hours per group, and the rates held now."""
         self._persisted_at = 0.0
         self._refused: dict[str, str] = {}
         self._usage: dict[str, deque[UsageSample]] = {}
         self._usage_at = 0.0
         self._held: dict[str, int] = {}
         """Units each group holds now (running and draining instances)."""
-        self._spare: dict[str, int] = {}
         self.last: Allocation | None = None
         self._advice_state = QuotaState()
         self._advised: dict[str, str] = {}
@@ -79,33 +69,28 @@ class LiveQuota:
         if saved:
             self._state = QuotaState.from_json(saved.get("allocator", {}))
             self._advice_state = QuotaState.from_json(saved.get("advice", {}))
-            self._month = saved.get("month", "")
-            self._spent = {k: float(v) for k, v in saved.get("spent", {}).items()}
+            self._meter = Meter.from_json(saved)
 
-    async def round(
-        self,
-        spec: PlatformSpec,
-        observed: Sequence[InstanceStatus],
-        wanted: Mapping[str, int],
-        now: float,
-    ) -> Allocation:
-        """Allocate for `wanted` (instances per group), then record what follows from it."""
-        self._meter(now)
-        claims = [self._claim(spec, g.name, observed, wanted.get(g.name, 0)) for g in spec.groups]
-        advised = self._allocate(spec, claims, now)
+    @property
+    def memory(self) -> tuple[QuotaState, QuotaState]:
+        """The allocator's memory and the advice's, for the next round (`TickInput`)."""
+        return self._state, self._advice_state
+
+    def meter(self, now: float) -> Meter:
+        """Month-to-date spend and accelerator-hours at `now` (what the budgets count)."""
+        self._meter = self._meter.advanced(now)
+        return self._meter
+
+    async def record(self, spec: PlatformSpec, tick: TickDecision, now: float) -> Allocation:
+        """Keep what follows from the tick's quota round: the allocator's memory, the loan
+        ledger, reclaim and refusal events (each said once), the advice journal, usage."""
+        advised = tick.allocation
         alloc = advised.enforced
-        self._held = {
-            c.name: len(c.running) * c.units_per_instance + c.draining_units for c in claims
-        }
-        self._spare = {p.name: p.count for p in spec.pools}
-        for c in claims:
-            granted = alloc.grants[c.name].instances * c.units_per_instance
-            self._spare[c.pool] -= max(self._held[c.name], granted)
+        self._held = dict(tick.held)
         loans_changed = alloc.loans != self._state.loans or alloc.reclaims
         self._state = alloc.state
         self._advice_state = advised.advice.state
-        self._rate = {name: grant.spend_per_hour for name, grant in alloc.grants.items()}
-        self._rate[""] = alloc.spend_per_hour
+        self._meter = self._meter.holding(alloc)
         if loans_changed:
             await asyncio.to_thread(self._sync_ledger, alloc, now)
         for r in alloc.reclaims:
@@ -116,39 +101,12 @@ class LiveQuota:
         self._refused = dict(alloc.refusals)
         for group, why in fresh.items():
             await self._events.emit(group, None, "quota", why)
-        await self._journal_advice(advised, claims)
-        self._sample_usage(spec, claims, now)
+        await self._journal_advice(advised, tick.claims)
+        self._sample_usage(spec, tick.claims, now)
         if now - self._persisted_at >= PERSIST_EVERY_S:
             await self._persist(now)
         self.last, self.advice = alloc, advised
         return alloc
-
-    def preview(
-        self,
-        spec: PlatformSpec,
-        observed: Sequence[InstanceStatus],
-        wanted: Mapping[str, int],
-        now: float,
-    ) -> Allocation:
-        """What a round for `wanted` would grant, remembering nothing (what an advisory
-        autoscaler's count would have been allowed, had it been acted on)."""
-        claims = [self._claim(spec, g.name, observed, wanted.get(g.name, 0)) for g in spec.groups]
-        return self._allocate(spec, claims, now).enforced
-
-    def _allocate(
-        self, spec: PlatformSpec, claims: Sequence[GroupClaim], now: float
-    ) -> AdvisedAllocation:
-        pools = [PoolState(p.name, p.purpose, p.count, p.price_per_hour) for p in spec.pools]
-        return allocate_advised(
-            pools,
-            claims,
-            self._state,
-            self._advice_state,
-            now,
-            advisory={g.name for g in spec.groups if g.quota.mode == "advisory"},
-            budget=spec.budget,
-            spent_this_month=self._spent.get("", 0.0),
-        )
 
     def advice_for(self, group: str) -> dict[str, Any] | None:
         """An advisory group's last round: what quota would grant and do vs what it got."""
@@ -177,55 +135,18 @@ class LiveQuota:
         for group in set(self._advised) - advised.advisory:
             del self._advised[group]
 
-    def spare_units(self, pool: str) -> int:
-        """Units of `pool` neither held nor granted after the last round: room to surge."""
-        return max(0, self._spare.get(pool, 0))
-
     async def _persist(self, now: float) -> None:
         self._persisted_at = now
         state = {
             "allocator": self._state.to_json(),
             "advice": self._advice_state.to_json(),
-            "month": self._month,
-            "spent": self._spent,
+            **self._meter.to_json(),
         }
         await asyncio.to_thread(self._store.put_state, STATE_KEY, state, now)
 
     async def close(self, now: float) -> None:
-        self._meter(now)
+        self.meter(now)
         await self._persist(now)
-
-    def _meter(self, now: float) -> None:
-        """Add the last tick's spend rate over the time since; a new month starts at zero."""
-        month = datetime.fromtimestamp(now, tz=UTC).strftime("%Y-%m")
-        if month != self._month:
-            self._month, self._spent = month, {}
-        if self._last_at is not None:
-            hours = max(0.0, now - self._last_at) / 3600.0
-            for name, rate in self._rate.items():
-                self._spent[name] = self._spent.get(name, 0.0) + rate * hours
-        self._last_at = now
-
-    def _claim(
-        self, spec: PlatformSpec, name: str, observed: Sequence[InstanceStatus], wanted: int
-    ) -> GroupClaim:
-        g = spec.group(name)
-        assert g is not None
-        mine = [i for i in observed if i.group == name]
-        running = [RunningInstance(i.id, i.created_at) for i in mine if i.state in _RUNNING]
-        draining = sum(1 for i in mine if i.state is InstanceState.DRAINING)
-        return GroupClaim(
-            name=name,
-            pool=g.resources.pool,
-            units_per_instance=g.resources.accelerators,
-            wanted=wanted,
-            quota=g.quota,
-            running=running,
-            draining_units=draining * g.resources.accelerators,
-            budget=g.budget,
-            spent_this_month=self._spent.get(name, 0.0),
-            drain_timeout_s=g.drain_timeout_s,
-        )
 
     def _sync_ledger(self, alloc: Allocation, now: float) -> None:
         """Open and close ledger rows so they match this round's loans; mark reclaims."""
@@ -280,7 +201,8 @@ class LiveQuota:
                     "borrowed_units": grant.borrowed_units if grant else None,
                     "held_units": self._held.get(g.name, 0),
                     "spend_per_hour": grant.spend_per_hour if grant else 0.0,
-                    "spent_this_month": round(self._spent.get(g.name, 0.0), 6),
+                    "spent_this_month": round(self._meter.spent_by(g.name), 6),
+                    "accelerator_hours_this_month": round(self._meter.hours_by(g.name), 6),
                     "why": grant.reason if grant else "",
                     "refused": self._refused.get(g.name),
                     "mode": g.quota.mode,
@@ -313,7 +235,8 @@ class LiveQuota:
                 {**loan.to_json(), "unit_hours": round(loan.unit_hours(now), 6)} for loan in loans
             ],
             "spend_per_hour": alloc.spend_per_hour if alloc else 0.0,
-            "spent_this_month": round(self._spent.get("", 0.0), 6),
+            "spent_this_month": round(self._meter.spent_by(TOTAL), 6),
+            "accelerator_hours_this_month": round(self._meter.hours_by(TOTAL), 6),
             "budget": spec.budget.model_dump() if spec.budget else None,
             "underused": [
                 {

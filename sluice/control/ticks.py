@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from sluice.control.events import EventLog, store_error_text, store_outage
 from sluice.core import Clock
@@ -29,6 +32,7 @@ RETRY_MAX_S = 30.0
 """After a failed tick the next try waits RETRY_MIN_S, doubling each failure up to this."""
 PROBE_KEY = "controller.store-probe"
 """The state row the controller writes to learn whether the store takes writes again."""
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 PLATFORM = "*"
 """The `group` of events about the whole platform (no group may be named so)."""
 
@@ -59,6 +63,31 @@ class TickLoop:
         self._last_ok_at: float | None = None
         self._retry_s: float | None = None
         self._durations: deque[float] = deque(maxlen=100)
+        self._registry = CollectorRegistry(auto_describe=True)
+        self._tick_s = Histogram(
+            "sluice_controller_tick_seconds",
+            "Time of one reconcile tick (decision, journal, store writes, apply).",
+            buckets=_BUCKETS,
+            registry=self._registry,
+        )
+        self._decide_s = Histogram(
+            "sluice_controller_decide_seconds",
+            "Time of the tick's pure decision step (sluice.policy.tick.decide).",
+            buckets=_BUCKETS,
+            registry=self._registry,
+        )
+
+    @contextlib.contextmanager
+    def timing_decision(self) -> Iterator[None]:
+        """Time the tick's decision step (`sluice_controller_decide_seconds`)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._decide_s.observe(time.perf_counter() - started)
+
+    def prometheus_text(self) -> bytes:
+        return generate_latest(self._registry)
 
     async def run(self) -> None:
         """Tick until cancelled; an error never ends this."""
@@ -82,14 +111,18 @@ class TickLoop:
                 await self._probe_store()
             await self._tick()
         except Exception as exc:  # CancelledError is no Exception: stopping still stops
-            self._durations.append(loop.time() - started)
+            self._took(loop.time() - started)
             self._failed(exc)
             return False
-        self._durations.append(loop.time() - started)
+        self._took(loop.time() - started)
         self._ticks += 1
         self._failing = 0
         self._last_ok_at = self._clock.now()
         return True
+
+    def _took(self, seconds: float) -> None:
+        self._durations.append(seconds)
+        self._tick_s.observe(seconds)
 
     def _failed(self, exc: Exception) -> None:
         now = self._clock.now()

@@ -10,7 +10,9 @@ from pathlib import Path
 from sluice.control.events import EventLog
 from sluice.control.quota import LiveQuota
 from sluice.core import InstanceState, InstanceStatus, ManualClock
-from sluice.spec import load_spec_text
+from sluice.policy.quota import Allocation
+from sluice.policy.tick import TickDecision, TickInput, decide
+from sluice.spec import PlatformSpec, load_spec_text
 from sluice.store import Store
 
 SPEC = """
@@ -43,6 +45,20 @@ def ready(group: str, n: int, t0: float = 0.0) -> list[InstanceStatus]:
     ]
 
 
+async def round_(
+    quota: LiveQuota,
+    spec: PlatformSpec,
+    observed: list[InstanceStatus],
+    counts: dict[str, int],
+    now: float,
+) -> tuple[Allocation, TickDecision]:
+    """One tick's decision for these counts, kept by `quota` as the controller keeps it."""
+    state, advice = quota.memory
+    meter = quota.meter(now)
+    tick = decide(TickInput(spec, observed, counts, now, quota=state, advice=advice, meter=meter))
+    return await quota.record(spec, tick, now), tick
+
+
 def test_loan_reclaim_and_return_are_in_the_ledger(tmp_path: Path) -> None:
     spec = load_spec_text(SPEC).spec
     clock = ManualClock(1_800_000_000.0)
@@ -51,22 +67,22 @@ def test_loan_reclaim_and_return_are_in_the_ledger(tmp_path: Path) -> None:
 
         async def scenario() -> None:
             now = clock.now()
-            await quota.round(spec, ready("b", 2), {"a": 0, "b": 2}, now - 1)
-            assert quota.spare_units("gpu") == 2  # a's idle guarantee is still unassigned
-            r = await quota.round(spec, ready("b", 2), {"a": 0, "b": 4}, now)
+            _, tick = await round_(quota, spec, ready("b", 2), {"a": 0, "b": 2}, now - 1)
+            assert tick.spare["gpu"] == 2  # a's idle guarantee is still unassigned
+            r, tick = await round_(quota, spec, ready("b", 2), {"a": 0, "b": 4}, now)
             assert r.grants["b"].instances == 4  # 2 own + 2 of a's idle units
-            assert quota.spare_units("gpu") == 0  # granted in full: no room to surge a roll
+            assert tick.spare["gpu"] == 0  # granted in full: no room to surge a roll
             b4 = ready("b", 4)
-            await quota.round(spec, b4, {"a": 0, "b": 5}, now + 1)  # over its limit
-            await quota.round(spec, b4, {"a": 0, "b": 5}, now + 2)
+            await round_(quota, spec, b4, {"a": 0, "b": 5}, now + 1)  # over its limit
+            await round_(quota, spec, b4, {"a": 0, "b": 5}, now + 2)
             loans = store.list_loans(open_only=True)
             assert [(x.lender, x.borrower, x.units) for x in loans] == [("a", "b", 2)]
             refusals = [e for e in store.list_events(group="b") if e.kind == "quota"]
             assert len(refusals) == 1, refusals  # said once, not every tick
 
-            r = await quota.round(spec, b4, {"a": 2, "b": 4}, now + 3)  # a wants its units
+            r, _ = await round_(quota, spec, b4, {"a": 2, "b": 4}, now + 3)  # a wants its units
             assert r.reclaims == ()  # not before the grace period
-            r = await quota.round(spec, b4, {"a": 2, "b": 4}, now + 6)
+            r, _ = await round_(quota, spec, b4, {"a": 2, "b": 4}, now + 6)
             (reclaim,) = r.reclaims
             assert reclaim.borrower == "b" and set(reclaim.instance_ids) == {"b-2", "b-3"}
             assert r.grants["a"].instances == 0  # only once the units are back
@@ -74,8 +90,8 @@ def test_loan_reclaim_and_return_are_in_the_ledger(tmp_path: Path) -> None:
             draining = [
                 InstanceStatus(i.id, "b", "t", InstanceState.DRAINING, i.created_at) for i in b4[2:]
             ]
-            await quota.round(spec, b4[:2] + draining, {"a": 2, "b": 4}, now + 8)
-            r = await quota.round(spec, b4[:2], {"a": 2, "b": 4}, now + 9.5)  # drained
+            await round_(quota, spec, b4[:2] + draining, {"a": 2, "b": 4}, now + 8)
+            r, _ = await round_(quota, spec, b4[:2], {"a": 2, "b": 4}, now + 9.5)  # drained
             assert r.grants["a"].instances == 2
             (loan,) = store.list_loans()
             assert loan.ended_at == now + 9.5 and loan.reclaim_latency_s == 3.5

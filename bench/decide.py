@@ -1,0 +1,167 @@
+"""The tick's whole decision step at platform scale: `sluice.policy.tick.decide` for 1,000
+groups and 10,000 instances over 10 pools.
+
+    python bench/decide.py [--json] [--groups 1000] [--per-group 10] [--pools 10] [--ticks 100]
+
+Half the groups autoscale (the spec's default policy, due every tick at the default 1 s
+interval) on the load a gateway reports: Poisson arrivals at a rate of its own per group
+(1-40/s), each request served in 0.05-0.5 s (the group's mean, with the served seconds the
+gateway counts), a few groups flash-crowding at 5x for a while so some scale each tick;
+every group has a guarantee and may borrow, so the allocator lends, refuses and reclaims. Each tick's input is built outside
+the timer (as the live controller builds it from the supervisor and the gateway); the
+timer covers `decide` alone (autoscalers, quota, plan, tiers). Prints the median and the
+max over `--ticks` ticks, and the target: both <= 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sluice.core import InstanceState, InstanceStatus  # noqa: E402
+from sluice.policy.autoscale import GroupLoad, build_autoscaler  # noqa: E402
+from sluice.policy.quota.metering import Meter  # noqa: E402
+from sluice.policy.tick import TickInput, decide  # noqa: E402
+from sluice.spec import PlatformSpec, load_spec_text  # noqa: E402
+
+T0 = 1_795_996_800.0
+TARGET_MS = 50.0
+
+
+def fleet_spec(groups: int, per_group: int, pools: int) -> PlatformSpec:
+    """`groups` groups spread over `pools` pools, each pool sized for its groups' fleets."""
+    per_pool = -(-groups // pools)
+    lines = ["pools:"]
+    for p in range(pools):
+        lines.append(f"  - {{name: p{p}, count: {per_pool * per_group}, memory_gb: 80}}")
+    lines.append("groups:")
+    for g in range(groups):
+        scaled = g % 2 == 0
+        lines += [
+            f"  - name: g{g:04d}",
+            "    owner: bench@example.com",
+            f"    business: b{g % 37}",
+            "    alert_channel: '#bench'",
+            f"    models: {{m{g}: {{runtime: sim}}}}",
+            f"    resources: {{pool: p{g % pools}, memory_gb: 1}}",
+            f"    replicas: {per_group}",
+            f"    quota: {{guaranteed: {per_group - 2}, priority: {g % 5}}}",
+        ]
+        if scaled:
+            lines.append(f"    autoscaling: {{min: 1, max: {per_group + 4}, interval_s: 1}}")
+    return load_spec_text("\n".join(lines) + "\n").spec
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    spec = fleet_spec(args.groups, args.per_group, args.pools)
+    rng = random.Random(1)
+    templates = {g.name: g.template() for g in spec.groups}
+    observed = [
+        InstanceStatus(
+            f"{g.name}-{k}", g.name, templates[g.name], InstanceState.READY, T0 - 600 + k
+        )
+        for g in spec.groups
+        for k in range(args.per_group)
+    ]
+    scaled = [g for g in spec.groups if g.autoscaling is not None]
+    scalers = {g.name: build_autoscaler(g, {}) for g in scaled}
+    counts = {g.name: args.per_group for g in spec.groups}
+    arrivals = dict.fromkeys(counts, 0)
+    served = dict.fromkeys(counts, 0.0)
+    rate = {g.name: rng.uniform(1.0, 40.0) for g in scaled}
+    service = {g.name: rng.uniform(0.05, 0.5) for g in scaled}
+    np_rng = np.random.default_rng(1)
+    quota = advice = None
+    meter = Meter()
+    times: list[float] = []
+    actions = 0
+    for tick in range(args.ticks):
+        now = T0 + tick
+        loads = {}
+        for k, g in enumerate(scaled):
+            crowd = 5.0 if (k + tick) % 50 < 5 else 1.0  # each group peaks 5 s in 50
+            n = int(np_rng.poisson(rate[g.name] * crowd))
+            arrivals[g.name] += n
+            served[g.name] += n * service[g.name]
+            busy = int(np_rng.poisson(rate[g.name] * crowd * service[g.name]))
+            slots = args.per_group * g.max_concurrency
+            loads[g.name] = GroupLoad(
+                at=now,
+                current=counts[g.name],
+                ready=args.per_group,
+                slots_per_instance=g.max_concurrency,
+                in_flight=min(busy, slots),
+                queued=max(0, busy - slots),
+                arrivals=arrivals[g.name],
+                completions=arrivals[g.name],
+                served_s=served[g.name],
+                served_sq_s=served[g.name] * service[g.name],
+            )
+        meter = meter.advanced(now)
+        inputs = TickInput(
+            spec,
+            observed,
+            counts,
+            now,
+            loads=loads,
+            scalers=scalers,
+            meter=meter,
+            **({} if quota is None else {"quota": quota, "advice": advice}),
+        )
+        t1 = time.perf_counter()
+        decision = decide(inputs)
+        times.append(time.perf_counter() - t1)
+        quota = decision.allocation.enforced.state
+        advice = decision.allocation.advice.state
+        meter = meter.holding(decision.allocation.enforced)
+        counts.update(decision.counts)
+        actions += len(decision.actions)
+    median_ms = statistics.median(times) * 1000
+    max_ms = max(times) * 1000
+    return {
+        "groups": args.groups,
+        "instances": len(observed),
+        "pools": args.pools,
+        "ticks": args.ticks,
+        "median_ms": round(median_ms, 2),
+        "max_ms": round(max_ms, 2),
+        "target_ms": TARGET_MS,
+        "meets_target": median_ms <= TARGET_MS and max_ms <= TARGET_MS,
+        "actions_per_tick": round(actions / args.ticks, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--groups", type=int, default=1000)
+    ap.add_argument("--per-group", type=int, default=10)
+    ap.add_argument("--pools", type=int, default=10)
+    ap.add_argument("--ticks", type=int, default=100)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    result = bench(args)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(
+        f"decide: {result['groups']} groups, {result['instances']} instances, "
+        f"{result['pools']} pools: median {result['median_ms']} ms, max {result['max_ms']} ms "
+        f"over {result['ticks']} ticks (target <= {TARGET_MS:g} ms: "
+        f"{'met' if result['meets_target'] else 'NOT met'}); "
+        f"{result['actions_per_tick']} actions per tick"
+    )
+
+
+if __name__ == "__main__":
+    main()
