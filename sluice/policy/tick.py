@@ -232,7 +232,9 @@ def decide(inp: TickInput) -> TickDecision:
     ]
     targets += [GroupTarget(name, "", 0) for name in by_group.keys() - index.groups.keys()]
     for t in targets:
-        actions += plan_group(t, by_group.get(t.group, ()))
+        mine = by_group.get(t.group, ())
+        if not _settled(t, mine):
+            actions += plan_group(t, mine)
     tiers: dict[str, str] = {}
     for g in spec.groups:
         own = alloc.grants[g.name].own_units // g.resources.accelerators
@@ -331,12 +333,29 @@ def _target(g: GroupSpec, template: str, instances: int, spare: Mapping[str, int
     return GroupTarget(g.name, template, instances, max_surge=0, max_unavailable=1)
 
 
+def _settled(target: GroupTarget, mine: Sequence[InstanceStatus]) -> bool:
+    """Nothing to plan: exactly `replicas` alive instances, all of the target's template,
+    none failed (most groups on most ticks; `plan_group` would return no action)."""
+    alive = 0
+    for i in mine:
+        if i.state in ALIVE_STATES:
+            if i.template != target.template:
+                return False
+            alive += 1
+        elif i.state is InstanceState.FAILED:
+            return False
+    return alive == target.replicas
+
+
 def _tier(mine: Sequence[InstanceStatus], own: int, out: dict[str, str]) -> None:
     """The oldest ready instances, then the oldest not yet ready, up to the instances the
     group's own guaranteed units carry, are its stable part; the rest are burst."""
-    alive = sorted(
-        (i for i in mine if i.state in _RUNNING),
-        key=lambda i: (i.state is not InstanceState.READY, i.created_at, i.id),
-    )
+    alive = [i for i in mine if i.state in _RUNNING]
+    if own >= len(alive) or own <= 0:  # one tier only: no order needed
+        tier = STABLE if own > 0 else BURST
+        for inst in alive:
+            out[inst.id] = tier
+        return
+    alive.sort(key=lambda i: (i.state is not InstanceState.READY, i.created_at, i.id))
     for n, inst in enumerate(alive):
         out[inst.id] = STABLE if n < own else BURST

@@ -239,6 +239,7 @@ def _quotas(spec: PlatformSpec) -> Iterator[Problem]:
                 f"has {pool.count}; lower the guarantees or grow the pool",
             )
     guaranteed_rate = 0.0
+    guaranteed_units = 0
     for i, g in enumerate(spec.groups):
         gpool = pools.get(g.resources.pool)
         if gpool is None:
@@ -269,10 +270,15 @@ def _quotas(spec: PlatformSpec) -> Iterator[Problem]:
                 )
         rate = q.guaranteed * gpool.price_per_hour
         guaranteed_rate += rate
+        guaranteed_units += q.guaranteed
         if g.budget is not None:
-            yield from _budget_covers(("groups", i, "budget"), g.budget, rate, f"{g.name}'s")
+            yield from _budget_covers(
+                ("groups", i, "budget"), g.budget, rate, q.guaranteed, f"{g.name}'s"
+            )
     if spec.budget is not None:
-        yield from _budget_covers(("budget",), spec.budget, guaranteed_rate, "all groups'")
+        yield from _budget_covers(
+            ("budget",), spec.budget, guaranteed_rate, guaranteed_units, "all groups'"
+        )
 
 
 def _floor(g: GroupSpec) -> tuple[int, str]:
@@ -286,8 +292,23 @@ def _floor(g: GroupSpec) -> tuple[int, str]:
 
 
 def _budget_covers(
-    path: tuple[str | int, ...], budget: BudgetSpec, rate: float, whose: str
+    path: tuple[str | int, ...], budget: BudgetSpec, rate: float, units: int, whose: str
 ) -> Iterator[Problem]:
+    """A budget never cuts below a guarantee: one that could not carry the guarantees
+    would promise units it will refuse."""
+    if budget.max_accelerators is not None and budget.max_accelerators < units:
+        yield (
+            (*path, "max_accelerators"),
+            f"max_accelerators {budget.max_accelerators} is below {whose} guaranteed "
+            f"{units} accelerators; raise it or lower the guarantees",
+        )
+    hours = budget.accelerator_hours_per_month
+    if hours is not None and hours < units * _MONTH_HOURS:
+        yield (
+            (*path, "accelerator_hours_per_month"),
+            f"accelerator_hours_per_month {hours:g} is below {whose} guaranteed use for a "
+            f"{_MONTH_HOURS} h month ({units} x {_MONTH_HOURS} = {units * _MONTH_HOURS})",
+        )
     if budget.per_hour is not None and budget.per_hour < rate:
         yield (
             (*path, "per_hour"),

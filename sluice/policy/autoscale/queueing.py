@@ -81,10 +81,16 @@ def erlang_c(c: int, a: float) -> float:
         return 0.0
     if c <= a:
         return 1.0
+    b = _erlang_b(c, a)
+    return c * b / (c - a * (1.0 - b))
+
+
+def _erlang_b(c: int, a: float) -> float:
+    """Erlang B (blocking probability of M/M/c/c) by its stable recursion."""
     b = 1.0
     for k in range(1, c + 1):
         b = a * b / (k + a * b)
-    return c * b / (c - a * (1.0 - b))
+    return b
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +136,11 @@ class Objective:
         """Share of requests that wait past their allowance with `c` slots (model above)."""
         if c <= load:
             return 1.0
-        waits = erlang_c(c, load)
+        return self.miss_given_b(c, load, _erlang_b(c, load))
+
+    def miss_given_b(self, c: int, load: float, b: float) -> float:
+        """`miss` for c > load, given Erlang B of (c, load)."""
+        waits = c * b / (c - load * (1.0 - b))
         cs2 = self.service_cv2
         # Allen-Cunneen: the wait tail of G/G/c decays (ca^2 + cs^2) / 2 times slower
         theta = (c - load) * 2.0 / (self.arrival_cv2 + cs2)  # per mean service time
@@ -165,13 +175,15 @@ def steady_slots(load: float, objective: Objective, miss: float) -> int:
 
 @lru_cache(maxsize=16_384)
 def _steady_slots(load: float, objective: Objective, miss: float) -> int:
+    # the miss share falls in c: scan up from the first stable count, carrying Erlang B
+    # along (B(c) from B(c-1) is O(1)), so a search costs O(load), not O(load) per count
     c = max(1, math.floor(load) + 1)
-    while c < _MAX_SLOTS and objective.miss(c, load) > miss:
-        # the miss share falls fast in c: step by the square-root staffing scale, then back
-        c += max(1, int(math.sqrt(load) / 4))
-    lo = max(1, math.floor(load) + 1)
-    while c > lo and objective.miss(c - 1, load) <= miss:
-        c -= 1
+    b = 1.0
+    for k in range(1, c + 1):
+        b = load * b / (k + load * b)
+    while c < _MAX_SLOTS and objective.miss_given_b(c, load, b) > miss:
+        c += 1
+        b = load * b / (c + load * b)
     return min(c, _MAX_SLOTS)
 
 
