@@ -210,13 +210,14 @@ def decide(inp: TickInput) -> TickDecision:
         for iid in r.instance_ids:
             draining[iid] = r.reason
             actions.append(Drain(r.borrower, iid, r.reason))
-    observed = tuple(
-        dataclasses.replace(i, state=InstanceState.DRAINING, reason=draining[i.id])
-        if i.id in draining and i.state in ALIVE_STATES
-        else i
-        for i in inp.observed
-    )
+    observed = tuple(inp.observed)
     if draining:
+        observed = tuple(
+            dataclasses.replace(i, state=InstanceState.DRAINING, reason=draining[i.id])
+            if i.id in draining and i.state in ALIVE_STATES
+            else i
+            for i in observed
+        )
         by_group = {}
         for inst in observed:
             by_group.setdefault(inst.group, []).append(inst)
