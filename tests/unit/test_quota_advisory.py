@@ -90,6 +90,34 @@ def test_budgets_do_not_bind_an_advisory_group_but_its_spend_counts_globally() -
     assert r.enforced.refusals["a"].startswith("budget")
 
 
+def test_an_advisory_groups_units_count_against_the_global_unit_caps() -> None:
+    cap = BudgetSpec(max_accelerators=5)
+    r = advised([claim("a", 5), claim("b", 3, up=3)], {"b"}, budget=cap)
+    assert counts(r.enforced) == {"a": 2, "b": 3}  # 3 units held by b + 2 = 5
+    assert "from 5 to 6 accelerators, above global max_accelerators 5" in r.enforced.refusals["a"]
+    assert r.enforced.grants["b"].units_held == 3 and r.enforced.units_held == 5
+    # and a cap below what runs cuts the active groups for them (never the advisory one)
+    r = advised([claim("a", 5, up=5), claim("b", 5, up=3)], {"b"}, budget=cap)
+    assert [(x.borrower, len(x.instance_ids)) for x in r.enforced.reclaims] == [("a", 3)]
+    assert counts(r.enforced) == {"a": 2, "b": 5}
+    assert r.enforced.units_held == 5 + 2 + 3  # a: 2 running + 3 draining; b: 5
+    # the meters pass through to both rounds
+    hours = BudgetSpec(accelerator_hours_per_month=100)
+    s = QuotaState()
+    both = allocate_advised(
+        [GPU],
+        [claim("a", 5), claim("b", 1)],
+        s,
+        s,
+        T0,
+        advisory={"b"},
+        budget=hours,
+        unit_hours_this_month=52.0,  # 48 left over 24 h: 2 units
+    )
+    assert counts(both.advice) == {"a": 1, "b": 1}
+    assert counts(both.enforced) == {"a": 2, "b": 1}  # b held nothing yet: a had 2 units
+
+
 def test_a_pool_smaller_than_what_is_held_drains_advisory_groups_too() -> None:
     small = PoolState("gpu", "inference", 4, 2.0)
     claims = [claim("hi", 4, up=4, priority=1), claim("lo", 4, up=4)]

@@ -122,3 +122,28 @@ def test_inference_group_on_a_training_pool_is_refused() -> None:
     text = HEAD + group("a").replace("pool: gpu", "pool: train")
     [msg] = issues(text)
     assert "training pool" in msg and "(Q5)" in msg
+
+
+def test_budgets_in_accelerators_and_accelerator_hours() -> None:
+    budget = "    budget: {max_accelerators: 6, accelerator_hours_per_month: 3000}\n"
+    text = HEAD.replace("pools:", "budget: {max_accelerators: 9}\npools:") + group(
+        "a", extra=budget
+    )
+    spec = load_spec_text(text).spec
+    assert spec.budget is not None and spec.budget.max_accelerators == 9
+    b = spec.groups[0].budget
+    assert b is not None and (b.max_accelerators, b.accelerator_hours_per_month) == (6, 3000)
+
+
+def test_accelerator_budgets_below_one_or_not_positive_are_refused() -> None:
+    for field, value, why in [
+        ("max_accelerators", "0", "greater than or equal to 1"),
+        ("max_accelerators", "-2", "greater than or equal to 1"),
+        ("max_accelerators", "1.5", "valid integer"),
+        ("accelerator_hours_per_month", "0", "greater than 0"),
+        ("accelerator_hours_per_month", "-10", "greater than 0"),
+    ]:
+        text = HEAD + group("a", extra=f"    budget: {{{field}: {value}}}\n")
+        [msg] = issues(text)
+        assert msg.startswith(f"q.yaml:{line_of(text, 'budget:')}: groups[0].budget.{field}")
+        assert why in msg and f"(got {value})" in msg
