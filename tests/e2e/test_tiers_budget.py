@@ -61,8 +61,9 @@ def test_tiers_and_a_lowered_budget_drain_the_newest_burst_instance(platform: Sl
     s.spec.write_text(SPEC.format(budget="\n    budget: {max_accelerators: 2}"))
     s.cli("apply", "-f", str(s.spec), "--reason", "cap chat at 2 accelerators")
     s.wait_for("chat is down to 2", lambda: len(alive(s)) == 2, 30)
-    drained = [i for i in s.instances("chat") if i["id"] == by_age[2]["id"]]
-    assert drained and "budget" in str(drained[0]["reason"]), drained
+    events = s.cli("events", "chat", "--limit", "200")
+    drained = [e for e in events if e["instance"] == by_age[2]["id"] and e["kind"] == "drain"]
+    assert drained and "max_accelerators" in drained[0]["message"], events
     assert {i["id"] for i in alive(s)} == {stable, by_age[1]["id"]}
     quota = s.cli("quota")
     (row,) = [g for g in quota["groups"] if g["name"] == "chat"]
