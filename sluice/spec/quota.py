@@ -76,14 +76,28 @@ class QuotaSpec(_Strict):
 
 
 class BudgetSpec(_Strict):
-    """Spend guardrails (Q6), in the pools' price units (price_per_hour x accelerators).
+    """Spend and accelerator guardrails (Q6): a total cap above all autoscaling.
 
-    The spend rate counts every unit held (running and draining instances). A start is refused
-    when it would raise the rate above `per_hour`, or above what is left of `per_month` spread
-    evenly over the hours left in the calendar month (UTC): (per_month - spent) / hours_left.
-    Keeping to that second rate can never overspend the month, and the allowed rate only grows
-    while the fleet stays under it.
+    Spend is in the pools' price units (price_per_hour x accelerators); the spend rate counts
+    every unit held (running and draining instances). A start is refused when it would raise
+    the rate above `per_hour`, or above what is left of `per_month` spread evenly over the
+    hours left in the calendar month (UTC): (per_month - spent) / hours_left. Keeping to that
+    second rate can never overspend the month, and the allowed rate only grows while the fleet
+    stays under it. `max_accelerators` and `accelerator_hours_per_month` are the same two caps
+    counted in accelerators instead of price, so a budget holds on a pool without a price.
+
+    A cap lowered below what the fleet runs shrinks it: the newest instances above their
+    guarantee drain (`sluice.policy.quota.allocate`). A budget never cuts a guarantee.
     """
 
     per_hour: float | None = Field(default=None, gt=0, description="max spend rate")
     per_month: float | None = Field(default=None, gt=0, description="max spend per month")
+    max_accelerators: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="max accelerators held at once (running and draining instances)",
+    )
+    accelerator_hours_per_month: float | None = Field(
+        default=None, gt=0, description="max accelerator-hours per calendar month (UTC)"
+    )

@@ -6,13 +6,13 @@ One round makes two passes (with no advisory group, both are one ordinary `alloc
 - the advice: `allocate` over every claim with every quota in force, on its own memory:
   what the allocator would grant, refuse, reclaim and lend if every group were active;
 - the enforced round: the active groups alone, on what the advisory groups leave of each
-  pool (the units they hold come off its count; their spend rate counts against the global
-  budget), then each advisory group, highest priority first, gets its `wanted` count as far
-  as the pool's free units allow. Quota neither limits an advisory group nor protects it:
-  it is never reclaimed from, never reclaims, ignores its limit, borrow limit and budgets,
-  and its idle guarantee is lent like unassigned units. Physical capacity always holds: an
-  advisory group starts only on free units, and a pool made smaller than what it holds
-  drains it (lowest priority first) like anyone else.
+  pool (the units they hold come off its count; their spend rate and units count against
+  the global budget), then each advisory group, highest priority first, gets its `wanted`
+  count as far as the pool's free units allow. Quota neither limits an advisory group nor
+  protects it: it is never reclaimed from, never reclaims, ignores its limit, borrow limit
+  and budgets, and its idle guarantee is lent like unassigned units. Physical capacity
+  always holds: an advisory group starts only on free units, and a pool made smaller than
+  what it holds drains it (lowest priority first) like anyone else.
 """
 
 from __future__ import annotations
@@ -49,20 +49,33 @@ def allocate_advised(
     advisory: Set[str],
     budget: BudgetSpec | None = None,
     spent_this_month: float = 0.0,
+    unit_hours_this_month: float = 0.0,
 ) -> AdvisedAllocation:
     """One round for `claims`, where the groups named in `advisory` are only advised.
     `state`: the enforced round's memory; `advice_state`: the advice's (the same object
-    while no group is advisory)."""
+    while no group is advisory). The global `budget` and its meters as for `allocate`."""
     mine = sorted(
         (c for c in claims if c.name in advisory), key=lambda c: (-c.quota.priority, c.name)
     )
     if not mine:
         alloc = allocate(
-            pools, claims, state, now, budget=budget, spent_this_month=spent_this_month
+            pools,
+            claims,
+            state,
+            now,
+            budget=budget,
+            spent_this_month=spent_this_month,
+            unit_hours_this_month=unit_hours_this_month,
         )
         return AdvisedAllocation(alloc, alloc, frozenset())
     advice = allocate(
-        pools, claims, advice_state, now, budget=budget, spent_this_month=spent_this_month
+        pools,
+        claims,
+        advice_state,
+        now,
+        budget=budget,
+        spent_this_month=spent_this_month,
+        unit_hours_this_month=unit_hours_this_month,
     )
     others = [c for c in claims if c.name not in advisory]
     by_pool = {p.name: p for p in pools}
@@ -78,8 +91,9 @@ def allocate_advised(
         state,
         now,
         budget=budget,
-        spent_this_month=spent_this_month,
         other_spend_per_hour=rate,
+        spent_this_month=spent_this_month,
+        unit_hours_this_month=unit_hours_this_month,
     )
     free = {p.name: p.count - held[p.name] for p in pools}
     settled = {p.name: 0 for p in pools}  # active units once their drains complete
@@ -127,6 +141,7 @@ def allocate_advised(
             )
     grants = dict(active.grants)
     growth = 0.0
+    grown = 0  # units the advisory groups start
     for c in mine:
         pool = by_pool.get(c.pool)
         price = pool.price_per_hour if pool else 0.0
@@ -136,6 +151,8 @@ def allocate_advised(
         told = advice.grants[c.name]
         extra = max(0, n - len(c.running))
         growth += extra * c.units_per_instance * price
+        grown += extra * c.units_per_instance
+        held_after = _held(c, max(len(c.running), n))
         grants[c.name] = Grant(
             c.name,
             n,
@@ -143,7 +160,8 @@ def allocate_advised(
             units - own,
             f"advisory quota: {n} of {c.wanted} wanted instance(s), bounded only by free "
             f"units; enforced: {told.reason}",
-            _held(c, max(len(c.running), n)) * price,
+            held_after * price,
+            held_after,
         )
     enforced = Allocation(
         grants=grants,
@@ -153,6 +171,7 @@ def allocate_advised(
         state=active.state,
         spend_per_hour=active.spend_per_hour + growth,
         wake_at=active.wake_at,
+        units_held=active.units_held + grown,
     )
     return AdvisedAllocation(enforced, advice, frozenset(c.name for c in mine))
 

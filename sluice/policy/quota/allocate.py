@@ -1,7 +1,8 @@
 """Quota allocation (Q1-Q6): how many instances each group may run now, in accelerator units.
 
 One call per controller tick: `allocate(pools, claims, state, now)` -> `Allocation`. Pure: the
-caller passes the time, the month-to-date spend and the state the last call returned.
+caller passes the time, the month-to-date spend and accelerator-hours, and the state the last
+call returned.
 
 Units are accelerators of a pool; an instance of a group holds `units_per_instance` of them,
 from its start until its drain completes. Pools never share units, so a group only ever uses
@@ -13,17 +14,26 @@ from its start until its drain completes. Pools never share units, so a group on
 |      | keep theirs first, then by priority (higher first), then name; the rest are cut (Q2)   |
 | 2    | over capacity (running units > count): drain the newest instances above guarantee,     |
 |      | non-reserved and lowest priority first, at once (the units are gone)                   |
-| 3    | own starts: within the (effective) guarantee, reserved then priority order (Q1)        |
-| 4    | reclaim: a group still short of its guarantee once every drain completes waits         |
+| 3    | over budget (a cap lowered below what runs, Q6): each group above one of its own caps  |
+|      | drains its newest instances above its guarantee until within; then, for the global     |
+|      | caps, every pool's groups in step 2's order. Never below a guarantee                   |
+| 4    | own starts: within the (effective) guarantee, reserved then priority order (Q1)        |
+| 5    | reclaim: a group still short of its guarantee once every drain completes waits         |
 |      | `reclaim_grace_s`, then the newest borrowed instances are drained (lowest priority     |
 |      | borrower first, then the one above its guarantee most); it starts on those units only  |
 |      | once they are released, so nothing is started and then left waiting (Q4)              |
-| 5    | borrowing: unassigned units (count - guarantees) and idle lendable guarantees          |
+| 6    | borrowing: unassigned units (count - guarantees) and idle lendable guarantees          |
 |      | (min(lendable, guaranteed - used)), one instance at a time to the highest priority,    |
 |      | then least borrowed group, up to `borrow_limit` and `limit`                             |
 | any  | every start also keeps `limit` and the budgets (group and global, Q6)                  |
 
-Draining units count as held (against the pool, the limit and the spend rate) until released.
+Budgets cap spend (price units: an instance costs its units x the pool's price) and units
+(an instance costs its units), each per hour (`per_hour`, `max_accelerators`) and per month
+(`per_month`, `accelerator_hours_per_month`: what is left, spread over the hours left).
+
+Draining units count as held (against the pool, the limit and the budgets) until released.
+Step 3 leaves them out: they still count while they drain, so counting them would cut again
+every round until they are released.
 A lender gets its units within its `reclaim_grace_s` + the borrower's `drain_timeout_s`.
 """
 
@@ -33,6 +43,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 
+from sluice.policy.quota.budget import BudgetCap, budget_caps
 from sluice.policy.quota.loans import Holding, attribute_loans
 from sluice.policy.quota.model import (
     Allocation,
@@ -50,34 +61,6 @@ from sluice.spec.quota import BudgetSpec
 __all__ = ["allocate"]
 
 _EPS = 1e-9
-
-
-class _Cap:
-    """One spend-rate ceiling (price units per hour) and how to explain it."""
-
-    __slots__ = ("label", "limit")
-
-    def __init__(self, limit: float, label: str) -> None:
-        self.limit = limit
-        self.label = label
-
-
-def _caps(budget: BudgetSpec | None, spent: float, hours_left: float, scope: str) -> list[_Cap]:
-    if budget is None:
-        return []
-    caps = []
-    if budget.per_hour is not None:
-        caps.append(_Cap(budget.per_hour, f"{scope} per_hour {budget.per_hour:g}"))
-    if budget.per_month is not None:
-        left = budget.per_month - spent
-        caps.append(
-            _Cap(
-                left / hours_left,
-                f"{scope} per_month {budget.per_month:g} ({left:g} left over "
-                f"{hours_left:.1f} h = {left / hours_left:.4g}/h)",
-            )
-        )
-    return caps
 
 
 class _Group:
@@ -126,7 +109,7 @@ class _Group:
         self.lend = c.quota.guaranteed if c.quota.lendable is None else c.quota.lendable
         self.unit_price = pool.price_per_hour if pool else 0.0
         self.price = self.unit_price * self.u
-        self.caps: list[_Cap] = []
+        self.caps: list[BudgetCap] = []
         self.block: str | None = None
         self.shortfall = 0
         self.cap_why = ""
@@ -151,11 +134,14 @@ def allocate(
     budget: BudgetSpec | None = None,
     spent_this_month: float = 0.0,
     other_spend_per_hour: float = 0.0,
+    unit_hours_this_month: float = 0.0,
+    other_units_held: int = 0,
 ) -> Allocation:
     """Decide every group's grant for this round. `now`: epoch seconds (also the calendar
-    month for `per_month`). `budget`/`spent_this_month`: the global budget and its spend.
-    `other_spend_per_hour`: the rate of units held outside `claims` (advisory-quota groups,
-    `sluice.policy.quota.advisory`), which the global budget counts too.
+    month for the per-month caps). `budget`: the global budget; `spent_this_month`,
+    `unit_hours_this_month`: its month-to-date spend and accelerator-hours.
+    `other_spend_per_hour`, `other_units_held`: the rate and units held outside `claims`
+    (advisory-quota groups, `sluice.policy.quota.advisory`), which the global budget counts too.
 
     pre: group names are unique; units_per_instance >= 1; wanted >= 0.
     """
@@ -171,11 +157,16 @@ def allocate(
             g.block = (
                 f"pool {pool.name!r} is a {pool.purpose} pool; {c.purpose} groups never use it (Q5)"
             )
-        g.caps = _caps(c.budget, c.spent_this_month, hours_left, f"group {c.name!r}")
+        scope = f"group {c.name!r}"
+        g.caps = budget_caps(
+            c.budget, c.spent_this_month, c.unit_hours_this_month, hours_left, scope
+        )
         groups.append(g)
     live = [g for g in groups if g.usable]
-    glob = _Global(_caps(budget, spent_this_month, hours_left, "global"))
-    glob.rate = sum(g.rate for g in groups) + other_spend_per_hour
+    caps = budget_caps(budget, spent_this_month, unit_hours_this_month, hours_left, "global")
+    glob = _Global(caps, other_spend_per_hour, other_units_held)
+    glob.rate += sum(g.rate for g in groups)
+    glob.units += sum(g.held for g in groups)
     members: dict[str, list[_Group]] = {p.name: [] for p in pools}
     for g in live:
         members[g.c.pool].append(g)
@@ -198,10 +189,14 @@ def allocate(
     wake: list[float] = []
     for pool in pools:
         gs = members[pool.name]
+        if gs:
+            _effective_guarantees(pool, gs)
+            reclaims += _cut_over_capacity(pool, gs, now, new_pending)
+    reclaims += _cut_over_budget(live, glob, now, new_pending)
+    for pool in pools:
+        gs = members[pool.name]
         if not gs:
             continue
-        _effective_guarantees(pool, gs)
-        reclaims += _cut_over_capacity(pool, gs, now, new_pending)
         _own_starts(pool, gs, glob)
         reclaims += _reclaim(pool, gs, state, now, claims_since, wake, new_pending)
         _borrow(pool, gs, glob)
@@ -224,7 +219,7 @@ def allocate(
         if g.c.wanted > n and g.block:
             refusals[g.c.name] = g.block
             note += f"; {g.block}"
-        grants[g.c.name] = Grant(g.c.name, n, own, units - own, note, g.rate)
+        grants[g.c.name] = Grant(g.c.name, n, own, units - own, note, g.rate, g.held)
     next_state = QuotaState(claims_since, new_pending, tuple(loans))
     return Allocation(
         grants=grants,
@@ -234,15 +229,24 @@ def allocate(
         state=next_state,
         spend_per_hour=glob.rate,
         wake_at=min(wake) if wake else None,
+        units_held=glob.units,
     )
 
 
 class _Global:
-    __slots__ = ("caps", "rate")
+    """The global caps and what all groups hold (draining too), advisory groups' included."""
 
-    def __init__(self, caps: list[_Cap]) -> None:
+    __slots__ = ("caps", "other_rate", "other_units", "rate", "units")
+
+    def __init__(self, caps: list[BudgetCap], other_rate: float, other_units: int) -> None:
         self.caps = caps
-        self.rate = 0.0
+        self.other_rate = other_rate
+        self.other_units = other_units
+        self.rate = other_rate
+        self.units = other_units
+
+    def level(self, cap: BudgetCap) -> float:
+        return float(self.units) if cap.units else self.rate
 
 
 def _order(g: _Group) -> tuple[bool, int, str]:
@@ -289,7 +293,6 @@ def _take(
     g: _Group,
     need: int,
     lender: str | None,
-    pool: PoolState,
     now: float,
     reason: str,
     pending: dict[str, PendingReclaim],
@@ -311,7 +314,7 @@ def _take(
     g.victim = True
     g.block = f"{reason}: {n} instance(s) drain"
     ids = tuple(r.id for r in victims)
-    return Reclaim(g.c.name, lender, pool.name, ids, n * g.u, reason, deadline), n * g.u
+    return Reclaim(g.c.name, lender, g.c.pool, ids, n * g.u, reason, deadline), n * g.u
 
 
 def _cut_over_capacity(
@@ -327,36 +330,83 @@ def _cut_over_capacity(
             f"pool {pool.name!r} shrank to {pool.count} units; {g.c.name!r} is above its "
             f"guarantee {g.eq}, so its newest instances drain"
         )
-        rec, freed = _take(g, deficit, None, pool, now, why, pending)
+        rec, freed = _take(g, deficit, None, now, why, pending)
         if rec is not None:
             out.append(rec)
             deficit -= freed
     return out
 
 
+def _cut_over_budget(
+    live: list[_Group], glob: _Global, now: float, pending: dict[str, PendingReclaim]
+) -> list[Reclaim]:
+    """Step 3: a budget cap lowered below what runs shrinks the fleet (Q6), never below a
+    guarantee: each group to its own caps, then all groups to the global caps. Units already
+    draining are left out: they count until released, so counting them would cut again
+    every round while they drain."""
+    out: list[Reclaim] = []
+    for g in live:
+        for cap in g.caps:
+            cost = cap.cost(g.u, g.price)  # a free instance (price 0) is never over a spend cap
+            if cost <= 0 or g.kept * cost <= cap.limit + _EPS:
+                continue
+            keep = max(0, math.floor(cap.limit / cost + _EPS))
+            why = (
+                f"budget: {cap.exceeded(g.kept * cost)}: its newest instances above its "
+                f"guarantee {g.eq} drain"
+            )
+            rec, _ = _take(g, (g.kept - keep) * g.u, None, now, why, pending)
+            if rec is not None:
+                out.append(rec)
+    for cap in glob.caps:
+        others = glob.other_units if cap.units else glob.other_rate
+        level = others + sum(g.kept * cap.cost(g.u, g.price) for g in live)
+        if level <= cap.limit + _EPS:
+            continue
+        text = cap.exceeded(level)
+        for g in sorted(live, key=_victim_order):
+            cost = cap.cost(g.u, g.price)
+            if level <= cap.limit + _EPS:
+                break
+            if cost <= 0:
+                continue
+            n = math.ceil((level - cap.limit) / cost - _EPS)
+            why = (
+                f"budget: {text}: {g.c.name!r} is above its guarantee {g.eq}, so its newest "
+                "instances drain (lowest priority first)"
+            )
+            rec, freed = _take(g, n * g.u, None, now, why, pending)
+            if rec is not None:
+                out.append(rec)
+                level -= freed // g.u * cost
+    return out
+
+
 def _budget_room(g: _Group, n: int, glob: _Global) -> int:
-    """How many of `n` more instances the group and global spend caps allow."""
-    if g.price <= 0 or n <= 0:
+    """How many of `n` more instances the group and global caps allow (draining counted)."""
+    if n <= 0:
         return n
-    rate = g.rate
-    for cap, base in [(c, rate) for c in g.caps] + [(c, glob.rate) for c in glob.caps]:
-        room = math.floor((cap.limit - base) / g.price + _EPS)
+    spend, units = g.rate, float(g.held)
+    mine = [(c, units if c.units else spend) for c in g.caps]
+    for cap, base in mine + [(c, glob.level(c)) for c in glob.caps]:
+        cost = cap.cost(g.u, g.price)
+        if cost <= 0:
+            continue
+        room = math.floor((cap.limit - base) / cost + _EPS)
         if room < n:
             n = max(0, room)
-            g.block = (
-                f"budget: one more instance ({g.price:g}/h) would take the spend rate from "
-                f"{base:g}/h above {cap.label}"
-            )
+            g.block = cap.refusal(g.u, g.price, base)
     return n
 
 
 def _grow(g: _Group, n: int, glob: _Global) -> None:
     g.start += n
     glob.rate += n * g.price
+    glob.units += n * g.u
 
 
 def _own_starts(pool: PoolState, gs: list[_Group], glob: _Global) -> None:
-    """Step 3: starts within each group's effective guarantee, if units are free now."""
+    """Step 4: starts within each group's effective guarantee, if units are free now."""
     free = pool.count - sum(g.held for g in gs)
     for g in sorted(gs, key=lambda g: (g.ends, *_order(g))):
         target = min(g.c.wanted, g.max_inst, g.eq // g.u)
@@ -379,7 +429,7 @@ def _reclaim(
     wake: list[float],
     pending: dict[str, PendingReclaim],
 ) -> list[Reclaim]:
-    """Step 4: drain borrowers for groups short of their guarantee, after the grace period."""
+    """Step 5: drain borrowers for groups short of their guarantee, after the grace period."""
     short = [g for g in gs if g.shortfall > 0]
     if not short:
         return []
@@ -410,7 +460,7 @@ def _reclaim(
         names = []
         while mine > 0 and vi < len(victims):
             v = victims[vi]
-            rec, freed = _take(v, mine, g.c.name, pool, now, why, pending)
+            rec, freed = _take(v, mine, g.c.name, now, why, pending)
             if rec is not None:
                 out.append(rec)
                 names.append(v.c.name)
@@ -427,7 +477,7 @@ def _reclaim(
 
 
 def _borrow(pool: PoolState, gs: list[_Group], glob: _Global) -> None:
-    """Step 5: lend unassigned units and idle lendable guarantees, one instance at a time."""
+    """Step 6: lend unassigned units and idle lendable guarantees, one instance at a time."""
     free = pool.count - sum(g.held for g in gs)
     protected = {g.c.name: _protected(g) for g in gs}
     spare = free - sum(protected.values())

@@ -53,8 +53,10 @@ class GroupClaim:
     `running`: its alive instances that are not draining (pending, starting, warming, ready).
     `draining_units`: units still held by its draining instances (released when they stop).
     `quota`, `budget`: from the group's spec. `spent_this_month`: month-to-date spend (price
-    units; add up `Grant.spend_per_hour` x tick). `drain_timeout_s`: the group's drain timeout,
-    which bounds a reclaim. `purpose`: "inference" for every serving group.
+    units; add up `Grant.spend_per_hour` x tick). `unit_hours_this_month`: month-to-date
+    accelerator-hours (add up `Grant.units_held` x tick in hours), for the budget's
+    `accelerator_hours_per_month`. `drain_timeout_s`: the group's drain timeout, which bounds
+    a reclaim. `purpose`: "inference" for every serving group.
     """
 
     name: str
@@ -68,6 +70,7 @@ class GroupClaim:
     spent_this_month: float = 0.0
     drain_timeout_s: float = 30.0
     purpose: Purpose = "inference"
+    unit_hours_this_month: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +138,8 @@ class Grant:
     (start `instances - running` if more, drain down to it if fewer, the `Reclaim` ids first).
     `own_units` + `borrowed_units` = instances x units_per_instance.
     `spend_per_hour`: the group's spend rate once the grant is applied (add it up per tick for
-    the month-to-date spend)."""
+    the month-to-date spend); `units_held`: the units it holds then, running, starting and
+    draining (add it up per tick for the month-to-date accelerator-hours)."""
 
     group: str
     instances: int
@@ -143,6 +147,7 @@ class Grant:
     borrowed_units: int
     reason: str
     spend_per_hour: float = 0.0  # units held after this round (draining too) x price
+    units_held: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +167,9 @@ class Reclaim:
 @dataclass(frozen=True, slots=True)
 class Allocation:
     """One round's decision. `refusals`: group -> why a wanted start is refused. `wake_at`:
-    the earliest end of a reclaim grace period (tick again then), or None."""
+    the earliest end of a reclaim grace period (tick again then), or None. `spend_per_hour`,
+    `units_held`: every group's together, advisory-quota groups' included (the global budget's
+    meters)."""
 
     grants: Mapping[str, Grant]
     loans: tuple[Loan, ...]
@@ -171,6 +178,7 @@ class Allocation:
     state: QuotaState
     spend_per_hour: float
     wake_at: float | None
+    units_held: int = 0
 
 
 def hours_left_in_month(now: float) -> float:
