@@ -170,11 +170,12 @@ def render_fleet(r: dict[str, Any]) -> None:
     from rich.table import Column, Table
 
     t = Table(
-        *("GROUP", "REQS", Column("SLO% (TGT)", no_wrap=True), "P99 MS", "INST-H", "COST"),
-        *("BORROW", "LENT", "RECLAIM", "PEAK"),
+        *(Column("GROUP", no_wrap=True), "REQS", Column("SLO/TGT %", no_wrap=True), "P99 MS"),
+        *("INST-H", "COST", "BORROW", "LENT", Column("RECLAIM", no_wrap=True), "PEAK"),
         title=f"fleet simulation, {r['duration_s']:.0f} s",
-        caption="BORROW, LENT: unit-hours; RECLAIM: for the group's units (max latency s)",
+        caption="BORROW, LENT: unit-hours; RECLAIM: for the group's units (max latency)",
         box=box.SIMPLE_HEAD,
+        show_edge=False,
         padding=(0, 1, 0, 0),
     )
     for g in r["groups"]:
@@ -184,25 +185,20 @@ def render_fleet(r: dict[str, Any]) -> None:
         slo = "-"
         if g["requests"]:
             color = "green" if g["slo_attainment"] >= g["slo_target"] else "red"
-            slo = f"[{color}]{100 * g['slo_attainment']:.2f}[/] ({100 * g['slo_target']:g})"
+            slo = f"[{color}]{100 * g['slo_attainment']:.2f}[/]/{100 * g['slo_target']:g}"
         t.add_row(
-            g["group"],
-            str(g["requests"]),
-            slo,
+            *(g["group"], str(g["requests"]), slo),
             f"{g['p99_ms']:.0f}" if g["p99_ms"] is not None else "-",
-            f"{g['instance_seconds'] / 3600:.2f}",
-            f"{g['cost']:.3f}",
-            f"{g['borrowed_unit_hours']:.3f}",
-            f"{g['lent_unit_hours']:.3f}",
-            reclaims,
-            str(g["peak_instances"]),
+            *(f"{g['instance_seconds'] / 3600:.2f}", f"{g['cost']:.2f}"),
+            *(f"{g['borrowed_unit_hours']:.2f}", f"{g['lent_unit_hours']:.2f}"),
+            *(reclaims, str(g["peak_instances"])),
         )
     tot = r["totals"]
     t.add_section()
     t.add_row(
         *("total", str(tot["requests"]), f"{100 * tot['slo_attainment']:.2f}", ""),
-        *(f"{tot['instance_seconds'] / 3600:.2f}", f"{tot['cost']:.3f}"),
-        *(f"{tot['borrowed_unit_hours']:.3f}", "", str(tot["reclaims"]), ""),
+        *(f"{tot['instance_seconds'] / 3600:.2f}", f"{tot['cost']:.2f}"),
+        *(f"{tot['borrowed_unit_hours']:.2f}", "", str(tot["reclaims"]), ""),
     )
     out.print(t)
     pools = ", ".join(f"{p['name']} {p['count']} units" for p in r["pools"])

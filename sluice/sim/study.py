@@ -157,10 +157,11 @@ def parse_pool_counts(values: Sequence[str]) -> dict[str, int]:
 
 
 def fleet_traces(
-    spec: PlatformSpec, refs: Sequence[str], group: str | None = None
+    spec: PlatformSpec, refs: Sequence[str], group: str | None = None, source: str = "<spec>"
 ) -> dict[str, Trace]:
     """Each group's trace: `GROUP=FILE` (FILE may be `family:NAME[@SEED]`), one CSV with a
-    `group` column (split by it), or one plain trace for `group` (`pick_group`'s default)."""
+    `group` column (split by it), or one plain trace for `group` (`pick_group`'s default).
+    `source`: the spec's file, named by the errors."""
     known = {g.name for g in spec.groups}
     names = ", ".join(sorted(known)) or "none"
     out: dict[str, Trace] = {}
@@ -170,14 +171,17 @@ def fleet_traces(
             return load_group_traces(ref, known)
         if name is None and len(refs) > 1:
             fix = "prefix each with its group: --trace GROUP=FILE"
-            raise SpecError([SpecIssue("--trace", f"{raw!r} has no group and is not alone; {fix}")])
+            why = f"{raw!r} has no group and is not alone; {fix}"
+            raise SpecError([SpecIssue("--trace", why, source)])
         if name is None:
-            name = pick_group(spec, group).name
+            name = pick_group(spec, group, source).name
         if name not in known:
             fix = f"use one of the spec's groups: {names}, or add {name!r} to the spec"
-            raise SpecError([SpecIssue("--trace", f"no group named {name!r} in the spec; {fix}")])
+            why = f"no group named {name!r} in the spec; {fix}"
+            raise SpecError([SpecIssue("--trace", why, source)])
         if name in out:
-            raise SpecError([SpecIssue("--trace", f"two traces for group {name!r}; give one")])
+            why = f"two traces for group {name!r}; give one"
+            raise SpecError([SpecIssue("--trace", why, source)])
         out[name] = load_trace_or_family(ref)
     return out
 
@@ -204,7 +208,7 @@ def simulate_fleet_spec(
     sh = shape or TraceShape()
     o = options or FleetOptions()
     works = {}
-    for name, trace in fleet_traces(spec, refs, group).items():
+    for name, trace in fleet_traces(spec, refs, group, str(spec_path)).items():
         g = spec.group(name)
         assert g is not None
         cut = trace.transform(
