@@ -1,12 +1,21 @@
 """Simulator speed: requests replayed per wall-clock second on one core.
 
     python bench/simulate.py [--json] [--requests 1000000] [--policy sluice] [--repeats 3]
+                             [--fleet-seconds 300]
 
 Replays the Azure code trace, rate-scaled (each request replicated, copies jittered within
 1 s) to at least `--requests` requests, through the reference instance model
 (examples/reference-sim.yaml) with the given policy, and times `sluice.sim.run` alone
 (`sim_requests_per_s`, best of `--repeats`) and trace preparation + run
-(`end_to_end_requests_per_s`). `--json` prints one JSON line on stdout. See bench/README.md.
+(`end_to_end_requests_per_s`).
+
+Beside it, the fleet simulation (`sluice.sim.run_fleet`, the controller's `decide` every
+virtual second): the ten groups of bench/specs/fleet10.yaml on one pool of 100 units, each
+with `--fleet-seconds` of a generated family (`FLEET_TRACES`: poisson, diurnal, flash-crowd,
+on/off, ramp), nine with traffic and one lender without; `fleet_requests_per_s` (best of
+`--repeats`), the time spent in `decide` (`fleet_decide_s`) and the rate without it
+(`fleet_requests_per_s_besides_decide`), and the fleet's rate over the one-group rate.
+`--json` prints one JSON line on stdout. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -22,10 +31,27 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import sluice.sim.fleet  # noqa: E402
+from sluice.policy.tick import TickDecision, TickInput, decide  # noqa: E402
 from sluice.sim import InstanceModel, load_trace, make_policy, pick_group, prepare, run  # noqa: E402
+from sluice.sim.families import generate  # noqa: E402
+from sluice.sim.fleet import run_fleet  # noqa: E402
 from sluice.spec import load_spec_file  # noqa: E402
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.norm.csv"
+FLEET_SPEC = ROOT / "bench" / "specs" / "fleet10.yaml"
+FLEET_TRACES = {
+    "search": ("poisson-16", 6.0, 1),
+    "chat": ("diurnal", 25.0, 2),
+    "ads": ("flash-crowd", 15.0, 3),
+    "recs": ("mmpp-onoff", 5.0, 4),
+    "batch": ("ramp", 6.0, 5),
+    "embed": ("poisson-4", 15.0, 6),
+    "translate": ("poisson-4-heavy", 15.0, 7),
+    "summarize": ("flash-crowd", 8.0, 8),
+    "code": ("mmpp-onoff", 4.0, 9),
+}
+"""group -> (family, rate scale, seed); `eval` has no traffic (it lends its guarantee)"""
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -61,6 +87,52 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def fleet_bench(args: argparse.Namespace) -> dict[str, Any]:
+    spec = load_spec_file(FLEET_SPEC).spec
+    works = {}
+    for name, (family, scale, seed) in FLEET_TRACES.items():
+        g = spec.group(name)
+        assert g is not None
+        trace = generate(family, seed, duration_s=args.fleet_seconds, rate_scale=scale)
+        works[name] = prepare(InstanceModel.from_spec(spec, g), trace)
+    n = sum(len(w.trace) for w in works.values())
+    spent = [0.0]
+
+    def timed(inp: TickInput) -> TickDecision:  # the tick's share of the run
+        t = time.perf_counter()
+        out = decide(inp)
+        spent[0] += time.perf_counter() - t
+        return out
+
+    best, best_decide, summary = math.inf, 0.0, {}
+    sluice.sim.fleet.decide = timed  # type: ignore[assignment]
+    try:
+        for _ in range(args.repeats):
+            spent[0] = 0.0
+            t0 = time.perf_counter()
+            result = run_fleet(spec, works)
+            took = time.perf_counter() - t0
+            if took < best:
+                best, best_decide, summary = took, spent[0], result.summary()
+    finally:
+        sluice.sim.fleet.decide = decide
+    tot = summary["totals"]
+    return {
+        "fleet_requests_per_s": round(n / best),
+        "fleet_requests": n,
+        "fleet_groups": len(spec.groups),
+        "fleet_run_s": round(best, 3),
+        "fleet_decide_s": round(best_decide, 3),
+        "fleet_requests_per_s_besides_decide": round(n / max(best - best_decide, 1e-9)),
+        "fleet_ticks": summary["ticks"],
+        "fleet_simulated_s": summary["duration_s"],
+        "fleet_slo_attainment": round(tot["slo_attainment"], 4),
+        "fleet_reclaims": tot["reclaims"],
+        "fleet_borrowed_unit_hours": round(tot["borrowed_unit_hours"], 3),
+        "fleet_peak_instances": sum(g["peak_instances"] for g in summary["groups"]),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON line only")
@@ -68,8 +140,13 @@ def main() -> None:
     ap.add_argument("--policy", default="sluice")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    ap.add_argument("--fleet-seconds", type=float, default=300.0, help="traffic per group")
     args = ap.parse_args()
     res = bench(args)
+    res.update(fleet_bench(args))
+    res["fleet_vs_one_group_rate"] = round(
+        res["fleet_requests_per_s"] / res["sim_requests_per_s"], 3
+    )
     if args.json:
         print(json.dumps(res), flush=True)
     else:

@@ -1,5 +1,8 @@
 """`sluice simulate`: replay a request trace through a spec's group with the live policies on a
-virtual clock, and report SLO attainment, latency, instance-seconds and cost."""
+virtual clock, and report SLO attainment, latency, instance-seconds and cost. With a trace
+per group (`--trace GROUP=FILE`, a CSV with a `group` column, or `--fleet`) the whole spec
+runs through the controller's own decision step: shared pools, borrowing, reclaims, budgets
+(`sluice.sim.fleet`), with `--pool NAME=COUNT` for a what-if pool size."""
 
 from __future__ import annotations
 
@@ -16,11 +19,12 @@ __all__ = ["simulate"]
 def simulate(
     spec: Annotated[Path, typer.Option("--spec", help="spec YAML")],
     trace: Annotated[
-        Path,
+        list[str],
         typer.Option(
             "--trace",
             help="CSV: t_s,input_tokens,output_tokens,model; or family:NAME[@SEED], a "
-            "generated trace (sluice.sim.families: poisson-4, mmpp-onoff, flash-crowd, ...)",
+            "generated trace (sluice.sim.families: poisson-4, mmpp-onoff, flash-crowd, ...); "
+            "GROUP=FILE (repeatable) or a CSV with a group column: the fleet simulation",
         ),
     ],
     group: Annotated[str | None, typer.Option("--group", help="group to simulate")] = None,
@@ -62,23 +66,65 @@ def simulate(
             help="start with the oracle's t=0 instance count ready (default: the spec's count)",
         ),
     ] = False,
+    fleet: Annotated[
+        bool, typer.Option("--fleet", help="simulate every group of the spec together")
+    ] = False,
+    pool: Annotated[
+        list[str] | None,
+        typer.Option("--pool", help="NAME=COUNT: the pool's size instead of the spec's (fleet)"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """What would happen with this spec on that traffic? (trace-driven simulation)"""
     from sluice.core.errors import SpecError, SpecIssue
     from sluice.sim import SimOptions
-    from sluice.sim.study import TraceShape, simulate_spec
+    from sluice.sim.fleet import FleetOptions
+    from sluice.sim.study import (
+        TraceShape,
+        parse_pool_counts,
+        simulate_fleet_spec,
+        simulate_spec,
+        wants_fleet,
+    )
 
     def do() -> dict[str, Any]:
         if speedup <= 0 or rate_scale <= 0:
             raise SpecError([SpecIssue("--speedup/--rate-scale", "must be > 0")])
+        shape = TraceShape(start, duration, speedup, rate_scale)
+        if wants_fleet(trace, fleet):
+            alone = {
+                "--warm-start": warm,
+                "--crash-rate": crash_rate > 0,
+                "--slow-start-prob": slow_start_prob > 0,
+            }
+            issues = [
+                SpecIssue(flag, "the one-group simulation's option; leave it out for a fleet")
+                for flag, given in alone.items()
+                if given
+            ]
+            if issues:
+                raise SpecError(issues)
+            return simulate_fleet_spec(
+                spec,
+                trace,
+                group=group,
+                policy=policy,
+                slo_ms=slo_ms,
+                shape=shape,
+                pools=parse_pool_counts(pool or []),
+                options=FleetOptions(seed=seed),
+                report_dir=report,
+            )
+        if pool:
+            fix = "add --fleet (or --trace GROUP=FILE) to run the fleet simulation"
+            raise SpecError([SpecIssue("--pool", f"a pool size is a fleet what-if; {fix}")])
         return simulate_spec(
             spec,
-            trace,
+            trace[0],
             group=group,
             policy=policy,
             slo_ms=slo_ms,
-            shape=TraceShape(start, duration, speedup, rate_scale),
+            shape=shape,
             options=SimOptions(
                 seed=seed,
                 crash_rate_per_hour=crash_rate,
@@ -90,6 +136,9 @@ def simulate(
         )
 
     def render(r: dict[str, Any]) -> None:
+        if r.get("mode") == "fleet":
+            render_fleet(r)
+            return
         out.print(
             f"{r['group']} / {r['policy']} ({r['start']} start, "
             f"{r['initial_instances']} ready at t=0): {r['requests']} requests, "
@@ -112,3 +161,47 @@ def simulate(
             out.print(f"report: {r['report']}")
 
     run(as_json, do, render)
+
+
+def render_fleet(r: dict[str, Any]) -> None:
+    """A row per group and the totals: SLO vs target, p99, instance-hours, cost, borrowed and
+    lent unit-hours, reclaims (max latency), peak."""
+    from rich import box
+    from rich.table import Column, Table
+
+    t = Table(
+        *(Column("GROUP", no_wrap=True), "REQS", Column("SLO/TGT %", no_wrap=True), "P99 MS"),
+        *("INST-H", "COST", "BORROW", "LENT", Column("RECLAIM", no_wrap=True), "PEAK"),
+        title=f"fleet simulation, {r['duration_s']:.0f} s",
+        caption="BORROW, LENT: unit-hours; RECLAIM: for the group's units (max latency)",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+    )
+    for g in r["groups"]:
+        reclaims = str(g["reclaims"])
+        if g["reclaim_max_latency_s"] is not None:
+            reclaims += f" ({g['reclaim_max_latency_s']:.0f}s)"
+        slo = "-"
+        if g["requests"]:
+            color = "green" if g["slo_attainment"] >= g["slo_target"] else "red"
+            slo = f"[{color}]{100 * g['slo_attainment']:.2f}[/]/{100 * g['slo_target']:g}"
+        t.add_row(
+            *(g["group"], str(g["requests"]), slo),
+            f"{g['p99_ms']:.0f}" if g["p99_ms"] is not None else "-",
+            *(f"{g['instance_seconds'] / 3600:.2f}", f"{g['cost']:.2f}"),
+            *(f"{g['borrowed_unit_hours']:.2f}", f"{g['lent_unit_hours']:.2f}"),
+            *(reclaims, str(g["peak_instances"])),
+        )
+    tot = r["totals"]
+    t.add_section()
+    t.add_row(
+        *("total", str(tot["requests"]), f"{100 * tot['slo_attainment']:.2f}", ""),
+        *(f"{tot['instance_seconds'] / 3600:.2f}", f"{tot['cost']:.2f}"),
+        *(f"{tot['borrowed_unit_hours']:.2f}", "", str(tot["reclaims"]), ""),
+    )
+    out.print(t)
+    pools = ", ".join(f"{p['name']} {p['count']} units" for p in r["pools"])
+    out.print(f"pools: {pools}; {len(r['ledger'])} loans in the ledger", soft_wrap=True)
+    if "report" in r:
+        out.print(f"report: {r['report']}")

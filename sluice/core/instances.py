@@ -48,3 +48,8 @@ class InstanceStatus:
     reason: str = ""
     pid: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def started_at(self) -> float:
+        """When it was launched (the quota allocator drains the newest first)."""
+        return self.created_at

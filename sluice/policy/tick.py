@@ -39,7 +39,6 @@ from sluice.policy.quota import (
     GroupClaim,
     PoolState,
     QuotaState,
-    RunningInstance,
     allocate_advised,
 )
 from sluice.policy.quota.metering import TOTAL, Meter
@@ -287,8 +286,13 @@ def _index(spec: PlatformSpec) -> _Index:
 
 
 def _claim(g: GroupSpec, mine: Sequence[InstanceStatus], wanted: int, meter: Meter) -> GroupClaim:
-    running = [RunningInstance(i.id, i.created_at) for i in mine if i.state in _RUNNING]
-    draining = sum(1 for i in mine if i.state is InstanceState.DRAINING)
+    running = []
+    draining = 0
+    for i in mine:
+        if i.state in _RUNNING:
+            running.append(i)
+        elif i.state is InstanceState.DRAINING:
+            draining += 1
     return GroupClaim(
         name=g.name,
         pool=g.resources.pool,

@@ -1,5 +1,7 @@
 """One what-if study: a spec, a trace (windowed and scaled), a policy -> the summary document
-(and optionally the HTML report). `sluice simulate` and the benchmarks call this.
+(and optionally the HTML report). `sluice simulate` and the benchmarks call this. A fleet
+study (`simulate_fleet_spec`) runs every group of the spec, a trace per group
+(`--trace GROUP=FILE`, or one CSV with a `group` column), through `sluice.sim.fleet`.
 
 `warm=True` begins the run (any policy, the oracle and the causal reference too) with
 the oracle's instance count at t = 0 ready (`sluice.sim.warm.warm_start`); without it a
@@ -7,6 +9,9 @@ live policy starts at its spec's count and the oracle at its own t = 0 need, as 
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,14 +19,28 @@ from typing import Any
 from sluice.core.errors import SpecError, SpecIssue
 from sluice.sim.causal import HINDSIGHT_NOTE, causal
 from sluice.sim.engine import SimOptions, SimResult, make_policy, prepare, run
-from sluice.sim.families import load_trace_or_family
+from sluice.sim.families import FAMILY_PREFIX, load_trace_or_family
+from sluice.sim.fleet import FleetOptions, run_fleet
+from sluice.sim.fleet_report import write_fleet_report
 from sluice.sim.model import InstanceModel, pick_group
 from sluice.sim.oracle import oracle
 from sluice.sim.report import write_report
+from sluice.sim.trace import Trace, has_group_column, load_group_traces
 from sluice.sim.warm import warm_start
+from sluice.spec import PlatformSpec
 from sluice.spec.loader import load_spec_file
 
-__all__ = ["TraceShape", "simulate_spec"]
+__all__ = [
+    "TraceShape",
+    "fleet_traces",
+    "parse_pool_counts",
+    "simulate_fleet_spec",
+    "simulate_spec",
+    "split_group_ref",
+    "wants_fleet",
+]
+
+_GROUP_REF = re.compile(r"^([a-z0-9](?:[a-z0-9._-]{0,61}[a-z0-9])?)=(.+)$")
 
 
 @dataclass(frozen=True)
@@ -105,4 +124,108 @@ def simulate_spec(
     summary["instance_model"] = model.describe()
     if report_dir is not None:
         summary["report"] = str(write_report(result, report_dir, summary))
+    return summary
+
+
+def split_group_ref(ref: str) -> tuple[str | None, str]:
+    """`GROUP=FILE` -> (GROUP, FILE); a plain FILE or `family:NAME[@SEED]` -> (None, ref)."""
+    m = _GROUP_REF.match(ref)
+    if m is None or ref.startswith(FAMILY_PREFIX) or Path(ref).exists():
+        return None, ref
+    return m.group(1), m.group(2)
+
+
+def wants_fleet(refs: Sequence[str], fleet: bool = False) -> bool:
+    """The fleet simulation runs when asked, for several traces or a `GROUP=` prefix, and
+    for one CSV with a `group` column; else the one-group engine, as before."""
+    if fleet or len(refs) != 1:
+        return True
+    group, ref = split_group_ref(refs[0])
+    return group is not None or (not ref.startswith(FAMILY_PREFIX) and has_group_column(ref))
+
+
+def parse_pool_counts(values: Sequence[str]) -> dict[str, int]:
+    """`--pool NAME=COUNT` (repeatable) -> {NAME: COUNT}."""
+    out: dict[str, int] = {}
+    for v in values:
+        name, _, count = v.partition("=")
+        if not name or not count.strip().isdigit():
+            fix = "write NAME=COUNT with a whole number, e.g. --pool gpu=40"
+            raise SpecError([SpecIssue("--pool", f"bad value {v!r}: {fix}")])
+        out[name.strip()] = int(count)
+    return out
+
+
+def fleet_traces(
+    spec: PlatformSpec, refs: Sequence[str], group: str | None = None, source: str = "<spec>"
+) -> dict[str, Trace]:
+    """Each group's trace: `GROUP=FILE` (FILE may be `family:NAME[@SEED]`), one CSV with a
+    `group` column (split by it), or one plain trace for `group` (`pick_group`'s default).
+    `source`: the spec's file, named by the errors."""
+    known = {g.name for g in spec.groups}
+    names = ", ".join(sorted(known)) or "none"
+    out: dict[str, Trace] = {}
+    for raw in refs:
+        name, ref = split_group_ref(raw)
+        if name is None and len(refs) == 1 and has_group_column(ref):
+            return load_group_traces(ref, known)
+        if name is None and len(refs) > 1:
+            fix = "prefix each with its group: --trace GROUP=FILE"
+            why = f"{raw!r} has no group and is not alone; {fix}"
+            raise SpecError([SpecIssue("--trace", why, source)])
+        if name is None:
+            name = pick_group(spec, group, source).name
+        if name not in known:
+            fix = f"use one of the spec's groups: {names}, or add {name!r} to the spec"
+            why = f"no group named {name!r} in the spec; {fix}"
+            raise SpecError([SpecIssue("--trace", why, source)])
+        if name in out:
+            why = f"two traces for group {name!r}; give one"
+            raise SpecError([SpecIssue("--trace", why, source)])
+        out[name] = load_trace_or_family(ref)
+    return out
+
+
+def simulate_fleet_spec(
+    spec_path: str | Path,
+    refs: Sequence[str],
+    *,
+    group: str | None = None,
+    policy: str | None = None,
+    slo_ms: float | None = None,
+    shape: TraceShape | None = None,
+    pools: Mapping[str, int] | None = None,
+    options: FleetOptions | None = None,
+    report_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Run the whole spec on its traces (`fleet_traces`), each windowed and scaled by
+    `shape`; `policy` replaces every autoscaled group's, `pools` the pools' counts. Returns
+    `FleetResult.summary()` (the `--json` document)."""
+    if policy in ("oracle", "causal"):
+        fix = "the fleet runs the live policies; use the one-group simulation for it"
+        raise SpecError([SpecIssue("--policy", f"{policy!r}: {fix}")])
+    spec = load_spec_file(spec_path).spec
+    sh = shape or TraceShape()
+    o = options or FleetOptions()
+    works = {}
+    for name, trace in fleet_traces(spec, refs, group, str(spec_path)).items():
+        g = spec.group(name)
+        assert g is not None
+        cut = trace.transform(
+            start=sh.start,
+            duration=sh.duration,
+            speedup=sh.speedup,
+            rate_scale=sh.rate_scale,
+            seed=o.seed,
+        )
+        works[name] = prepare(InstanceModel.from_spec(spec, g, slo_ms), cut)
+    if policy is not None:
+        every = {g.name: policy for g in spec.groups if g.autoscaling is not None}
+        o = dataclasses.replace(o, policies=every)
+    if pools:
+        o = dataclasses.replace(o, pool_counts={**o.pool_counts, **pools})
+    result = run_fleet(spec, works, o)
+    summary = result.summary()
+    if report_dir is not None:
+        summary["report"] = str(write_fleet_report(result, report_dir, summary))
     return summary

@@ -1,5 +1,6 @@
 """Request traces: the shared CSV format (`t_s,input_tokens,output_tokens,model[,tenant,priority]`),
-loaded into arrays, with windowing, time scaling and rate scaling for what-if studies.
+loaded into arrays, with windowing, time scaling and rate scaling for what-if studies. An
+optional `group` column splits one file into a trace per group (the fleet simulator).
 
 A bad file raises `SpecError` whose issue names the file, the line and the fix, exactly like
 a bad spec (exit code 2).
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -19,9 +21,19 @@ import numpy.typing as npt
 from sluice.core.errors import NotFound, SpecError, SpecIssue
 from sluice.policy.routing import PRIORITIES
 
-__all__ = ["REQUIRED_COLUMNS", "Trace", "load_trace", "trace_from_rows"]
+__all__ = [
+    "GROUP_COLUMN",
+    "REQUIRED_COLUMNS",
+    "Trace",
+    "has_group_column",
+    "load_group_traces",
+    "load_trace",
+    "trace_from_rows",
+]
 
 REQUIRED_COLUMNS = ("t_s", "input_tokens", "output_tokens", "model")
+GROUP_COLUMN = "group"
+_T = TypeVar("_T")
 _FIX = "rows are `t_s,input_tokens,output_tokens,model[,tenant,priority]` (see traces/README.md)"
 
 
@@ -119,6 +131,41 @@ def trace_from_rows(rows: Iterable[Sequence[object]], name: str = "<rows>") -> T
 
 def load_trace(path: str | Path) -> Trace:
     """Read a trace CSV (header required). Rows need not be sorted; they are sorted by t_s."""
+    return _read(path)[0]
+
+
+def has_group_column(path: str | Path) -> bool:
+    """Whether the file is a readable CSV whose header names a `group` column."""
+    try:
+        with Path(path).open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), None)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return header is not None and GROUP_COLUMN in (h.strip() for h in header)
+
+
+def load_group_traces(path: str | Path, known: Collection[str]) -> dict[str, Trace]:
+    """One trace per value of the `group` column, each named `FILE[GROUP]`. A missing
+    column, an empty value or a group not in `known` is a `SpecError` naming the line."""
+    _, groups, lines = _read(path, with_group=True)
+    src = str(path)
+    if groups is None:
+        fix = f"add a `{GROUP_COLUMN}` column naming each row's group, or pass --trace GROUP=FILE"
+        raise SpecError([SpecIssue("header", f"no {GROUP_COLUMN} column; {fix}", src, 1)])
+    names = ", ".join(sorted(known)) or "none"
+    for value, line in lines.items():
+        if value not in known:
+            what = f"empty {GROUP_COLUMN}" if not value else f"no group named {value!r} in the spec"
+            fix = f"every row's {GROUP_COLUMN} must be one of the spec's groups: {names}"
+            raise SpecError([SpecIssue(GROUP_COLUMN, f"{what}; {fix}", src, line)])
+    return groups
+
+
+def _read(
+    path: str | Path, with_group: bool = False
+) -> tuple[Trace, dict[str, Trace] | None, dict[str, int]]:
+    """The whole trace; with `with_group`, also one trace per `group` value (None without
+    the column) and the first line of each value."""
     p = Path(path)
     src = str(p)
     try:
@@ -141,6 +188,7 @@ def load_trace(path: str | Path) -> Trace:
         it, ii, io, im = (cols.index(c) for c in REQUIRED_COLUMNS)
         itn = cols.index("tenant") if "tenant" in cols else -1
         ipr = cols.index("priority") if "priority" in cols else -1
+        igr = cols.index(GROUP_COLUMN) if with_group and GROUP_COLUMN in cols else -1
         width = len(cols)
         ts: list[float] = []
         ins: list[int] = []
@@ -148,6 +196,8 @@ def load_trace(path: str | Path) -> Trace:
         models: list[str] = []
         tenants: list[str] = []
         prios: list[str] = []
+        groups: list[str] = []
+        first: dict[str, int] = {}
         for line, row in enumerate(reader, start=2):
             if not row:
                 continue
@@ -206,7 +256,28 @@ def load_trace(path: str | Path) -> Trace:
             models.append(row[im].strip())
             tenants.append(row[itn].strip() if itn >= 0 else "")
             prios.append(prio or "normal")
-    return _build(p.name, ts, ins, outs, models, tenants, prios)
+            if igr >= 0:
+                groups.append(row[igr].strip())
+                first.setdefault(groups[-1], line)
+    whole = _build(p.name, ts, ins, outs, models, tenants, prios)
+    if igr < 0:
+        return whole, None, first
+    rows_of: dict[str, list[int]] = {}
+    for j, name in enumerate(groups):
+        rows_of.setdefault(name, []).append(j)
+    split = {
+        name: _build(
+            f"{p.name}[{name}]",
+            *(_pick(ts, sel), _pick(ins, sel), _pick(outs, sel)),
+            *(_pick(models, sel), _pick(tenants, sel), _pick(prios, sel)),
+        )
+        for name, sel in rows_of.items()
+    }
+    return whole, split, first
+
+
+def _pick(xs: list[_T], sel: list[int]) -> list[_T]:
+    return [xs[j] for j in sel]
 
 
 def _build(

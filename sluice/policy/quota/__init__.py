@@ -20,6 +20,7 @@ from sluice.policy.quota.model import (
     Purpose,
     QuotaState,
     Reclaim,
+    Running,
     RunningInstance,
     hours_left_in_month,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "Purpose",
     "QuotaState",
     "Reclaim",
+    "Running",
     "RunningInstance",
     "Underuse",
     "UsageSample",

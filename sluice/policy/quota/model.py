@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from sluice.spec.quota import BudgetSpec, QuotaSpec
 
@@ -19,6 +19,7 @@ __all__ = [
     "Purpose",
     "QuotaState",
     "Reclaim",
+    "Running",
     "RunningInstance",
     "hours_left_in_month",
 ]
@@ -35,6 +36,17 @@ class PoolState:
     purpose: Purpose
     count: int
     price_per_hour: float = 0.0
+
+
+class Running(Protocol):
+    """What the allocator reads of a running instance (an `InstanceStatus` is one: the
+    controller passes its observations as they are, no copy per instance per tick)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def started_at(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +76,7 @@ class GroupClaim:
     units_per_instance: int
     wanted: int
     quota: QuotaSpec = field(default_factory=QuotaSpec)
-    running: Sequence[RunningInstance] = ()
+    running: Sequence[Running] = ()
     draining_units: int = 0
     budget: BudgetSpec | None = None
     spent_this_month: float = 0.0
