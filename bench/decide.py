@@ -7,10 +7,10 @@ Half the groups autoscale (the spec's default policy, due every tick at the defa
 interval) on the load a gateway reports: Poisson arrivals at a rate of its own per group
 (1-40/s), each request served in 0.05-0.5 s (the group's mean, with the served seconds the
 gateway counts), a few groups flash-crowding at 5x for a while so some scale each tick;
-every group has a guarantee and may borrow, so the allocator lends, refuses and reclaims. Each tick's input is built outside
-the timer (as the live controller builds it from the supervisor and the gateway); the
-timer covers `decide` alone (autoscalers, quota, plan, tiers). Prints the median and the
-max over `--ticks` ticks, and the target: both <= 50 ms.
+every group has a guarantee and may borrow, so the allocator lends, refuses and reclaims.
+Each tick's input is built outside the timer (as the live controller builds it from the
+supervisor and the gateway); the timer covers `decide` alone (autoscalers, quota, plan,
+tiers). Prints the median and the max over `--ticks` ticks, and the target: both <= 50 ms.
 """
 
 from __future__ import annotations

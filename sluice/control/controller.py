@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sluice.control.advisory import scaling_metrics, switched_modes
@@ -527,7 +527,7 @@ class Controller:
                 self._supervisor.remove(action.instance_id, action.reason)
         # 5. Canary analysis of running rollouts, then publish the routing snapshot when the
         #    ready set, a split or the spec changed (a rollback reaches the gateway here).
-        await self._rollouts.tick(spec, list(decision.observed), now)
+        await self._rollouts.tick(spec, decision.observed, now)
         self._publish_routing(spec)
 
     def tier(self, instance_id: str) -> str | None:
@@ -541,7 +541,7 @@ class Controller:
             if g.resources.pool == group.resources.pool and g.name != group.name
         )
 
-    async def _track_crash_loops(self, observed: list[InstanceStatus], now: float) -> None:
+    async def _track_crash_loops(self, observed: Sequence[InstanceStatus], now: float) -> None:
         """Count each failed instance once per group; a newly READY one resets the group."""
         for inst in observed:
             if inst.id in self._seen:

@@ -49,8 +49,15 @@ def ready(group: str, n: int, template: str, t0: float = 0.0) -> list[InstanceSt
 
 
 def load(current: int) -> GroupLoad:
-    return GroupLoad(at=T0, current=current, ready=current, slots_per_instance=1, in_flight=0,
-                     queued=0, arrivals=0)
+    return GroupLoad(
+        at=T0,
+        current=current,
+        ready=current,
+        slots_per_instance=1,
+        in_flight=0,
+        queued=0,
+        arrivals=0,
+    )
 
 
 def test_an_autoscaler_is_clipped_by_quota_and_its_burst_runs_above_the_guarantee() -> None:
@@ -127,9 +134,7 @@ def test_advice_is_previewed_against_quota_and_changes_nothing() -> None:
 
 def test_instances_of_a_group_no_longer_in_the_spec_stop() -> None:
     s = spec()
-    gone = ready("old", 1, "x") + [
-        InstanceStatus("old-9", "old", "x", InstanceState.STARTING, T0)
-    ]
+    gone = [*ready("old", 1, "x"), InstanceStatus("old-9", "old", "x", InstanceState.STARTING, T0)]
     tick = decide(TickInput(s, gone, {"core": 0, "bursty": 0}, T0, meter=Meter()))
     assert {(type(a), a.instance_id) for a in tick.actions if not isinstance(a, Launch)} == {
         (Drain, "old-0"),
