@@ -21,6 +21,8 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from sluice.core import InstanceState, InstanceStatus  # noqa: E402
 from sluice.policy.autoscale import GroupLoad, build_autoscaler  # noqa: E402
+from sluice.policy.plan import Action, Drain, Launch, Remove  # noqa: E402
 from sluice.policy.quota.metering import Meter  # noqa: E402
 from sluice.policy.tick import TickInput, decide  # noqa: E402
 from sluice.spec import PlatformSpec, load_spec_text  # noqa: E402
@@ -63,6 +66,19 @@ def fleet_spec(groups: int, per_group: int, pools: int) -> PlatformSpec:
     return load_spec_text("\n".join(lines) + "\n").spec
 
 
+def applied(
+    observed: list[InstanceStatus], actions: Sequence[Action], now: float
+) -> list[InstanceStatus]:
+    """The fleet after the supervisor carried out `actions` (at once: a launch is ready by
+    the next tick, a drain or removal is gone), so the next tick sees what this one did."""
+    gone = {a.instance_id for a in actions if isinstance(a, (Drain, Remove))}
+    out = [i for i in observed if i.id not in gone] if gone else list(observed)
+    for n, a in enumerate(a for a in actions if isinstance(a, Launch)):
+        iid = f"{a.group}-{now:.0f}-{n}"
+        out.append(InstanceStatus(iid, a.group, a.template, InstanceState.READY, now))
+    return out
+
+
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     spec = fleet_spec(args.groups, args.per_group, args.pools)
     rng = random.Random(1)
@@ -86,20 +102,21 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     meter = Meter()
     times: list[float] = []
     actions = 0
-    for tick in range(args.ticks):
+    for tick in range(args.warmup + args.ticks):
         now = T0 + tick
         loads = {}
+        ready = Counter(i.group for i in observed)
         for k, g in enumerate(scaled):
             crowd = 5.0 if (k + tick) % 50 < 5 else 1.0  # each group peaks 5 s in 50
             n = int(np_rng.poisson(rate[g.name] * crowd))
             arrivals[g.name] += n
             served[g.name] += n * service[g.name]
             busy = int(np_rng.poisson(rate[g.name] * crowd * service[g.name]))
-            slots = args.per_group * g.max_concurrency
+            slots = ready[g.name] * g.max_concurrency
             loads[g.name] = GroupLoad(
                 at=now,
                 current=counts[g.name],
-                ready=args.per_group,
+                ready=ready[g.name],
                 slots_per_instance=g.max_concurrency,
                 in_flight=min(busy, slots),
                 queued=max(0, busy - slots),
@@ -121,19 +138,23 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         )
         t1 = time.perf_counter()
         decision = decide(inputs)
-        times.append(time.perf_counter() - t1)
+        if tick >= args.warmup:
+            times.append(time.perf_counter() - t1)
         quota = decision.allocation.enforced.state
         advice = decision.allocation.advice.state
         meter = meter.holding(decision.allocation.enforced)
         counts.update(decision.counts)
-        actions += len(decision.actions)
+        actions += len(decision.actions) if tick >= args.warmup else 0
+        observed = applied(observed, decision.actions, now)
     median_ms = statistics.median(times) * 1000
     max_ms = max(times) * 1000
     return {
         "groups": args.groups,
-        "instances": len(observed),
+        "instances": args.groups * args.per_group,
+        "instances_at_end": len(observed),
         "pools": args.pools,
         "ticks": args.ticks,
+        "warmup_ticks": args.warmup,
         "median_ms": round(median_ms, 2),
         "max_ms": round(max_ms, 2),
         "target_ms": TARGET_MS,
@@ -148,6 +169,9 @@ def main() -> None:
     ap.add_argument("--per-group", type=int, default=10)
     ap.add_argument("--pools", type=int, default=10)
     ap.add_argument("--ticks", type=int, default=100)
+    ap.add_argument(
+        "--warmup", type=int, default=300, help="untimed ticks first (windows fill up)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     result = bench(args)

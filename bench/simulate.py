@@ -10,7 +10,7 @@ Replays the Azure code trace, rate-scaled (each request replicated, copies jitte
 (`end_to_end_requests_per_s`).
 
 Beside it, the fleet simulation (`sluice.sim.run_fleet`, the controller's `decide` every
-virtual second): the ten groups of bench/specs/fleet10.yaml on one pool of 100 units, each
+virtual second): the ten groups of examples/fleet10.yaml on one pool of 100 units, each
 with `--fleet-seconds` of a generated family (`FLEET_TRACES`: poisson, diurnal, flash-crowd,
 on/off, ramp), nine with traffic and one lender without; `fleet_requests_per_s` (best of
 `--repeats`), the time spent in `decide` (`fleet_decide_s`) and the rate without it
@@ -39,7 +39,7 @@ from sluice.sim.fleet import run_fleet  # noqa: E402
 from sluice.spec import load_spec_file  # noqa: E402
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.norm.csv"
-FLEET_SPEC = ROOT / "bench" / "specs" / "fleet10.yaml"
+FLEET_SPEC = ROOT / "examples" / "fleet10.yaml"
 FLEET_TRACES = {
     "search": ("poisson-16", 6.0, 1),
     "chat": ("diurnal", 25.0, 2),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sluice.control.advisory import scaling_metrics, switched_modes
@@ -86,7 +86,7 @@ class Controller:
         """Instances already counted as failed or ready, for the crash-loop backoff."""
         self._servers = ServerScraper(clock.now)
         self._autoscaling = LiveAutoscaling(traffic, self._servers.load)
-        self._tiers: dict[str, str] = {}
+        self._tiers: Mapping[str, str] = {}
         self._scaled: dict[str, int] = {}
         """The autoscaler's instance count per actively autoscaled group (journaled, so it
         survives a restart)."""
@@ -510,7 +510,7 @@ class Controller:
             await self._decisions.record(scaled, st.server if st else None, now)
         self._scaled.update(decision.counts)
         self._decisions.keep_only({g.name for g in spec.groups if is_advisory(g)})
-        self._tiers = dict(decision.tiers)
+        self._tiers = decision.tiers  # worked out when first read
         # 4. Apply (launches of a crash-looping group wait for its backoff).
         await self._track_crash_loops(decision.observed, now)
         self._supervisor.withheld_env = secret_env_names(spec)

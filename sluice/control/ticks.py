@@ -19,14 +19,13 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from sluice.control.events import EventLog, store_error_text, store_outage
 from sluice.core import Clock
+from sluice.policy.tick import TICK_S
 from sluice.store import Store
 
 __all__ = ["PLATFORM", "TickLoop"]
 
 log = logging.getLogger("sluice.controller")
 
-TICK_S = 1.0
-"""Longest pause between two reconcile passes; any instance state change wakes it sooner."""
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 30.0
 """After a failed tick the next try waits RETRY_MIN_S, doubling each failure up to this."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from sluice.core.instances import ALIVE_STATES, InstanceState, InstanceStatus
@@ -47,6 +47,7 @@ from sluice.spec import GroupSpec, PlatformSpec
 __all__ = [
     "BURST",
     "STABLE",
+    "TICK_S",
     "Scaled",
     "TickDecision",
     "TickInput",
@@ -56,6 +57,9 @@ __all__ = [
     "standby",
 ]
 
+TICK_S = 1.0
+"""The longest pause between two reconcile ticks (the live loop ticks sooner when an
+instance changes state; the fleet simulator ticks every `TICK_S` of virtual time)."""
 STABLE, BURST = "stable", "burst"
 _RUNNING = frozenset(
     {InstanceState.PENDING, InstanceState.STARTING, InstanceState.WARMING, InstanceState.READY}
@@ -121,8 +125,8 @@ class TickDecision:
     """What the tick decided. `counts`: the active autoscaled groups' new counts (those that
     moved). `observed`: the fleet as the planner saw it (reclaimed instances draining).
     `actions`: reclaim drains first, then each group's plan. `spare`: units per pool
-    neither held nor granted (room to surge). `held`: units per group now. `tiers`: alive
-    instance id -> `stable` | `burst`."""
+    neither held nor granted (room to surge). `held`: units per group now. `tiers`: each
+    instance running when the tick began (a reclaimed one included) -> `stable` | `burst`."""
 
     scaled: tuple[Scaled, ...]
     counts: Mapping[str, int]
@@ -130,15 +134,10 @@ class TickDecision:
     preview: Allocation | None
     claims: tuple[GroupClaim, ...]
     observed: tuple[InstanceStatus, ...]
-    targets: tuple[GroupTarget, ...]
     actions: tuple[Action, ...]
     spare: Mapping[str, int]
     held: Mapping[str, int]
     tiers: Mapping[str, str]
-
-    @property
-    def grants(self) -> Mapping[str, int]:
-        return {name: g.instances for name, g in self.allocation.enforced.grants.items()}
 
 
 def clipped(
@@ -162,53 +161,36 @@ def clipped(
 
 def decide(inp: TickInput) -> TickDecision:
     """The whole tick's decision (module docstring); mutates only the policies' memory."""
-    spec, now = inp.spec, inp.now
-    index = _index(spec)
-    by_group: dict[str, list[InstanceStatus]] = {}
-    for inst in inp.observed:
-        by_group.setdefault(inst.group, []).append(inst)
+    index = _index(inp.spec)
+    by_group = _by_group(inp.observed)
     decisions = {
-        name: inp.scalers[name].decide(load, now)
+        name: inp.scalers[name].decide(load, inp.now)
         for name, load in inp.loads.items()
         if name in index.groups
     }
-    wanted = {g.name: inp.counts.get(g.name, g.replicas) + standby(g) for g in spec.groups}
+    wanted = {
+        name: inp.counts.get(name, g.replicas) + index.standby[name]
+        for name, g in index.groups.items()
+    }
     for name, d in decisions.items():
-        g = index.groups[name]
-        if not is_advisory(g):
-            wanted[name] = max(d.desired, inp.floors.get(name, 0)) + standby(g)
-    claims = [_claim(g, by_group.get(g.name, ()), wanted[g.name], inp.meter) for g in spec.groups]
-    advised = _allocate(spec, index, claims, inp, inp.quota, inp.advice)
+        if name not in index.advising:
+            wanted[name] = max(d.desired, inp.floors.get(name, 0)) + index.standby[name]
+    claims = [
+        _claim(g, by_group.get(g.name, ()), wanted[g.name], inp.meter) for g in inp.spec.groups
+    ]
+    advised = _allocate(inp.spec, index, claims, inp, inp.quota, inp.advice)
     alloc = advised.enforced
-    scaled: list[Scaled] = []
-    counts: dict[str, int] = {}
-    advising = {n: d for n, d in decisions.items() if is_advisory(index.groups[n])}
-    for name, d in decisions.items():
-        if name in advising:
-            continue
-        g, floor = index.groups[name], inp.floors.get(name, 0)
-        count, guards, reason = clipped(g, d, alloc.grants[name].instances, floor, alloc)
-        load = inp.loads[name]
-        scaled.append(Scaled(g, load, d, inp.scalers[name].name, count, guards, reason, False))
-        if count != load.current:
-            counts[name] = count
-    preview = None
-    if advising:
-        asked = {n: max(d.desired, inp.floors.get(n, 0)) for n, d in advising.items()}
-        shown = [dataclasses.replace(c, wanted=asked.get(c.name, c.wanted)) for c in claims]
-        # on this round's memory: what the next round would grant the advised counts
-        preview = _allocate(spec, index, shown, inp, alloc.state, advised.advice.state).enforced
-        for name, d in advising.items():
-            g, floor = index.groups[name], inp.floors.get(name, 0)
-            count, guards, reason = clipped(g, d, preview.grants[name].instances, floor, preview)
-            load = inp.loads[name]
-            scaled.append(Scaled(g, load, d, inp.scalers[name].name, count, guards, reason, True))
+    scaled, counts, preview = _settle(index, inp, decisions, claims, advised)
     actions: list[Action] = []
     draining: dict[str, str] = {}
     for r in alloc.reclaims:  # serving-aware: out of routing, drained, then released
         for iid in r.instance_ids:
             draining[iid] = r.reason
             actions.append(Drain(r.borrower, iid, r.reason))
+    own = {
+        n: alloc.grants[n].own_units // g.resources.accelerators for n, g in index.groups.items()
+    }
+    tiers = _Tiers(by_group, own)  # of the fleet as the tick found it: a reclaimed one's too
     observed = tuple(inp.observed)
     if draining:
         observed = tuple(
@@ -217,28 +199,19 @@ def decide(inp: TickInput) -> TickDecision:
             else i
             for i in observed
         )
-        by_group = {}
-        for inst in observed:
-            by_group.setdefault(inst.group, []).append(inst)
+        by_group = _by_group(observed)
     held = {c.name: len(c.running) * c.units_per_instance + c.draining_units for c in claims}
-    spare = {p.name: p.count for p in spec.pools}
+    spare = {p.name: p.count for p in index.pools}
     for c in claims:
         granted = alloc.grants[c.name].instances * c.units_per_instance
         if c.pool in spare:
             spare[c.pool] -= max(held[c.name], granted)
-    targets = [
-        _target(g, index.templates[g.name], alloc.grants[g.name].instances, spare)
-        for g in spec.groups
-    ]
-    targets += [GroupTarget(name, "", 0) for name in by_group.keys() - index.groups.keys()]
-    for t in targets:
-        mine = by_group.get(t.group, ())
-        if not _settled(t, mine):
-            actions += plan_group(t, mine)
-    tiers: dict[str, str] = {}
-    for g in spec.groups:
-        own = alloc.grants[g.name].own_units // g.resources.accelerators
-        _tier(by_group.get(g.name, ()), own, tiers)
+    for name, g in index.groups.items():
+        grant, mine = alloc.grants[name], by_group.get(name, ())
+        if not _settled(index.templates[name], grant.instances, mine):
+            actions += plan_group(_target(g, index.templates[name], grant.instances, spare), mine)
+    for name in by_group.keys() - index.groups.keys():  # groups gone from the spec
+        actions += plan_group(GroupTarget(name, "", 0), by_group[name])
     return TickDecision(
         scaled=tuple(scaled),
         counts=counts,
@@ -246,12 +219,49 @@ def decide(inp: TickInput) -> TickDecision:
         preview=preview,
         claims=tuple(claims),
         observed=observed,
-        targets=tuple(targets),
         actions=tuple(actions),
         spare={k: max(0, v) for k, v in spare.items()},
         held=held,
         tiers=tiers,
     )
+
+
+def _by_group(observed: Sequence[InstanceStatus]) -> dict[str, list[InstanceStatus]]:
+    out: dict[str, list[InstanceStatus]] = {}
+    for inst in observed:
+        out.setdefault(inst.group, []).append(inst)
+    return out
+
+
+def _settle(
+    index: _Index,
+    inp: TickInput,
+    decisions: Mapping[str, Decision],
+    claims: Sequence[GroupClaim],
+    advised: AdvisedAllocation,
+) -> tuple[list[Scaled], dict[str, int], Allocation | None]:
+    """Each decision as quota leaves it: an active one becomes the group's count (the
+    moved ones in `counts`); an advisory one is previewed against quota on this round's
+    memory (what the next round would grant it) and changes nothing."""
+    alloc = advised.enforced
+    scaled: list[Scaled] = []
+    counts: dict[str, int] = {}
+    advising = {n: d for n, d in decisions.items() if n in index.advising}
+    preview = None
+    if advising:
+        asked = {n: max(d.desired, inp.floors.get(n, 0)) for n, d in advising.items()}
+        shown = [dataclasses.replace(c, wanted=asked.get(c.name, c.wanted)) for c in claims]
+        preview = _allocate(inp.spec, index, shown, inp, alloc.state, advised.advice.state).enforced
+    for name, d in decisions.items():
+        advisory = name in advising
+        basis = preview if advisory and preview is not None else alloc
+        g, load = index.groups[name], inp.loads[name]
+        floor = inp.floors.get(name, 0)
+        count, guards, reason = clipped(g, d, basis.grants[name].instances, floor, basis)
+        scaled.append(Scaled(g, load, d, inp.scalers[name].name, count, guards, reason, advisory))
+        if not advisory and count != load.current:
+            counts[name] = count
+    return scaled, counts, preview
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,8 +270,12 @@ class _Index:
 
     groups: Mapping[str, GroupSpec]
     templates: Mapping[str, str]
+    standby: Mapping[str, int]
     pools: tuple[PoolState, ...]
     advisory: frozenset[str]
+    """groups whose quota only advises"""
+    advising: frozenset[str]
+    """groups whose autoscaler only advises"""
 
 
 _INDEXES: OrderedDict[int, tuple[PlatformSpec, _Index]] = OrderedDict()
@@ -276,8 +290,10 @@ def _index(spec: PlatformSpec) -> _Index:
     found = _Index(
         groups={g.name: g for g in spec.groups},
         templates={g.name: g.template() for g in spec.groups},
+        standby={g.name: standby(g) for g in spec.groups},
         pools=tuple(PoolState(p.name, p.purpose, p.count, p.price_per_hour) for p in spec.pools),
         advisory=frozenset(g.name for g in spec.groups if g.quota.mode == "advisory"),
+        advising=frozenset(g.name for g in spec.groups if is_advisory(g)),
     )
     _INDEXES[id(spec)] = (spec, found)
     while len(_INDEXES) > 4:
@@ -338,18 +354,43 @@ def _target(g: GroupSpec, template: str, instances: int, spare: Mapping[str, int
     return GroupTarget(g.name, template, instances, max_surge=0, max_unavailable=1)
 
 
-def _settled(target: GroupTarget, mine: Sequence[InstanceStatus]) -> bool:
-    """Nothing to plan: exactly `replicas` alive instances, all of the target's template,
-    none failed (most groups on most ticks; `plan_group` would return no action)."""
+def _settled(template: str, replicas: int, mine: Sequence[InstanceStatus]) -> bool:
+    """Nothing to plan: exactly `replicas` alive instances, all of `template`, none failed
+    (most groups on most ticks; `plan_group` would return no action)."""
     alive = 0
     for i in mine:
         if i.state in ALIVE_STATES:
-            if i.template != target.template:
+            if i.template != template:
                 return False
             alive += 1
         elif i.state is InstanceState.FAILED:
             return False
-    return alive == target.replicas
+    return alive == replicas
+
+
+class _Tiers(Mapping[str, str]):
+    """Instance id -> tier, worked out on first read (the live controller reads it when
+    asked; a tick that nobody asks about pays nothing for it)."""
+
+    def __init__(self, by_group: Mapping[str, Sequence[InstanceStatus]], own: Mapping[str, int]):
+        self._by_group, self._own = by_group, own
+        self._tiers: dict[str, str] | None = None
+
+    def _all(self) -> dict[str, str]:
+        if self._tiers is None:
+            self._tiers = {}
+            for name, n in self._own.items():
+                _tier(self._by_group.get(name, ()), n, self._tiers)
+        return self._tiers
+
+    def __getitem__(self, key: str) -> str:
+        return self._all()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 def _tier(mine: Sequence[InstanceStatus], own: int, out: dict[str, str]) -> None:

@@ -42,7 +42,15 @@ from sluice.policy.plan import Drain, Launch
 from sluice.policy.quota import Allocation, Loan, QuotaState
 from sluice.policy.quota.metering import Meter
 from sluice.policy.routing import PRIORITIES
-from sluice.policy.tick import BURST, STABLE, TickInput, decide, is_advisory, standby
+from sluice.policy.tick import (
+    BURST,
+    STABLE,
+    TICK_S,
+    TickInput,
+    decide,
+    is_advisory,
+    standby,
+)
 from sluice.sim.engine import EPOCH, SimResult, Workload, _log_entry, prepare
 from sluice.sim.fleet_report import (
     FLEET_COLUMNS,
@@ -68,9 +76,6 @@ __all__ = [
     "with_pool_counts",
 ]
 
-TICK_S = 1.0
-"""The live TickLoop's period (`sluice.control.ticks.TICK_S`; the simulator may not import
-control, so the same value is defined here)."""
 
 _READY, _DRAIN_DEADLINE, _TICK = -3, -2, -1
 _STARTING, _ACTIVE, _DRAINING, _STOPPED, _DEAD = 0, 1, 2, 3, 4

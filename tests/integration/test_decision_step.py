@@ -12,6 +12,8 @@ import pytest
 import sluice.control.controller as live
 from sluice.policy import tick as step
 from sluice.policy.plan import Launch
+from sluice.sim.fleet import FleetOptions, run_fleet
+from sluice.spec import load_spec_text
 from tests.integration.test_advisory import controller, spec, ticks
 
 
@@ -41,3 +43,53 @@ async def test_the_controller_applies_what_the_decision_step_returns(
         metrics = ctl.server_metrics().decode()
         assert "sluice_controller_decide_seconds_count 3.0" in metrics
         assert "sluice_controller_tick_seconds_bucket" in metrics
+
+
+BUDGETED = """
+pools:
+  - {name: gpu, count: 4, memory_gb: 16, price_per_hour: 2.0}
+groups:
+  - name: chat
+    owner: o@example.com
+    business: search
+    alert_channel: "#ops"
+    models:
+      m: {runtime: sim}
+    resources: {pool: gpu, memory_gb: 1}
+    replicas: 3
+    quota: {guaranteed: 1}
+    budget: {max_accelerators: 2}
+tenants:
+  - {name: t, api_keys: [sk-t]}
+"""
+
+
+@pytest.mark.asyncio
+async def test_live_and_simulated_fleets_cut_the_same_burst_instance_for_a_budget(
+    tmp_path: Path,
+) -> None:
+    """Same inputs, same decision: 3 instances on a guarantee of 1 under a 2-accelerator
+    budget; the controller and the fleet simulator both drain the newest burst instance,
+    for the same reason, and keep the stable one."""
+    loaded = load_spec_text(BUDGETED, "budget.yaml")
+    drained: list[tuple[str, str]] = []
+    async with controller(tmp_path, loaded) as (ctl, sup, _store, clock):
+        ids = sorted(sup.instances, key=lambda i: sup.instances[i].created_at)
+        plain_drain = sup.drain
+
+        def drain(instance_id: str, reason: str) -> None:
+            drained.append((instance_id, reason))
+            plain_drain(instance_id, reason)
+
+        sup.drain = drain  # type: ignore[method-assign]
+        await ticks(ctl, clock, 1)
+        live_tiers = {i: ctl.tier(i) for i in ids}
+    result = run_fleet(loaded.spec, {}, FleetOptions(end_s=1.0))
+    (stop,) = result.groups["chat"].stops
+    assert stop["action"] == "drain" and stop["tier"] == step.BURST
+    ((live_id, live_reason),) = drained
+    assert live_id == ids[-1]  # the newest, a burst instance, as in the simulator
+    assert live_tiers == {ids[0]: step.STABLE, ids[1]: step.BURST, ids[2]: step.BURST}
+    assert stop["instance"].endswith("000002")
+    assert live_reason == stop["reason"]
+    assert "budget" in live_reason and "max_accelerators" in live_reason

@@ -9,7 +9,7 @@ tick (bench/simulate.py runs hours of trace a second).
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
 
 from sluice.policy.autoscale.base import GroupLoad
@@ -29,10 +29,6 @@ _SERVICE_MAX_S = 3600.0
 _EPS = 1e-9
 
 
-def _time(sample: tuple[float, int]) -> float:
-    return sample[0]
-
-
 class TrafficWindows:
     """Sliding windows over a group's samples. `spec` sets their lengths:
     `targets.window_s` (rate, concurrency), `panic.window_s` (burst rate, short queue),
@@ -48,8 +44,10 @@ class TrafficWindows:
         self._queue_w = SlidingMean(t.window_s)
         self._trend = Trend(t.trend_window_s)
         # t, cumulative arrivals: one sample a tick, as far back as the longest window read
-        # (rate, panic, burst horizon, memory); each window starts at `_start_index`
-        self._arrivals: deque[tuple[float, int]] = deque()
+        # (rate, panic, burst horizon, memory); each window starts at `_start_index`. Two
+        # parallel deques so each bisects without a key function (5 bisects a tick)
+        self._t: deque[float] = deque()
+        self._n: deque[int] = deque()
         self._horizon_s = 0.0
         # t, busy (or served) seconds, completions, served squares (-1: unknown)
         self._svc: deque[tuple[float, float, int, float]] = deque()
@@ -69,23 +67,25 @@ class TrafficWindows:
         self._queue.add(now, float(load.queued))
         self._queue_w.add(now, float(load.queued))
         at = load.at
-        q = self._arrivals
+        ts, ns = self._t, self._n
         arrived, dt = 0, 0.0
-        if q:
-            dt = at - q[-1][0]
-            arrived = max(0, load.arrivals - q[-1][1])
+        if ts:
+            dt = at - ts[-1]
+            arrived = max(0, load.arrivals - ns[-1])
             if dt > 0:
                 self._trend.add(at, arrived / dt)
                 self._busy_s += load.in_flight * dt
         self._observe_service(load)
-        q.append((at, load.arrivals))
+        ts.append(at)
+        ns.append(load.arrivals)
         self._horizon_s = horizon_s
         longest = max(
             spec.targets.window_s, spec.panic.window_s, horizon_s, spec.down.stabilization_s
         )
-        while len(q) > 2 and q[1][0] <= at - longest:
-            q.popleft()
-        t0, a0 = q[self._start_index(spec.panic.window_s)]
+        while len(ts) > 2 and ts[1] <= at - longest:
+            ts.popleft()
+            ns.popleft()
+        t0, a0 = self._sample(self._start_index(spec.panic.window_s))
         if dt > 0 and at > t0:
             expected = (load.arrivals - a0) / (at - t0) * dt
             self._expected.add(now, expected)
@@ -113,9 +113,13 @@ class TrafficWindows:
         """Where a window of `span_s` seconds ending at the newest sample starts: the newest
         sample at or before its start (so the window is spanned whole), else the oldest;
         never the newest itself while there are two."""
-        q = self._arrivals
-        i = bisect_right(q, q[-1][0] - span_s, key=_time) - 1
-        return min(max(i, 0), max(len(q) - 2, 0))
+        ts = self._t
+        i = bisect_right(ts, ts[-1] - span_s) - 1
+        return min(max(i, 0), max(len(ts) - 2, 0))
+
+    def _sample(self, i: int) -> tuple[float, int]:
+        """(t, cumulative arrivals) of the `i`-th kept sample."""
+        return self._t[i], self._n[i]
 
     # -- estimates -------------------------------------------------------------------------
 
@@ -131,15 +135,19 @@ class TrafficWindows:
 
     def rate(self) -> tuple[float, float]:
         """(arrivals per second over `targets.window_s`, the span it covers in seconds)."""
-        q = self._arrivals
-        (t0, a0), (t1, a1) = q[self._start_index(self.spec.targets.window_s)], q[-1]
+        (t0, a0), (t1, a1) = (
+            self._sample(self._start_index(self.spec.targets.window_s)),
+            self._sample(-1),
+        )
         span = t1 - t0
         return ((a1 - a0) / span if span > 0 else 0.0), span
 
     def burst_rate(self) -> float:
         """Arrivals per second over the panic window."""
-        q = self._arrivals
-        (t0, a0), (t1, a1) = q[self._start_index(self.spec.panic.window_s)], q[-1]
+        (t0, a0), (t1, a1) = (
+            self._sample(self._start_index(self.spec.panic.window_s)),
+            self._sample(-1),
+        )
         return (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0
 
     def trend(self, at: float) -> tuple[float, float, float] | None:
@@ -169,12 +177,11 @@ class TrafficWindows:
         (within the memory) unless `rate` differs from it by more than `_CHANGE_SIGMAS`
         standard errors (Poisson, times `dispersion`, the index `dispersion()` gives): a real
         change counts within one window, noise does not move the count."""
-        q = self._arrivals
         lo = self._start_index(self.spec.down.stabilization_s)
-        t1, n1 = q[-1]
+        t1, n1 = self._sample(-1)
         want = n1 - self.spec.targets.rate_arrivals
-        i = max(bisect_right(q, want, lo=lo, key=lambda e: e[1]) - 1, lo)
-        t0, n0 = q[i]
+        i = max(bisect_right(self._n, want, lo=lo) - 1, lo)
+        t0, n0 = self._sample(i)
         window = self.spec.targets.window_s
         if t1 - t0 <= window:
             return rate
@@ -196,17 +203,17 @@ class TrafficWindows:
     def work_by_span(self, service_s: float, tick_s: float) -> list[tuple[float, float]]:
         """(T, request-seconds that arrived in the last T) for T = tick, 2 tick, 4 tick, ...
         up to the burst horizon."""
-        q = self._arrivals
+        ts, ns = self._t, self._n
         lo = self._start_index(self._horizon_s)
-        last_at, last_n = q[-1]
+        last_at, last_n = ts[-1], ns[-1]
         out: list[tuple[float, float]] = []
-        i = len(q) - 1
+        i = len(ts) - 1
         span = tick_s
-        reach = last_at - q[lo][0]
+        reach = last_at - ts[lo]
         while span <= reach + _EPS:
-            while i > lo and q[i - 1][0] >= last_at - span - _EPS:
-                i -= 1
-            t_i, n_i = q[i]
+            # the oldest sample within `span`: a bisect, as the windows start
+            i = bisect_left(ts, last_at - span - _EPS, lo, i)
+            t_i, n_i = ts[i], ns[i]
             if last_at - t_i > _EPS:
                 out.append((last_at - t_i, (last_n - n_i) * service_s))
             span *= 2.0
