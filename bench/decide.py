@@ -169,9 +169,7 @@ def main() -> None:
     ap.add_argument("--per-group", type=int, default=10)
     ap.add_argument("--pools", type=int, default=10)
     ap.add_argument("--ticks", type=int, default=100)
-    ap.add_argument(
-        "--warmup", type=int, default=300, help="untimed ticks first (windows fill up)"
-    )
+    ap.add_argument("--warmup", type=int, default=300, help="untimed ticks first (windows fill up)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     result = bench(args)
