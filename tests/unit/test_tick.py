@@ -9,7 +9,7 @@ from sluice.policy import Drain, Launch, Remove
 from sluice.policy.autoscale import FixedPolicy, GroupLoad
 from sluice.policy.quota.metering import Meter
 from sluice.policy.tick import BURST, STABLE, TickInput, decide
-from sluice.spec import load_spec_text
+from sluice.spec import PlatformSpec, load_spec_text
 
 # 2026-11-30T00:00:00Z: 24 hours left in the month.
 T0 = 1_795_996_800.0
@@ -37,7 +37,7 @@ groups:
 """
 
 
-def spec(mode: str = "active"):  # type: ignore[no-untyped-def]
+def spec(mode: str = "active") -> PlatformSpec:
     return load_spec_text(SPEC.replace("MODE", f"mode: {mode}")).spec
 
 
@@ -46,6 +46,13 @@ def ready(group: str, n: int, template: str, t0: float = 0.0) -> list[InstanceSt
         InstanceStatus(f"{group}-{k}", group, template, InstanceState.READY, T0 - 100 + t0 + k)
         for k in range(n)
     ]
+
+
+def fleet_of(s: PlatformSpec, bursty: int) -> list[InstanceStatus]:
+    """core's 2 instances, then `bursty` of bursty's (newer)."""
+    core, b = s.group("core"), s.group("bursty")
+    assert core and b
+    return ready("core", 2, core.template()) + ready("bursty", bursty, b.template(), 10)
 
 
 def load(current: int) -> GroupLoad:
@@ -62,9 +69,9 @@ def load(current: int) -> GroupLoad:
 
 def test_an_autoscaler_is_clipped_by_quota_and_its_burst_runs_above_the_guarantee() -> None:
     s = spec()
-    core, bursty = s.group("core"), s.group("bursty")
-    assert core and bursty
-    fleet = ready("core", 2, core.template()) + ready("bursty", 2, bursty.template(), 10)
+    bursty = s.group("bursty")
+    assert bursty
+    fleet = fleet_of(s, 2)
     tick = decide(
         TickInput(
             s,
@@ -98,10 +105,7 @@ def test_an_autoscaler_is_clipped_by_quota_and_its_burst_runs_above_the_guarante
 
 def test_a_reclaim_drains_the_newest_burst_instances_before_the_plan_sees_them() -> None:
     s = spec()
-    core, bursty = s.group("core"), s.group("bursty")
-    assert core and bursty
-    fleet = ready("core", 2, core.template()) + ready("bursty", 4, bursty.template(), 10)
-    tick = decide(TickInput(s, fleet, {"core": 3, "bursty": 4}, T0))
+    tick = decide(TickInput(s, fleet_of(s, 4), {"core": 3, "bursty": 4}, T0))
     drains = [a for a in tick.actions if isinstance(a, Drain)]
     assert [d.instance_id for d in drains] == ["bursty-3"]  # the newest one above 2 units
     assert "reclaim" in drains[0].reason
@@ -113,13 +117,10 @@ def test_a_reclaim_drains_the_newest_burst_instances_before_the_plan_sees_them()
 
 def test_advice_is_previewed_against_quota_and_changes_nothing() -> None:
     s = spec("advisory")
-    core, bursty = s.group("core"), s.group("bursty")
-    assert core and bursty
-    fleet = ready("core", 2, core.template()) + ready("bursty", 2, bursty.template(), 10)
     tick = decide(
         TickInput(
             s,
-            fleet,
+            fleet_of(s, 2),
             {"core": 2, "bursty": 2},
             T0,
             loads={"bursty": load(2)},
