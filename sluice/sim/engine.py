@@ -44,9 +44,21 @@ import numpy.typing as npt
 
 from sluice.core.instances import InstanceState, InstanceStatus
 from sluice.policy.admission import GroupAdmission, Offer
-from sluice.policy.autoscale import Autoscaler, Decision, FixedPolicy, GroupLoad, build_autoscaler
+from sluice.policy.autoscale import Autoscaler, FixedPolicy, GroupLoad, build_autoscaler
 from sluice.policy.plan import GroupTarget, Launch, Remove, plan_group
 from sluice.policy.routing import PRIORITIES
+from sluice.sim.codes import (
+    ACTIVE,
+    DEAD,
+    DRAINING,
+    FAILED,
+    P95_WINDOW_TICKS,
+    PENDING,
+    REJECTED,
+    STARTING,
+    STOPPED,
+    decision_entry,
+)
 from sluice.sim.model import InstanceModel
 from sluice.sim.trace import Trace
 
@@ -56,10 +68,7 @@ EPOCH = 1_767_225_600.0
 """Trace second 0 on the policy's clock: 2026-01-01 00:00 UTC (cron schedules read it)."""
 
 _READY, _CRASH, _DRAIN_DEADLINE, _TICK = -4, -3, -2, -1
-_STARTING, _ACTIVE, _DRAINING, _STOPPED, _DEAD = 0, 1, 2, 3, 4
-_PENDING, _REJECTED, _FAILED = -1.0, -2.0, -3.0
-_STATUS = {_STARTING: InstanceState.STARTING, _ACTIVE: InstanceState.READY}
-_P95_WINDOW_TICKS = 5
+_STATUS = {STARTING: InstanceState.STARTING, ACTIVE: InstanceState.READY}
 _SAMPLE_EVERY, _SAMPLES = 300, 100
 
 
@@ -168,7 +177,7 @@ class SimResult:
             "requests": n,
             "completed": int(ok_mask.sum()),
             "rejected": self.shed + self.expired,
-            "failed": int(np.count_nonzero(self.done == _FAILED)),
+            "failed": int(np.count_nonzero(self.done == FAILED)),
             "slo_attainment": in_slo / n if n else 1.0,
             "slo_target": w.model.slo.target,
             "p50_ms": _pct_ms(done_lat, 50),
@@ -223,10 +232,10 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
     buckets: list[set[int]] = [set() for _ in range(c)]
     starting_ids: list[int] = []
     active_ids: list[int] = []
-    done: list[float] = [_PENDING] * n
+    done: list[float] = [PENDING] * n
     lat_log: list[float] = []
     served = served_sq = 0.0  # service seconds of the completions (GroupLoad.served_s)
-    marks: deque[int] = deque([0], maxlen=_P95_WINDOW_TICKS + 1)
+    marks: deque[int] = deque([0], maxlen=P95_WINDOW_TICKS + 1)
     timeline: list[tuple[float, ...]] = []
     decisions: list[dict[str, Any]] = []
     counts = {
@@ -241,7 +250,7 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
 
     def launch(now: float, ready_now: bool = False) -> None:
         k = len(state)
-        state.append(_STARTING)
+        state.append(STARTING)
         inflight.append(0)
         launched.append(now)
         stopped.append(math.nan)
@@ -267,8 +276,8 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
             buckets[lvl + 1].add(k)
         push(heap, (now + svc[r], k, r))
 
-    def stop(k: int, now: float, how: int = _STOPPED) -> None:
-        if state[k] == _DRAINING:
+    def stop(k: int, now: float, how: int = STOPPED) -> None:
+        if state[k] == DRAINING:
             counts["draining"] -= 1
         state[k] = how
         stopped[k] = now
@@ -286,12 +295,12 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
     def kill(k: int, now: float) -> None:
         """Crash or drain deadline: in-flight requests fail (their completions are void)."""
         st = state[k]
-        if st == _STARTING:
+        if st == STARTING:
             starting_ids.remove(k)
-        elif st == _ACTIVE:
+        elif st == ACTIVE:
             take_out(k, now)
-        if st in (_STARTING, _ACTIVE, _DRAINING):
-            stop(k, now, _DEAD)
+        if st in (STARTING, ACTIVE, DRAINING):
+            stop(k, now, DEAD)
             for _ in range(inflight[k]):
                 for r in release():
                     start(r, now)
@@ -316,7 +325,7 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
                 stop(k, now)
                 continue
             take_out(k, now)  # Drain
-            state[k] = _DRAINING
+            state[k] = DRAINING
             counts["draining"] += 1
             if inflight[k] == 0:
                 stop(k, now)
@@ -346,8 +355,8 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
             now, k, r = pop(heap)
             if k >= 0:  # a request finished
                 st = state[k]
-                if st == _DEAD:
-                    done[r] = _FAILED
+                if st == DEAD:
+                    done[r] = FAILED
                     continue
                 done[r] = now
                 lat_log.append(now - arr[r])
@@ -356,7 +365,7 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
                 served_sq += x * x
                 lvl = inflight[k]
                 inflight[k] = lvl - 1
-                if st == _ACTIVE:
+                if st == ACTIVE:
                     if lvl < c:
                         buckets[lvl].remove(k)
                     buckets[lvl - 1].add(k)
@@ -368,7 +377,7 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
                         start(w, now)
             elif k == _TICK:
                 for x in adm.expire(now):
-                    done[x] = _REJECTED
+                    done[x] = REJECTED
                     counts["expired"] += 1
                 marks.append(len(lat_log))
                 window = lat_log[marks[0] :]
@@ -397,11 +406,11 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
                     if last_desired is not None:
                         counts["scale"] += 1
                     if len(decisions) < o.decision_log:
-                        decisions.append(_log_entry(now, load, d, last_desired))
+                        decisions.append(decision_entry(now, load, d, last_desired))
                     last_desired = desired
                 elif len(timeline) % _SAMPLE_EVERY == 0 and counts["sampled"] < _SAMPLES:
                     counts["sampled"] += 1  # a bounded sample of the steady decisions too
-                    decisions.append(_log_entry(now, load, d, last_desired))
+                    decisions.append(decision_entry(now, load, d, last_desired))
                 reconcile(desired, now)
                 timeline.append(
                     (
@@ -421,15 +430,15 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
                     break
                 push(heap, (now + interval, _TICK, 0))
             elif k == _READY:
-                if state[r] == _STARTING:
-                    state[r] = _ACTIVE
+                if state[r] == STARTING:
+                    state[r] = ACTIVE
                     starting_ids.remove(r)
                     active_ids.append(r)
                     buckets[0].add(r)
                     for w in adm.set_slots(len(active_ids) * c):
                         start(w, now)
             else:  # crash, or a drain that outlived drain_timeout_s
-                if k == _CRASH or state[r] == _DRAINING:
+                if k == _CRASH or state[r] == DRAINING:
                     kill(r, now)
             continue
         # an arrival
@@ -440,13 +449,13 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
         else:
             res, evicted = offer(r, prio[r], ta)
             if res is shed_offer:
-                done[r] = _REJECTED
+                done[r] = REJECTED
                 counts["shed"] += 1
             if evicted is not None:
-                done[evicted] = _REJECTED
+                done[evicted] = REJECTED
 
     for k in range(len(state)):
-        if state[k] in (_STARTING, _ACTIVE, _DRAINING):
+        if state[k] in (STARTING, ACTIVE, DRAINING):
             stopped[k] = end
     inst_s = float(np.sum(np.asarray(stopped) - np.asarray(launched)))
     return SimResult(
@@ -465,19 +474,3 @@ def run(work: Workload, policy: Autoscaler, opts: SimOptions | None = None) -> S
         end_s=end,
         initial_instances=initial,
     )
-
-
-def _log_entry(now: float, load: GroupLoad, d: Decision, before: int | None) -> dict[str, Any]:
-    return {
-        "t": round(now, 3),
-        "from": before,
-        "to": d.desired,
-        "changed": d.desired != before,
-        "reason": d.reason,
-        "winner": d.winner,
-        "clipped_by": list(d.clipped_by),
-        "ready": load.ready,
-        "in_flight": load.in_flight,
-        "queued": load.queued,
-        "signals": {k: round(float(v), 3) for k, v in d.signals.items()},
-    }

@@ -51,7 +51,19 @@ from sluice.policy.tick import (
     is_advisory,
     standby,
 )
-from sluice.sim.engine import EPOCH, SimResult, Workload, _log_entry, prepare
+from sluice.sim.codes import (
+    ACTIVE,
+    DEAD,
+    DRAINING,
+    FAILED,
+    P95_WINDOW_TICKS,
+    PENDING,
+    REJECTED,
+    STARTING,
+    STOPPED,
+    decision_entry,
+)
+from sluice.sim.engine import EPOCH, SimResult, Workload, prepare
 from sluice.sim.fleet_report import (
     FLEET_COLUMNS,
     FleetGroup,
@@ -78,10 +90,6 @@ __all__ = [
 
 
 _READY, _DRAIN_DEADLINE, _TICK = -3, -2, -1
-_STARTING, _ACTIVE, _DRAINING, _STOPPED, _DEAD = 0, 1, 2, 3, 4
-_PENDING, _REJECTED, _FAILED = -1.0, -2.0, -3.0
-_P95_WINDOW = 5
-"""p95 latency over the completions of the last 5 decisions (as the one-group engine)"""
 _DECISION_LOG = 1000
 _REASONS = 5
 """distinct refusal texts kept per group"""
@@ -140,7 +148,7 @@ class _Lane:
     positions: list[int] = field(default_factory=list)
     """indexes of the group's requests in the merged arrivals"""
     lat_log: list[float] = field(default_factory=list)
-    marks: deque[int] = field(default_factory=lambda: deque([0], maxlen=_P95_WINDOW + 1))
+    marks: deque[int] = field(default_factory=lambda: deque([0], maxlen=P95_WINDOW_TICKS + 1))
     decisions: list[dict[str, Any]] = field(default_factory=list)
     stops: list[dict[str, Any]] = field(default_factory=list)
     rows: list[tuple[float, ...]] = field(default_factory=list)
@@ -287,14 +295,14 @@ def run_fleet(
     sids: list[str] = []
     index: dict[str, int] = {}
     live: dict[int, None] = {}  # alive or draining, in launch order
-    done: list[float] = [_PENDING] * n
+    done: list[float] = [PENDING] * n
     awaiting: dict[int, ReclaimRecord] = {}  # instance -> the reclaim its stop releases
 
     def launch(L: _Lane, now: float, template: str, ready_now: bool = False) -> None:
         k = len(state)
         sid = f"{L.g.name}-{L.seq:06d}"
         L.seq += 1
-        state.append(_STARTING)
+        state.append(STARTING)
         inflight.append(0)
         lane_of.append(L)
         launched.append(now)
@@ -321,9 +329,9 @@ def run_fleet(
             buckets[lvl + 1].add(k)
         push(heap, (now + svc[r], k, r))
 
-    def stop(k: int, now: float, how: int = _STOPPED) -> None:
+    def stop(k: int, now: float, how: int = STOPPED) -> None:
         L = lane_of[k]
-        if state[k] == _DRAINING:
+        if state[k] == DRAINING:
             L.draining -= 1
         state[k] = how
         stopped[k] = now
@@ -346,7 +354,7 @@ def run_fleet(
     def kill(k: int, now: float) -> None:
         """Stop at once; in-flight requests fail (their completions are void)."""
         L = lane_of[k]
-        stop(k, now, _DEAD)
+        stop(k, now, DEAD)
         for _ in range(inflight[k]):
             for r in L.adm.release():
                 start(L, r, now)
@@ -354,12 +362,12 @@ def run_fleet(
 
     def drain(k: int, now: float) -> None:
         st = state[k]
-        if st == _STARTING:  # serves nothing yet: stopped at once
+        if st == STARTING:  # serves nothing yet: stopped at once
             lane_of[k].starting.remove(k)
             stop(k, now)
-        elif st == _ACTIVE:
+        elif st == ACTIVE:
             take_out(k, now)
-            state[k] = _DRAINING
+            state[k] = DRAINING
             lane_of[k].draining += 1
             status[k] = dataclasses.replace(status[k], state=InstanceState.DRAINING)
             if inflight[k] == 0:
@@ -369,13 +377,13 @@ def run_fleet(
 
     def remove(k: int, now: float) -> None:
         st = state[k]
-        if st == _STARTING:
+        if st == STARTING:
             lane_of[k].starting.remove(k)
             stop(k, now)
-        elif st == _ACTIVE:
+        elif st == ACTIVE:
             take_out(k, now)
             kill(k, now)
-        elif st == _DRAINING:
+        elif st == DRAINING:
             kill(k, now)
 
     # t = 0: each group's count in force (and its warm standby) is ready
@@ -414,7 +422,7 @@ def run_fleet(
         last_tick = now
         for L in lanes:
             for x in L.adm.expire(now):
-                done[x] = _REJECTED
+                done[x] = REJECTED
                 L.expired += 1
             L.unit_s += L.units_now * dt
         for loan in loans:
@@ -454,14 +462,14 @@ def run_fleet(
                 shown = dataclasses.replace(
                     s.decision, desired=s.count, clipped_by=s.guards, reason=s.reason
                 )
-                L.decisions.append(_log_entry(now, s.load, shown, s.actual))
+                L.decisions.append(decision_entry(now, s.load, shown, s.actual))
         for a in d.actions:
             if isinstance(a, Launch):
                 launch(by_name[a.group], now, a.template)
                 continue
             k = index.get(a.instance_id)
-            drop = isinstance(a, Drain) and k is not None and state[k] == _DRAINING
-            if k is None or state[k] >= _STOPPED or drop:
+            drop = isinstance(a, Drain) and k is not None and state[k] == DRAINING
+            if k is None or state[k] >= STOPPED or drop:
                 continue
             L = lane_of[k]
             if len(L.stops) < _DECISION_LOG:  # the tier decided (reclaimed: last tick's)
@@ -505,8 +513,8 @@ def run_fleet(
             now, k, r = pop(heap)
             if k >= 0:  # a request finished
                 st = state[k]
-                if st == _DEAD:
-                    done[r] = _FAILED
+                if st == DEAD:
+                    done[r] = FAILED
                     continue
                 done[r] = now
                 L = lane_of[k]
@@ -516,7 +524,7 @@ def run_fleet(
                 L.served_sq += x * x
                 lvl = inflight[k]
                 inflight[k] = lvl - 1
-                if st == _ACTIVE:
+                if st == ACTIVE:
                     if lvl < L.c:
                         L.buckets[lvl].remove(k)
                     L.buckets[lvl - 1].add(k)
@@ -531,9 +539,9 @@ def run_fleet(
                     break
                 push(heap, (now + TICK_S, _TICK, 0))
             elif k == _READY:
-                if state[r] == _STARTING:
+                if state[r] == STARTING:
                     L = lane_of[r]
-                    state[r] = _ACTIVE
+                    state[r] = ACTIVE
                     L.starting.remove(r)
                     L.active.append(r)
                     L.buckets[0].add(r)
@@ -542,7 +550,7 @@ def run_fleet(
                     )
                     for w in L.adm.set_slots(len(L.active) * L.c):
                         start(L, w, now)
-            elif state[r] == _DRAINING:  # a drain that outlived drain_timeout_s
+            elif state[r] == DRAINING:  # a drain that outlived drain_timeout_s
                 kill(r, now)
             continue
         # an arrival
@@ -554,10 +562,10 @@ def run_fleet(
         else:
             res, evicted = offers[gi](r, prio[r], ta)
             if res is shed_offer:
-                done[r] = _REJECTED
+                done[r] = REJECTED
                 lanes[gi].shed += 1
             if evicted is not None:
-                done[evicted] = _REJECTED
+                done[evicted] = REJECTED
 
     for k in live:
         stopped[k] = now
@@ -594,7 +602,7 @@ def run_fleet(
             lent_unit_hours=L.lent_s / 3600.0,
             refusals=L.reasons,
             refusal_count=L.refusals,
-            unfinished=sum(1 for x in sim.done.tolist() if x == _PENDING),
+            unfinished=sum(1 for x in sim.done.tolist() if x == PENDING),
             stops=L.stops,
         )
     return FleetResult(spec, groups, book.rows, book.reclaims, ticks, now)
