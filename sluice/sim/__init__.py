@@ -3,7 +3,8 @@
 from sluice.sim.causal import CausalCandidate, CausalResult, WindowPlanPolicy, causal
 from sluice.sim.engine import EPOCH, SimOptions, SimResult, Workload, make_policy, prepare, run
 from sluice.sim.families import FAMILIES, Family, generate
-from sluice.sim.fleet import FleetOptions, run_fleet, with_pool_counts
+from sluice.sim.fleet import FleetOptions, run_fleet
+from sluice.sim.fleet_inputs import with_pool_counts
 from sluice.sim.fleet_report import FleetGroup, FleetResult, write_fleet_report
 from sluice.sim.model import SERVICE_MAX_S, SERVICE_MIN_S, InstanceModel, pick_group
 from sluice.sim.oracle import OracleResult, PlanPolicy, best_fixed, oracle, work_floor

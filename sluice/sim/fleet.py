@@ -34,10 +34,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sluice.core.errors import SpecError, SpecIssue
 from sluice.core.instances import InstanceState, InstanceStatus
 from sluice.policy.admission import GroupAdmission, Offer
-from sluice.policy.autoscale import Autoscaler, GroupLoad, build_autoscaler
+from sluice.policy.autoscale import GroupLoad
 from sluice.policy.plan import Drain, Launch
 from sluice.policy.quota import Allocation, Loan, QuotaState
 from sluice.policy.quota.metering import Meter
@@ -63,7 +62,8 @@ from sluice.sim.codes import (
     STOPPED,
     decision_entry,
 )
-from sluice.sim.engine import EPOCH, SimResult, Workload, prepare
+from sluice.sim.engine import EPOCH, SimResult, Workload
+from sluice.sim.fleet_inputs import scalers_for, with_pool_counts, workloads_for
 from sluice.sim.fleet_report import (
     FLEET_COLUMNS,
     FleetGroup,
@@ -72,8 +72,6 @@ from sluice.sim.fleet_report import (
     LedgerRow,
     ReclaimRecord,
 )
-from sluice.sim.model import InstanceModel
-from sluice.sim.trace import trace_from_rows
 from sluice.spec import GroupSpec, PlatformSpec
 
 __all__ = [
@@ -85,7 +83,6 @@ __all__ = [
     "LedgerRow",
     "ReclaimRecord",
     "run_fleet",
-    "with_pool_counts",
 ]
 
 
@@ -108,25 +105,6 @@ class FleetOptions:
     """stop at this virtual second; None: once every request has finished"""
     policies: Mapping[str, str] = field(default_factory=dict)
     """autoscaled group -> policy name instead of the spec's (`build_autoscaler`)"""
-
-
-def with_pool_counts(spec: PlatformSpec, counts: Mapping[str, int]) -> PlatformSpec:
-    """The spec with some pools' counts replaced; an unknown pool is a `SpecError`."""
-    names = {p.name for p in spec.pools}
-    bad = [
-        SpecIssue("--pool", f"no pool named {n!r}; pools: {', '.join(sorted(names))}")
-        for n in counts
-        if n not in names
-    ]
-    bad += [
-        SpecIssue("--pool", f"{n}={c}: a count must be >= 0") for n, c in counts.items() if c < 0
-    ]
-    if bad:
-        raise SpecError(bad)
-    if not counts:
-        return spec
-    pools = [p.model_copy(update={"count": counts.get(p.name, p.count)}) for p in spec.pools]
-    return spec.model_copy(update={"pools": pools})
 
 
 @dataclass(slots=True, eq=False)
@@ -210,47 +188,6 @@ class _Lane:
         )
 
 
-def _workloads(spec: PlatformSpec, given: Mapping[str, Workload]) -> dict[str, Workload]:
-    """Each group's workload; a group without a trace gets an empty one (it still holds
-    instances: a lender)."""
-    unknown = sorted(set(given) - {g.name for g in spec.groups})
-    if unknown:
-        names = ", ".join(g.name for g in spec.groups)
-        raise SpecError(
-            [
-                SpecIssue("--trace", f"no group named {n!r} in the spec; groups: {names}")
-                for n in unknown
-            ]
-        )
-    out: dict[str, Workload] = {}
-    for g in spec.groups:
-        if g.name in given:
-            out[g.name] = given[g.name]
-        else:  # no traffic: the SLO is never read, so any will do for a group without one
-            model = InstanceModel.from_spec(spec, g, None if g.slo else 1000.0)
-            out[g.name] = prepare(model, trace_from_rows([], "<no traffic>"))
-    return out
-
-
-def _scalers(spec: PlatformSpec, policies: Mapping[str, str]) -> dict[str, Autoscaler]:
-    """Each autoscaled group's policy, built once (`policies` may name another per group)."""
-    auto = {g.name: g for g in spec.groups if g.autoscaling is not None}
-    out: dict[str, Autoscaler] = {}
-    issues = [
-        SpecIssue("--policy", f"group {n!r} is not autoscaled; only autoscaled groups take one")
-        for n in policies
-        if n not in auto
-    ]
-    for name, g in auto.items():
-        try:
-            out[name] = build_autoscaler(g, spec.schedule_templates, policies.get(name))
-        except ValueError as exc:
-            issues.append(SpecIssue("--policy", f"group {name!r}: {exc}"))
-    if issues:
-        raise SpecError(issues)
-    return out
-
-
 def _cat(parts: list[npt.NDArray[Any]], dtype: type[Any]) -> npt.NDArray[Any]:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
@@ -262,10 +199,10 @@ def run_fleet(
     `opts.end_s`), deciding each tick with `decide` (module docstring)."""
     o = opts or FleetOptions()
     spec = with_pool_counts(spec, o.pool_counts)
-    works = _workloads(spec, workloads)
+    works = workloads_for(spec, workloads)
     lanes = [_Lane.of(gi, g, works[g.name]) for gi, g in enumerate(spec.groups)]
     by_name = {L.g.name: L for L in lanes}
-    scalers = _scalers(spec, o.policies)
+    scalers = scalers_for(spec, o.policies)
     epoch = o.epoch
 
     # all arrivals merged in time order (stable: by group at equal times)
