@@ -18,6 +18,7 @@ from sluice.control.advisory import scaling_metrics, switched_modes
 from sluice.control.autoscaling import LiveAutoscaling, TrafficSource
 from sluice.control.decisions import DecisionJournal
 from sluice.control.events import EventLog, store_error_text, store_outage
+from sluice.control.fleet_metrics import FleetView, fleet_metrics
 from sluice.control.keysources import spec_with_key_sources
 from sluice.control.quota import LiveQuota
 from sluice.control.review import gated_changes
@@ -181,14 +182,24 @@ class Controller:
 
     def server_metrics(self) -> bytes:
         """The scraped servers' signals as `sluice_server_*` Prometheus gauges, each group's
-        desired vs advised instances (`sluice_group_*`), and the controller's tick and
-        decision times (`sluice_controller_*_seconds`)."""
+        desired vs advised instances, instances by state and tier, quota units, spend and
+        rollout phases (`sluice_group_*`, `sluice_rollout_*`: `sluice.control.fleet_metrics`),
+        and the controller's tick and decision times (`sluice_controller_*_seconds`)."""
         groups = b""
         if self._spec is not None:
             advice = self._decisions.advice
             groups = scaling_metrics(
                 self._spec, self.desired_replicas, advice, self._quota.advice_for
             )
+            view = FleetView(
+                self._spec,
+                self._supervisor.statuses(),
+                self._tiers,
+                self._quota.last,
+                self._quota.metered,
+                self._rollouts.phases(),
+            )
+            groups += fleet_metrics(view)
         return self._servers.prometheus_text() + groups + self._loop.prometheus_text()
 
     async def quota_report(self, window_s: float, below: float) -> dict[str, Any]:

@@ -76,6 +76,11 @@ class LiveQuota:
         """The allocator's memory and the advice's, for the next round (`TickInput`)."""
         return self._state, self._advice_state
 
+    @property
+    def metered(self) -> Meter:
+        """Month-to-date spend and accelerator-hours as of the last round (read only)."""
+        return self._meter
+
     def meter(self, now: float) -> Meter:
         """Month-to-date spend and accelerator-hours at `now` (what the budgets count)."""
         self._meter = self._meter.advanced(now)

@@ -146,6 +146,13 @@ class RolloutRunner:
         that many while the rollout runs, so a rollback needs no scale-up (C2)."""
         return {r.spec.baseline: r.baseline_floor for r in self._runs.values() if not r.state.final}
 
+    def phases(self) -> dict[str, tuple[str, str, float]]:
+        """Each known rollout -> (its baseline group, its phase, the canary's percent)."""
+        return {
+            name: (run.spec.baseline, run.state.phase.value, run.state.percent)
+            for name, run in self._runs.items()
+        }
+
     def splits(self, spec: PlatformSpec) -> list[CanarySplit]:
         """The gateway's splits: running rollouts at their step, promoted ones at 100%, for
         rollouts still in the spec (removing one from the spec ends its split)."""

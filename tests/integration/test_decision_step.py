@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import sluice.control.controller as live
 from sluice.policy import tick as step
@@ -93,3 +94,29 @@ async def test_live_and_simulated_fleets_cut_the_same_burst_instance_for_a_budge
     assert stop["instance"].endswith("000002")
     assert live_reason == stop["reason"]
     assert "budget" in live_reason and "max_accelerators" in live_reason
+
+
+@pytest.mark.asyncio
+async def test_metrics_show_each_groups_tiers_quota_units_and_spend(tmp_path: Path) -> None:
+    """`/metrics` after the budget cut above: per group, instances by state and tier, the
+    quota units (the drained one still held while it drains) and the spend rate."""
+    async with controller(tmp_path, load_spec_text(BUDGETED, "budget.yaml")) as (ctl, *_rest):
+        clock = _rest[-1]
+        await ticks(ctl, clock, 1)
+        text = ctl.server_metrics().decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[name, tuple(sorted({"group": "chat", **labels}.items()))]
+
+    assert value("sluice_group_instances", state="ready") == 2  # the cut one is gone
+    assert value("sluice_group_tier_instances", tier="stable") == 1
+    assert value("sluice_group_tier_instances", tier="burst") == 1
+    assert value("sluice_group_quota_units", pool="gpu", kind="guaranteed") == 1
+    assert value("sluice_group_quota_units", pool="gpu", kind="held") == 3  # one draining
+    assert value("sluice_group_quota_units", pool="gpu", kind="borrowed") == 2
+    assert value("sluice_group_spend_per_hour") == 6.0  # 3 units x 2.0
