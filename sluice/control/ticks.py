@@ -94,8 +94,11 @@ class TickLoop:
             self._wake.clear()
             if await self._attempt():
                 self._retry_s = None
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+                # lands as the wake-up does, and the loop would then never stop
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), TICK_S)
+                    async with asyncio.timeout(TICK_S):
+                        await self._wake.wait()
             else:
                 self._retry_s = _next_retry(self._retry_s)
                 await asyncio.sleep(self._retry_s)
