@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sluice.control.decisions import Advice, is_advisory
+from sluice.control.decisions import Advice
+from sluice.policy.tick import is_advisory
 from sluice.spec import PlatformSpec
 
 __all__ = ["ModeSwitch", "scaling_metrics", "switched_modes"]

@@ -38,7 +38,15 @@ from sluice.policy import (
     failover_problem,
     stranded_failovers,
 )
-from sluice.policy.tick import BURST, STABLE, TickInput, decide, is_advisory, standby
+from sluice.policy.tick import (
+    BURST,
+    STABLE,
+    TickInput,
+    decide,
+    is_advisory,
+    spec_count,
+    standby,
+)
 from sluice.spec import (
     GroupSpec,
     LoadedSpec,
@@ -123,10 +131,8 @@ class Controller:
         spec = self.spec.group(group)
         if spec is None:
             raise NotFound(f"no group named {group!r}")
-        scaling = spec.autoscaling
-        if scaling is not None and not is_advisory(spec):
-            start = min(max(spec.replicas, scaling.min, scaling.stable), scaling.max)
-            return self._scaled.get(group, start)
+        if spec.autoscaling is not None and not is_advisory(spec):
+            return self._scaled.get(group, spec_count(spec))
         return self._overrides.get(group, spec.replicas)
 
     def _instances_wanted(self, g: GroupSpec) -> int:

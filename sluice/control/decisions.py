@@ -18,10 +18,10 @@ from typing import Any
 
 from sluice.control.events import EventLog
 from sluice.policy.server_metrics import ServerLoad
-from sluice.policy.tick import Scaled, is_advisory, standby
+from sluice.policy.tick import Scaled
 from sluice.store import Store
 
-__all__ = ["JOURNAL_HEARTBEAT_S", "Advice", "DecisionJournal", "is_advisory", "standby"]
+__all__ = ["JOURNAL_HEARTBEAT_S", "Advice", "DecisionJournal"]
 
 JOURNAL_HEARTBEAT_S = 60.0
 """A decision that changes nothing is journaled only when its reason changed, or this often."""

@@ -54,6 +54,7 @@ __all__ = [
     "clipped",
     "decide",
     "is_advisory",
+    "spec_count",
     "standby",
 ]
 
@@ -61,14 +62,20 @@ TICK_S = 1.0
 """The longest pause between two reconcile ticks (the live loop ticks sooner when an
 instance changes state; the fleet simulator ticks every `TICK_S` of virtual time)."""
 STABLE, BURST = "stable", "burst"
-_RUNNING = frozenset(
-    {InstanceState.PENDING, InstanceState.STARTING, InstanceState.WARMING, InstanceState.READY}
-)
 
 
 def is_advisory(g: GroupSpec) -> bool:
     """The group's autoscaler only advises: its count is `replicas` or an override."""
     return g.autoscaling is not None and g.autoscaling.mode == "advisory"
+
+
+def spec_count(g: GroupSpec) -> int:
+    """The count a group runs before an autoscaler or an operator has set one: an active
+    autoscaler's `replicas` within [max(min, stable), max], else `replicas`."""
+    scaling = g.autoscaling
+    if scaling is None or is_advisory(g):
+        return g.replicas
+    return min(max(g.replicas, scaling.min, scaling.stable), scaling.max)
 
 
 def standby(g: GroupSpec) -> int:
@@ -169,7 +176,7 @@ def decide(inp: TickInput) -> TickDecision:
         if name in index.groups
     }
     wanted = {
-        name: inp.counts.get(name, g.replicas) + index.standby[name]
+        name: inp.counts.get(name, spec_count(g)) + index.standby[name]
         for name, g in index.groups.items()
     }
     for name, d in decisions.items():
@@ -178,7 +185,7 @@ def decide(inp: TickInput) -> TickDecision:
     claims = [
         _claim(g, by_group.get(g.name, ()), wanted[g.name], inp.meter) for g in inp.spec.groups
     ]
-    advised = _allocate(inp.spec, index, claims, inp, inp.quota, inp.advice)
+    advised = _allocate(index, claims, inp, inp.quota, inp.advice)
     alloc = advised.enforced
     scaled, counts, preview = _settle(index, inp, decisions, claims, advised)
     actions: list[Action] = []
@@ -251,7 +258,7 @@ def _settle(
     if advising:
         asked = {n: max(d.desired, inp.floors.get(n, 0)) for n, d in advising.items()}
         shown = [dataclasses.replace(c, wanted=asked.get(c.name, c.wanted)) for c in claims]
-        preview = _allocate(inp.spec, index, shown, inp, alloc.state, advised.advice.state).enforced
+        preview = _allocate(index, shown, inp, alloc.state, advised.advice.state).enforced
     for name, d in decisions.items():
         advisory = name in advising
         basis = preview if advisory and preview is not None else alloc
@@ -305,7 +312,7 @@ def _claim(g: GroupSpec, mine: Sequence[InstanceStatus], wanted: int, meter: Met
     running = []
     draining = 0
     for i in mine:
-        if i.state in _RUNNING:
+        if i.state in ALIVE_STATES:
             running.append(i)
         elif i.state is InstanceState.DRAINING:
             draining += 1
@@ -325,7 +332,6 @@ def _claim(g: GroupSpec, mine: Sequence[InstanceStatus], wanted: int, meter: Met
 
 
 def _allocate(
-    spec: PlatformSpec,
     index: _Index,
     claims: Sequence[GroupClaim],
     inp: TickInput,
@@ -339,7 +345,7 @@ def _allocate(
         advice,
         inp.now,
         advisory=index.advisory,
-        budget=spec.budget,
+        budget=inp.spec.budget,
         spent_this_month=inp.meter.spent_by(TOTAL),
         unit_hours_this_month=inp.meter.hours_by(TOTAL),
     )
@@ -396,7 +402,7 @@ class _Tiers(Mapping[str, str]):
 def _tier(mine: Sequence[InstanceStatus], own: int, out: dict[str, str]) -> None:
     """The oldest ready instances, then the oldest not yet ready, up to the instances the
     group's own guaranteed units carry, are its stable part; the rest are burst."""
-    alive = [i for i in mine if i.state in _RUNNING]
+    alive = [i for i in mine if i.state in ALIVE_STATES]
     if own >= len(alive) or own <= 0:  # one tier only: no order needed
         tier = STABLE if own > 0 else BURST
         for inst in alive:

@@ -47,7 +47,7 @@ from sluice.policy.tick import (
     TICK_S,
     TickInput,
     decide,
-    is_advisory,
+    spec_count,
     standby,
 )
 from sluice.sim.codes import (
@@ -151,11 +151,7 @@ class _Lane:
 
     @classmethod
     def of(cls, gi: int, g: GroupSpec, work: Workload) -> _Lane:
-        auto = g.autoscaling
-        if auto is not None and not is_advisory(g):  # as Controller.desired_replicas
-            count = min(max(g.replicas, auto.min, auto.stable), auto.max)
-        else:
-            count = g.replicas
+        count = spec_count(g)  # as `Controller.desired_replicas` starts
         adm: GroupAdmission[int] = GroupAdmission(g.queue.max_length, g.queue.max_wait_s)
         c = g.max_concurrency
         return cls(gi, g, work, adm, [set() for _ in range(c)], count, c)
