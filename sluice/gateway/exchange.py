@@ -202,7 +202,7 @@ class Exchange(UpstreamRelay):
         self.status = 0
         self.error_code: str | None = None
         self.bytes_out = 0
-        self.t_body = 0.0  # -1.0: streamed to a sampled group, first body byte not yet seen
+        self.t_body = 0.0  # -1.0: streamed to a group, first body byte not yet seen
         self.chunked = False
         self.head_sent = False
         self.finished = False
@@ -509,6 +509,8 @@ class Exchange(UpstreamRelay):
         now = time.perf_counter()  # read once: latency ejection, samples and the log agree
         g = self.grp
         if g is not None:
+            if self.t_body > 0.0:  # a streamed answer's first body byte came
+                g.metrics.ttfb.observe(self.t_body - self.t0)
             if self.head_sent and self.error_code is None and not self.retried:
                 # answered in full, by one instance: its latency feeds latency ejection
                 latency = now - self.t0 - 0.001 * self.queue_ms

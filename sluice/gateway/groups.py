@@ -310,9 +310,18 @@ class GroupRuntime:
     def traffic_sample(self, at: float) -> TrafficSample:
         """The autoscaler's view of this group (read once a second, so summing is fine)."""
         counts = [0] * (len(DURATION_BUCKETS_S) + 1)
+        server_errors = too_many = client_errors = 0
         for stats in self.metrics.routes.values():
             for i, n in enumerate(stats.duration.counts):
                 counts[i] += n
+            for status, n in stats.statuses.items():
+                if status >= 500:
+                    server_errors += n
+                elif status == 429:
+                    too_many += n
+                elif status >= 400:
+                    client_errors += n
+        m = self.metrics
         return TrafficSample(
             at=at,
             in_flight=self.admission.in_use,
@@ -321,8 +330,16 @@ class GroupRuntime:
             completions=sum(counts),
             latency_bounds=DURATION_BUCKETS_S,
             latency_counts=tuple(counts),
-            served_s=self.metrics.served_s,
-            served_sq_s=self.metrics.served_sq_s,
+            served_s=m.served_s,
+            served_sq_s=m.served_sq_s,
+            server_errors=server_errors,
+            too_many=too_many,
+            client_errors=client_errors,
+            shed=sum(m.shed.values()),
+            queue_wait_bounds=m.queue_wait.bounds,
+            queue_wait_counts=tuple(m.queue_wait.counts),
+            ttfb_bounds=m.ttfb.bounds,
+            ttfb_counts=tuple(m.ttfb.counts),
         )
 
     def status(self, now: float) -> dict[str, object]:

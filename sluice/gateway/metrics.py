@@ -106,7 +106,16 @@ class RouteStats:
 class GroupMetrics:
     """Counters of one group; they outlive the group's runtime (counters never go back)."""
 
-    __slots__ = ("arrivals", "mirrored", "queue_wait", "routes", "served_s", "served_sq_s", "shed")
+    __slots__ = (
+        "arrivals",
+        "mirrored",
+        "queue_wait",
+        "routes",
+        "served_s",
+        "served_sq_s",
+        "shed",
+        "ttfb",
+    )
 
     def __init__(self) -> None:
         self.arrivals = 0
@@ -115,6 +124,8 @@ class GroupMetrics:
         self.shed = dict.fromkeys(SHED_REASONS, 0)
         self.mirrored = 0
         self.queue_wait = Histogram(QUEUE_BUCKETS_S)
+        self.ttfb = Histogram(DURATION_BUCKETS_S)
+        """Time from a streamed request's first byte to its answer's first body byte."""
         self.served_s = 0.0
         """Seconds finished requests spent at an instance (latency less queue wait): with
         the completion count, the mean service time the autoscaler sizes with."""
@@ -219,6 +230,12 @@ class _Collector(Collector):
             "Time queued requests waited for a slot (admitted or expired), seconds.",
             labels=("group",),
         )
+        ttfb = HistogramMetricFamily(
+            "sluice_gateway_time_to_first_byte_seconds",
+            "Streamed answers: time from the request's first byte to the answer's first body "
+            "byte (time to first token, as the gateway sees it), seconds.",
+            labels=("group",),
+        )
         for name, gm in sorted(groups.items()):
             for route, stats in sorted(gm.routes.items()):
                 for status, count in sorted(stats.statuses.items()):
@@ -229,6 +246,7 @@ class _Collector(Collector):
                     shed.add_metric((name, reason), count)
                 mirrored.add_metric((name,), gm.mirrored)
                 queue_wait.add_metric((name,), gm.queue_wait.buckets(), gm.queue_wait.sum)
+                ttfb.add_metric((name,), gm.ttfb.buckets(), gm.ttfb.sum)
         refused = CounterMetricFamily(
             "sluice_gateway_refused",
             "Clients refused by the gateway's limits before routing (408, 413, 414, 431, 503, "
@@ -237,7 +255,7 @@ class _Collector(Collector):
         )
         for reason, count in self._metrics.refused.items():
             refused.add_metric((reason,), count)
-        yield from (requests, duration, shed, mirrored, queue_wait, refused)
+        yield from (requests, duration, shed, mirrored, queue_wait, ttfb, refused)
 
         queue_length = GaugeMetricFamily(
             "sluice_gateway_queue_length",

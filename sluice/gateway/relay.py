@@ -167,8 +167,8 @@ class UpstreamRelay:
             keep_alive = False  # HTTP/1.0 client: the end of the body is the end of the connection
         self.chunked = chunked
         self.keep_alive = keep_alive
-        if not has_length and g is not None and g.samples is not None:
-            self.t_body = -1.0  # streamed, and sampled: note when its first byte arrives
+        if not has_length and g is not None:
+            self.t_body = -1.0  # streamed: note when its first byte arrives (a TTFT proxy)
         out = self._out
         line = STATUS_LINES.get(status)
         out.append(line if line is not None else status_line(status))

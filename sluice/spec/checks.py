@@ -41,6 +41,7 @@ def check_platform(spec: PlatformSpec, read_model: ModelReader | None = None) ->
         *_advisory(spec),
         *_quotas(spec),
         *_rollouts(spec),
+        *_alert_rules(spec),
         *device_problems(spec),
         *(p for i, g in enumerate(spec.groups) for p in server_problems(i, g)),
         *(_model_memory(spec, read_model) if read_model is not None else ()),
@@ -173,6 +174,19 @@ def _references(spec: PlatformSpec) -> Iterator[Problem]:
         for j, gname in enumerate(tenant.groups):
             if gname != "*" and gname not in groups:
                 yield ("tenants", i, "groups", j), f"no group named {gname!r}"
+
+
+def _alert_rules(spec: PlatformSpec) -> Iterator[Problem]:
+    groups = {g.name for g in spec.groups}
+    seen: Counter[tuple[str, str]] = Counter(
+        (r.group, r.name) for r in spec.observability.alerts.rules
+    )
+    for i, rule in enumerate(spec.observability.alerts.rules):
+        path = ("observability", "alerts", "rules", i)
+        if rule.group != "*" and rule.group not in groups:
+            yield (*path, "group"), f"no group named {rule.group!r}; name one, or '*' for all"
+        if seen[rule.group, rule.name] > 1:
+            yield (*path, "name"), f"duplicate rule {rule.name!r} for group {rule.group!r}"
 
 
 def _schedules(spec: PlatformSpec) -> Iterator[Problem]:

@@ -29,6 +29,7 @@ from sluice.spec.keys import (
     digest_entry,
     key_digest,
 )
+from sluice.spec.observability import ObservabilitySpec
 from sluice.spec.quota import BudgetSpec, QuotaSpec
 from sluice.spec.rollout import RolloutSpec
 from sluice.spec.servers import CommandSpec, ExternalSpec, external_replicas
@@ -578,6 +579,7 @@ class PlatformSpec(_Strict):
     gateway: GatewaySpec = GatewaySpec()
     control: ControlSpec = ControlSpec()
     retention: RetentionSpec = RetentionSpec()
+    observability: ObservabilitySpec = ObservabilitySpec()
     pools: list[PoolSpec] = Field(min_length=1)
     groups: list[GroupSpec] = Field(default_factory=list)
     tenants: list[TenantSpec] = Field(default_factory=list)

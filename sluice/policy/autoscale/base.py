@@ -107,6 +107,20 @@ class TrafficSample:
     """cumulative seconds finished requests spent at an instance (latency less queue wait)"""
     served_sq_s: float = 0.0
     """cumulative squares of those seconds"""
+    server_errors: int = 0
+    """cumulative 5xx answers (admission's 503s included)"""
+    too_many: int = 0
+    """cumulative 429 answers (admission shedding an overloaded group)"""
+    client_errors: int = 0
+    """cumulative other 4xx answers (the caller's fault: not the group's health)"""
+    shed: int = 0
+    """cumulative requests refused by admission, any reason"""
+    queue_wait_bounds: tuple[float, ...] = ()
+    queue_wait_counts: tuple[int, ...] = ()
+    """cumulative queue waits by bucket, as `latency_counts`"""
+    ttfb_bounds: tuple[float, ...] = ()
+    ttfb_counts: tuple[int, ...] = ()
+    """cumulative time to the first body byte of streamed answers (a TTFT proxy)"""
 
 
 def window_quantile(older: TrafficSample, newer: TrafficSample, q: float) -> float | None:
