@@ -1,5 +1,6 @@
 """Durable state (spec revisions, audit, events, instances, overrides) behind one `Store`."""
 
+from sluice.store.history import AlertDelivery, RollupRow
 from sluice.store.records import (
     AuditEntry,
     Event,
@@ -14,6 +15,7 @@ from sluice.store.records import (
 from sluice.store.store import Store
 
 __all__ = [
+    "AlertDelivery",
     "AuditEntry",
     "Event",
     "InstanceRecord",
@@ -21,6 +23,7 @@ __all__ = [
     "Proposal",
     "Revision",
     "RolloutRecord",
+    "RollupRow",
     "ScalingDecision",
     "Store",
     "TokenRecord",

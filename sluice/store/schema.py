@@ -9,11 +9,13 @@ from __future__ import annotations
 from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
 
 __all__ = [
+    "alert_deliveries",
     "audit_log",
     "events",
     "failovers",
     "instances",
     "metadata",
+    "metric_rollups",
     "proposals",
     "quota_loans",
     "replica_overrides",
@@ -210,3 +212,37 @@ tokens = Table(
 )
 """API tokens (who may drive the control API): only the sha256 of each token is kept, the
 token itself is shown once, at creation; `groups` (JSON list) scopes an operator."""
+
+metric_rollups = Table(
+    "metric_rollups",
+    metadata,
+    Column("group_name", String(255), primary_key=True),
+    Column("step_s", Integer, primary_key=True, autoincrement=False),
+    Column("start", Float, primary_key=True),
+    Column("data", Text, nullable=False),
+    Index(None, "step_s", "start"),
+)
+"""Metrics history (O3): one row per group per minute (`step_s` 60) or hour (3600), the
+`sluice.policy.history.Rollup` of that span as JSON (counters, histogram buckets, gauges)."""
+
+alert_deliveries = Table(
+    "alert_deliveries",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("created_at", Float, nullable=False),
+    Column("group_name", String(255), nullable=False),
+    Column("rule", String(255), nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("next_at", Float, nullable=True),
+    Column("delivered_at", Float, nullable=True),
+    Column("dead_at", Float, nullable=True),
+    Column("last_error", Text, nullable=False),
+    Index(None, "next_at"),
+    Index(None, "group_name", "id"),
+)
+"""The alert outbox (O2): each firing or resolved message, until its group's
+`alert_channel` took it (`delivered_at`) or every attempt failed (`dead_at`: the
+dead-letter record). `next_at` NULL: nothing more to try. The channel itself is read from
+the spec at delivery time, so a webhook URL (which may carry a token) is never copied."""

@@ -29,6 +29,7 @@ from sqlalchemy.engine import make_url
 from sluice.core import InstanceState, NotFound
 from sluice.store import schema
 from sluice.store.base import WRITER, check_limit, dump, load
+from sluice.store.history import HistoryStore
 from sluice.store.journals import JournalStore
 from sluice.store.records import (
     AuditEntry,
@@ -46,7 +47,7 @@ _MIGRATIONS = Path(__file__).with_name("migrations")
 _SQLITE_PRAGMAS = ("PRAGMA busy_timeout=5000", "PRAGMA journal_mode=WAL", "PRAGMA foreign_keys=ON")
 
 
-class Store(JournalStore, TokenStore, RetentionStore):
+class Store(JournalStore, TokenStore, RetentionStore, HistoryStore):
     """Synchronous access to the state database; open with `Store.open` or `Store.for_home`."""
 
     @classmethod
