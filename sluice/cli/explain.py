@@ -83,6 +83,15 @@ def summary(group: str, x: dict[str, Any]) -> list[str]:
             f"burst ({tiers['borrowed_units']} units above its guarantee, borrowed or "
             "unassigned); burst instances go first on scale-down, reclaim and budget cuts"
         )
+    hold = x.get("no_gain_hold")
+    if hold:
+        lines.append(
+            f"scale-up held at {hold['count']} since {ts(hold['since'])}: {hold['reason']}; "
+            f"until the demand moves from {hold['rate']:g} req/s"
+            + (f" or {ts(hold['until'])}" if hold["until"] else "")
+        )
+    for f in x.get("followups", [])[:3]:
+        lines.append(f"did it help? {ts(f['at'])}: {f['message']}")
     quota = x.get("quota") or {}
     told = quota.get("advice")
     if quota.get("mode") == "advisory" and told is not None:

@@ -33,6 +33,7 @@ from sluice.cli.common import (
 from sluice.cli.compare import compare
 from sluice.cli.estimate import estimate
 from sluice.cli.explain import explain
+from sluice.cli.history import history
 from sluice.cli.review import approve, proposal_app, proposals, propose, reject
 from sluice.cli.rollout import rollout_app
 from sluice.cli.simulate import simulate
@@ -551,6 +552,7 @@ app.command("simulate")(simulate)
 app.command("compare")(compare)
 app.command("estimate")(estimate)
 app.command("explain")(explain)
+app.command("history")(history)
 for _review_command in (propose, proposals, approve, reject):
     app.command()(_review_command)
 

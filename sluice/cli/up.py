@@ -29,6 +29,7 @@ from sluice.control import (
     EventLog,
     Housekeeper,
     InstanceSupervisor,
+    Observer,
     ReviewBoard,
     TokenAdmin,
     build_control_api,
@@ -146,6 +147,9 @@ class _Up:
             samples=gateway,
         )
         await controller.load_state()
+        observer = Observer(store, self.events, self.clock, gateway.traffic, controller.observation)
+        await observer.load()
+        controller.hold_scale_up(observer.holds)
         if loaded is not None:
             why = options.reason or f"sluice up -f {loaded.source}"
             await controller.apply(loaded, LOCAL_ACTOR, why)
@@ -183,7 +187,9 @@ class _Up:
             data_plane=gateway.status,
             review=review,
             metrics=gateway.metrics_text,
-            housekeeping=lambda: keeper.run_once(controller.spec.retention),
+            housekeeping=lambda: keeper.run_once(
+                controller.spec.retention, controller.spec.observability.history
+            ),
         )
         tls = spec.control.tls
         server = _ControlServer(
@@ -220,7 +226,10 @@ class _Up:
             await controller.run()
 
         async def housekeeping(_attempt: int) -> None:
-            await keeper.loop(lambda: controller.spec.retention)
+            await keeper.loop(lambda: controller.spec)
+
+        async def observing(_attempt: int) -> None:
+            await observer.run()
 
         stopping = self.stop
         tasks = [
@@ -234,6 +243,7 @@ class _Up:
             asyncio.create_task(
                 _keep_serving("housekeeping", housekeeping, stopping), name="housekeeping"
             ),
+            asyncio.create_task(_keep_serving("observer", observing, stopping), name="observer"),
         ]
         print(f"endpoint: {endpoint}", flush=True)
         print(f"control: {control_url}", flush=True)
@@ -249,6 +259,10 @@ class _Up:
         for task in [announcer, stopper, *tasks]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await observer.close()
+        except Exception:
+            log.exception("the minute in progress of the metrics history was not stored")
         await controller.close()
         if failure is not None:
             raise failure

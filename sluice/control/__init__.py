@@ -4,6 +4,7 @@ from sluice.control.api import build_control_api
 from sluice.control.controller import Controller
 from sluice.control.events import EventLog
 from sluice.control.housekeeping import Housekeeper
+from sluice.control.observer import Observer
 from sluice.control.review import ReviewBoard
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.tokens import TokenAdmin
@@ -13,6 +14,7 @@ __all__ = [
     "EventLog",
     "Housekeeper",
     "InstanceSupervisor",
+    "Observer",
     "ReviewBoard",
     "TokenAdmin",
     "build_control_api",

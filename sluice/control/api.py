@@ -21,10 +21,11 @@ from sluice.control.auth import Authenticator, Principal, Role
 from sluice.control.controller import Controller
 from sluice.control.events import store_error_text, store_outage
 from sluice.control.explain import advisory_view, explain_decisions
+from sluice.control.observer import stored_history
 from sluice.control.review import ReviewBoard
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.tokens import TokenAdmin
-from sluice.core import InstanceState, NotFound, SluiceError
+from sluice.core import InstanceState, NotFound, SluiceError, SpecError, SpecIssue
 from sluice.policy import route_rules
 from sluice.spec import load_spec_text
 from sluice.store import Store
@@ -295,7 +296,34 @@ def build_control_api(
         served = (data_plane() if data_plane is not None else {}).get("served", {})
         recent = [e for e in found if e.at >= oldest]
         view = advisory_view(state, decisions, found, limit)
-        return {"group": group, **view, "decisions": explain_decisions(decisions, recent, served)}
+        followups = [e.to_json() for e in found if e.kind == "followup"][:limit]
+        return {
+            "group": group,
+            **view,
+            "followups": followups,
+            "decisions": explain_decisions(decisions, recent, served),
+        }
+
+    @api.get("/v1/history")
+    async def history(
+        group: Annotated[list[str] | None, Query()] = None,
+        since: Annotated[float | None, Query(ge=0)] = None,
+        until: Annotated[float | None, Query(ge=0)] = None,
+        step_s: Annotated[int, Query(ge=60, le=366 * 86_400)] = 60,
+    ) -> dict[str, Any]:
+        """O3: each group's series, `step_s` apart (default: the last hour, by minute);
+        quantiles are merged from the stored histograms."""
+        for g in group or ():
+            require_group(g)
+        end = until if until is not None else tokens.clock.now()
+        start = since if since is not None else end - 3600.0
+        if end <= start:
+            raise SpecError([SpecIssue("until", f"{end:g} must be after since ({start:g})")])
+        if (end - start) / step_s > 20_000:
+            points = f"{(end - start) / step_s:.0f} points; at most 20000: use a larger step"
+            raise SpecError([SpecIssue("step_s", points)])
+        spec = controller.spec
+        return await asyncio.to_thread(stored_history, store, spec, group, start, end, step_s)
 
     @api.post("/v1/rollouts/{name}/{action}")
     async def rollout_action(

@@ -18,8 +18,10 @@ from sluice.control.advisory import scaling_metrics, switched_modes
 from sluice.control.autoscaling import LiveAutoscaling, TrafficSource
 from sluice.control.decisions import DecisionJournal
 from sluice.control.events import EventLog, store_error_text, store_outage
+from sluice.control.explain import tier_counts
 from sluice.control.fleet_metrics import FleetView, fleet_metrics
 from sluice.control.keysources import spec_with_key_sources
+from sluice.control.observer import Observation
 from sluice.control.quota import LiveQuota
 from sluice.control.review import gated_changes
 from sluice.control.rollouts import ACTIONS, RolloutRunner
@@ -38,9 +40,8 @@ from sluice.policy import (
     failover_problem,
     stranded_failovers,
 )
+from sluice.policy.gain import NoGainHold
 from sluice.policy.tick import (
-    BURST,
-    STABLE,
     TickInput,
     decide,
     is_advisory,
@@ -96,6 +97,7 @@ class Controller:
         self._servers = ServerScraper(clock.now)
         self._autoscaling = LiveAutoscaling(traffic, self._servers.load)
         self._tiers: Mapping[str, str] = {}
+        self._holds: Callable[[], Mapping[str, NoGainHold]] = dict
         self._scaled: dict[str, int] = {}
         """The autoscaler's instance count per actively autoscaled group (journaled, so it
         survives a restart)."""
@@ -197,16 +199,28 @@ class Controller:
             groups = scaling_metrics(
                 self._spec, self.desired_replicas, advice, self._quota.advice_for
             )
+            obs = self.observation()
+            assert obs is not None
             view = FleetView(
-                self._spec,
-                self._supervisor.statuses(),
-                self._tiers,
-                self._quota.last,
-                self._quota.metered,
+                obs.spec, obs.instances, self._tiers, obs.allocation, obs.meter,
                 self._rollouts.phases(),
-            )
+            )  # fmt: skip
             groups += fleet_metrics(view)
         return self._servers.prometheus_text() + groups + self._loop.prometheus_text()
+
+    def observation(self) -> Observation | None:
+        """The fleet as the observer reads it (None before any spec)."""
+        if self._spec is None:
+            return None
+        counts = {g.name: self._instances_wanted(g) for g in self._spec.groups}
+        return Observation(
+            self._spec, self._supervisor.statuses(), self._quota.last, self._quota.metered,
+            counts, self._failovers,
+        )  # fmt: skip
+
+    def hold_scale_up(self, holds: Callable[[], Mapping[str, NoGainHold]]) -> None:
+        """S12: where more instances did not help, the autoscaler stops adding."""
+        self._holds = holds
 
     async def quota_report(self, window_s: float, below: float) -> dict[str, Any]:
         """`sluice quota`: pools, guarantees, use, loans, spend, under-used groups."""
@@ -230,19 +244,8 @@ class Controller:
             "startup_s": round(st.startup_s, 3) if st and st.startup_s is not None else None,
             "advised": advice.to_json() if advice is not None else None,
             "quota": {"mode": spec.quota.mode, "advice": self._quota.advice_for(group)},
-            "tiers": self._tier_counts(spec),
-        }
-
-    def _tier_counts(self, g: GroupSpec) -> dict[str, Any]:
-        """S9: the group's stable part (on its guaranteed units) and burst part (above)."""
-        mine = [i.id for i in self._supervisor.statuses() if i.group == g.name]
-        grant = self._quota.last.grants.get(g.name) if self._quota.last else None
-        return {
-            "stable": sum(1 for i in mine if self._tiers.get(i) == STABLE),
-            "burst": sum(1 for i in mine if self._tiers.get(i) == BURST),
-            "guaranteed_units": g.quota.guaranteed,
-            "own_units": grant.own_units if grant else 0,
-            "borrowed_units": grant.borrowed_units if grant else 0,
+            "tiers": tier_counts(spec, self._supervisor.statuses(), self._tiers, self._quota.last),
+            "no_gain_hold": hold.to_json() if (hold := self._holds().get(group)) else None,
         }
 
     async def load_state(self) -> None:
@@ -517,6 +520,7 @@ class Controller:
             quota=quota,
             advice=advice,
             meter=self._quota.meter(now),
+            holds=self._holds(),
         )
         with self._loop.timing_decision():
             decision = decide(inputs)

@@ -8,9 +8,31 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sluice.core import InstanceStatus
+from sluice.policy.quota import Allocation
+from sluice.policy.tick import BURST, STABLE
+from sluice.spec import GroupSpec
 from sluice.store import Event, ScalingDecision
 
-__all__ = ["advisory_view", "explain_decisions"]
+__all__ = ["advisory_view", "explain_decisions", "tier_counts"]
+
+
+def tier_counts(
+    g: GroupSpec,
+    instances: Sequence[InstanceStatus],
+    tiers: Mapping[str, str],
+    allocation: Allocation | None,
+) -> dict[str, Any]:
+    """S9: the group's stable part (on its guaranteed units) and burst part (above)."""
+    mine = [i.id for i in instances if i.group == g.name]
+    grant = allocation.grants.get(g.name) if allocation else None
+    return {
+        "stable": sum(1 for i in mine if tiers.get(i) == STABLE),
+        "burst": sum(1 for i in mine if tiers.get(i) == BURST),
+        "guaranteed_units": g.quota.guaranteed,
+        "own_units": grant.own_units if grant else 0,
+        "borrowed_units": grant.borrowed_units if grant else 0,
+    }
 
 
 def explain_decisions(

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from sluice.core import Clock
-from sluice.spec import RetentionSpec
+from sluice.policy.history import HOUR_S, MINUTE_S
+from sluice.spec import PlatformSpec, RetentionSpec
+from sluice.spec.observability import HistorySpec
 from sluice.store import Store
 
 __all__ = ["Housekeeper", "rotate"]
@@ -59,8 +61,11 @@ class Housekeeper:
         self._reopen_access_log = reopen_access_log
         self._copy_truncate = copy_truncate or set
 
-    async def run_once(self, retention: RetentionSpec) -> dict[str, Any]:
-        """One pass; returns what it did (rotated files, removed logs, pruned rows)."""
+    async def run_once(
+        self, retention: RetentionSpec, history: HistorySpec | None = None
+    ) -> dict[str, Any]:
+        """One pass; returns what it did (rotated files, removed logs, pruned rows: with
+        `history`, metrics rollups past their age and finished alert messages too)."""
         running = self._running()
         copied = self._copy_truncate()
         files = await asyncio.to_thread(self._logs, retention, running, copied)
@@ -74,15 +79,27 @@ class Housekeeper:
             loans_ended_before=now - retention.loans_days * _DAY,
             audit_before=now - retention.audit_days * _DAY,
         )
-        return {**files, "pruned": asdict(pruned)}
+        done = asdict(pruned)
+        if history is not None:
+            done["minute_rollups"] = await asyncio.to_thread(
+                self._store.prune_rollups, MINUTE_S, now - history.minute_days * _DAY
+            )
+            done["hour_rollups"] = await asyncio.to_thread(
+                self._store.prune_rollups, HOUR_S, now - history.hour_days * _DAY
+            )
+            done["alert_messages"] = await asyncio.to_thread(
+                self._store.prune_deliveries, now - retention.events_days * _DAY
+            )
+        return {**files, "pruned": done}
 
-    async def loop(self, retention: Callable[[], RetentionSpec]) -> None:
-        """Forever, every `interval_s` of the live spec; a failed pass is logged, retried
-        next time, and never stops anything else."""
+    async def loop(self, current: Callable[[], PlatformSpec]) -> None:
+        """Forever, every `retention.interval_s` of the live spec; a failed pass is logged,
+        retried next time, and never stops anything else."""
         while True:
-            spec = retention()
+            platform = current()
+            spec = platform.retention
             try:
-                done = await self.run_once(spec)
+                done = await self.run_once(spec, platform.observability.history)
                 if done["rotated"] or done["removed"] or any(done["pruned"].values()):
                     log.info("housekeeping: %s", done)
             except Exception:

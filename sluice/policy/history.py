@@ -106,6 +106,8 @@ class Rollup:
     too_many: int = 0
     client_errors: int = 0
     shed: int = 0
+    served_s: float = 0.0
+    """seconds the completed requests spent at an instance (latency less queue wait)"""
     latency: HistogramCounts = _EMPTY
     queue_wait: HistogramCounts = _EMPTY
     ttfb: HistogramCounts = _EMPTY
@@ -142,6 +144,9 @@ class Rollup:
             too_many=_counter(newer.too_many, o.too_many),
             client_errors=_counter(newer.client_errors, o.client_errors),
             shed=_counter(newer.shed, o.shed),
+            served_s=newer.served_s - o.served_s
+            if newer.served_s >= o.served_s
+            else newer.served_s,
             latency=HistogramCounts(
                 newer.latency_bounds, _delta(newer.latency_counts, o.latency_counts)
             ),
@@ -169,6 +174,7 @@ class Rollup:
             "too_many": self.too_many,
             "client_errors": self.client_errors,
             "shed": self.shed,
+            "served_s": round(self.served_s, 6),
             "hist": hist,
             "gauges": {k: [round(s, 6), m, n] for k, (s, m, n) in sorted(self.gauges.items())},
             "spend": round(self.spend, 9),
@@ -191,6 +197,7 @@ class Rollup:
             too_many=int(doc.get("too_many", 0)),
             client_errors=int(doc.get("client_errors", 0)),
             shed=int(doc.get("shed", 0)),
+            served_s=float(doc.get("served_s", 0.0)),
             latency=h("latency"),
             queue_wait=h("queue_wait"),
             ttfb=h("ttfb"),
@@ -230,6 +237,7 @@ def merge(rollups: Iterable[Rollup], start: float | None = None) -> Rollup | Non
         too_many=sum(r.too_many for r in items),
         client_errors=sum(r.client_errors for r in items),
         shed=sum(r.shed for r in items),
+        served_s=sum(r.served_s for r in items),
         latency=lat,
         queue_wait=qw,
         ttfb=tt,
@@ -317,6 +325,7 @@ def series(r: Rollup, ctx: SeriesContext = SeriesContext()) -> dict[str, float |
         "p99_ms": _ms(quantile(r.latency, 0.99)),
         "ttft_p95_ms": _ms(quantile(r.ttfb, 0.95)),
         "queue_wait_p95_ms": _ms(quantile(r.queue_wait, 0.95)),
+        "service_ms": _ms(r.served_s / done) if done else None,
         "slo_attainment": attainment,
         "slo_burn": burn,
         "spend": r.spend,
@@ -336,7 +345,7 @@ class Accumulator:
     the last `keep_s` stay for windows (`window`: what alerts and follow-ups read)."""
 
     def __init__(self, keep_s: float) -> None:
-        self._keep_s = keep_s
+        self.keep_s = keep_s
         self._last: dict[str, TrafficSample | None] = {}
         self._at: dict[str, float] = {}
         self._open: dict[str, list[Rollup]] = {}
@@ -363,7 +372,7 @@ class Accumulator:
         pending.append(step)
         recent = self._recent.setdefault(group, deque())
         recent.append(step)
-        while recent and recent[0].start + recent[0].seconds < now - self._keep_s:
+        while recent and recent[0].start + recent[0].seconds < now - self.keep_s:
             recent.popleft()
 
     def _close(self, group: str) -> None:

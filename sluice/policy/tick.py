@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from sluice.core.instances import ALIVE_STATES, InstanceState, InstanceStatus
 from sluice.policy.autoscale import Autoscaler, Decision, GroupLoad
+from sluice.policy.gain import NoGainHold
 from sluice.policy.plan import Action, Drain, GroupTarget, plan_group
 from sluice.policy.quota import (
     AdvisedAllocation,
@@ -105,6 +106,8 @@ class TickInput:
     quota: QuotaState = dataclasses.field(default_factory=QuotaState)
     advice: QuotaState = dataclasses.field(default_factory=QuotaState)
     meter: Meter = dataclasses.field(default_factory=Meter)
+    holds: Mapping[str, NoGainHold] = dataclasses.field(default_factory=dict)
+    """groups where more instances were seen not to help (S12): no scale-up past the count"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +174,7 @@ def decide(inp: TickInput) -> TickDecision:
     index = _index(inp.spec)
     by_group = _by_group(inp.observed)
     decisions = {
-        name: inp.scalers[name].decide(load, inp.now)
+        name: _held(inp.scalers[name].decide(load, inp.now), load, inp.holds.get(name))
         for name, load in inp.loads.items()
         if name in index.groups
     }
@@ -230,6 +233,23 @@ def decide(inp: TickInput) -> TickDecision:
         spare={k: max(0, v) for k, v in spare.items()},
         held=held,
         tiers=tiers,
+    )
+
+
+def _held(d: Decision, load: GroupLoad, hold: NoGainHold | None) -> Decision:
+    """S12: where more instances were seen not to help, no scale-up past the hold's count
+    (guard `no_gain`); scaling down is never held."""
+    if hold is None:
+        return d
+    cap = max(load.current, hold.count)
+    if d.desired <= cap:
+        return d
+    return dataclasses.replace(
+        d,
+        desired=cap,
+        clipped_by=(*d.clipped_by, "no_gain"),
+        reason=f"{d.reason}; held at {cap}: {hold.reason}",
+        unclipped=d.unclipped if d.unclipped is not None else d.desired,
     )
 
 

@@ -143,6 +143,11 @@ class SimParams(_Strict):
     empty_rate: float = Field(
         default=0.0, ge=0, le=1, description="share of generations answered with empty text"
     )
+    shared_backend: str | None = Field(
+        default=None,
+        description="a lock file every instance's requests take turns holding for their "
+        "service time: a backend outside the group that serves one request at a time",
+    )
 
 
 class EmbeddingParams(_Strict):

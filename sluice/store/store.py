@@ -9,6 +9,7 @@ Time is always passed in; the store never reads a clock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,13 +215,20 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore):
         )
 
     def list_events(
-        self, *, group: str | None = None, limit: int = 100, since_id: int = 0
+        self,
+        *,
+        group: str | None = None,
+        limit: int = 100,
+        since_id: int = 0,
+        kinds: Sequence[str] | None = None,
     ) -> list[Event]:
-        """Newest first: the latest `limit` events with id above `since_id`."""
+        """Newest first: the latest `limit` events with id above `since_id` (of `kinds`)."""
         t = schema.events
         query = select(t).where(t.c.id > since_id).order_by(t.c.id.desc()).limit(check_limit(limit))
         if group is not None:
             query = query.where(t.c.group_name == group)
+        if kinds is not None:
+            query = query.where(t.c.kind.in_(list(kinds)))
         with self._engine.connect() as conn:
             return [_event(row) for row in conn.execute(query)]
 

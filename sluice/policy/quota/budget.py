@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sluice.spec.quota import BudgetSpec
 
-__all__ = ["BudgetCap", "budget_caps"]
+__all__ = ["BudgetCap", "budget_caps", "budget_used"]
 
 
 class BudgetCap:
@@ -86,3 +86,23 @@ def budget_caps(
         key = "accelerator_hours_per_month"
         caps.append(BudgetCap(left / hours_left, label, scope, key, units=True))
     return caps
+
+
+def budget_used(
+    budget: BudgetSpec | None,
+    *,
+    spend_per_hour: float,
+    units: float,
+    spent: float,
+    unit_hours: float,
+    hours_left: float,
+    scope: str,
+) -> float | None:
+    """The share of the tightest cap of `budget` that the level (`spend_per_hour` for a
+    spend cap, `units` for a unit cap) takes now: 1.0 is at the cap (a month's budget used
+    up counts as 1.0 while anything is held). None: no cap."""
+    shares = []
+    for cap in budget_caps(budget, spent, unit_hours, max(hours_left, 1e-9), scope):
+        level = units if cap.units else spend_per_hour
+        shares.append(level / cap.limit if cap.limit > 0 else (1.0 if level > 0 else 0.0))
+    return max(shares, default=None)

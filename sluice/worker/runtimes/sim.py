@@ -14,10 +14,13 @@ visibly differently. `error_rate` and `empty_rate` make a deliberately bad canar
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import math
+import os
 import random
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from sluice.core.errors import SluiceError
@@ -133,6 +136,7 @@ class SimRuntime(Runtime):
         super().__init__(model, spec, instance_id)
         self.params = spec.sim or SimParams()
         self._rng = random.Random(f"{self.params.seed}:{instance_id}")
+        self._backend = SharedBackend(self.params.shared_backend)
 
     async def load(self) -> None:
         await asyncio.sleep(self.params.startup_s)
@@ -167,19 +171,55 @@ class SimRuntime(Runtime):
 
     async def complete(self, request: TextRequest) -> Completion:
         plan = self.plan(request)
-        await asyncio.sleep(plan.seconds)
+        async with self._backend.turn():
+            await asyncio.sleep(plan.seconds)
         text = "".join(self.pieces(request, plan))
         return Completion(text, plan.input_tokens, plan.output_tokens, plan.finish_reason)
 
     async def stream(self, request: TextRequest) -> TokenStream:
         plan = self.plan(request)
         pieces = self.pieces(request, plan)
-        return TokenStream(plan.input_tokens, plan.finish_reason, _paced_tokens(plan, pieces))
+        tokens = self._backend.holding(_paced_tokens(plan, pieces))
+        return TokenStream(plan.input_tokens, plan.finish_reason, tokens)
 
     async def embed(self, inputs: list[str]) -> Embeddings:
         input_tokens = sum(count_tokens(text) for text in inputs)
-        await asyncio.sleep(service_seconds(self.params.service_time, self._rng, input_tokens, 0))
+        seconds = service_seconds(self.params.service_time, self._rng, input_tokens, 0)
+        async with self._backend.turn():
+            await asyncio.sleep(seconds)
         return Embeddings([pseudo_vector(self.model, text) for text in inputs], input_tokens)
+
+
+class SharedBackend:
+    """`sim.shared_backend`: a backend outside the group that serves one request at a time
+    (a database, a downstream API), shared by every instance through an exclusive lock on
+    one file; more instances then add no throughput (S12's "did it help?" sees that). Within
+    an instance requests queue on an asyncio lock, so one thread at most waits on the file."""
+
+    def __init__(self, path: str | None) -> None:
+        self._path = path
+        self._local = asyncio.Lock()
+        self._fd: int | None = None
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        if self._path is None:
+            yield
+            return
+        async with self._local:
+            if self._fd is None:
+                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+            await asyncio.to_thread(fcntl.flock, self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    async def holding(self, tokens: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+        """`tokens`, generated while holding the backend (a stream is one long turn)."""
+        async with self.turn():
+            async for piece in tokens:
+                yield piece
 
 
 async def _paced_tokens(plan: SimPlan, pieces: list[str]) -> AsyncGenerator[str, None]:

@@ -1,0 +1,335 @@
+"""The platform watching itself (O2, O3, S12), in its own task, off the request path and
+out of the controller's tick: once a second it reads the gateway's counters and the
+controller's view of the fleet, and
+
+- gathers each group's minute (`sluice.policy.history.Accumulator`) and stores it when it
+  ends, merging every finished hour into an hour row (a restart loses at most the minute
+  in progress: `close` stores even that);
+- hands the series of the last `alerts.window_s` to the alert rules (`Alerting`);
+- follows every scaling change and failover up (`Followups`: "did it help?").
+
+`history` answers `sluice history` and the reports from the stored rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sluice.control.autoscaling import TrafficSource
+from sluice.control.events import EventLog
+from sluice.control.followups import Followups
+from sluice.core import Clock, InstanceState, InstanceStatus
+from sluice.core.instances import ALIVE_STATES
+from sluice.policy.autoscale.base import TrafficSample
+from sluice.policy.gain import NoGainHold
+from sluice.policy.history import (
+    HOUR_S,
+    MINUTE_S,
+    Accumulator,
+    Rollup,
+    SeriesContext,
+    bucket_start,
+    merge,
+    series,
+)
+from sluice.policy.quota import Allocation
+from sluice.policy.quota.budget import budget_used
+from sluice.policy.quota.metering import TOTAL, Meter
+from sluice.policy.quota.model import hours_left_in_month
+from sluice.spec import GroupSpec, PlatformSpec
+from sluice.store import RollupRow, Store
+
+__all__ = ["Observation", "Observer", "group_gauges", "series_context"]
+
+log = logging.getLogger("sluice.observer")
+
+READ_S = 1.0
+"""How often the counters are read: alert durations and windows are whole seconds."""
+COMPACT_BACK_S = 14 * 86_400.0
+"""On start, hours this far back without an hour row are merged from their minutes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """The controller's side of one reading: the spec, the instances, the last quota round,
+    the meter, the count in force per group and the failovers in force."""
+
+    spec: PlatformSpec
+    instances: Sequence[InstanceStatus]
+    allocation: Allocation | None
+    meter: Meter
+    counts: Mapping[str, int]
+    failovers: Mapping[str, str]
+
+
+class AlertSink(Protocol):
+    """What the observer hands each reading's series to (`sluice.control.alerting`)."""
+
+    async def evaluate(
+        self, spec: PlatformSpec, values: Mapping[str, Mapping[str, float | None]], now: float
+    ) -> None: ...
+
+
+def series_context(g: GroupSpec | None) -> SeriesContext:
+    if g is None or g.slo is None or g.slo.latency_ms is None:
+        return SeriesContext()
+    return SeriesContext(slo_latency_s=g.slo.latency_ms / 1000.0, slo_target=g.slo.target)
+
+
+def group_gauges(
+    obs: Observation, traffic: Mapping[str, TrafficSample], now: float
+) -> dict[str, dict[str, float]]:
+    """Each group's gauges now (`sluice.policy.history.GAUGES`)."""
+    spec, alloc, meter = obs.spec, obs.allocation, obs.meter
+    ready: dict[str, int] = {}
+    alive: dict[str, int] = {}
+    for inst in obs.instances:
+        if inst.state is InstanceState.READY:
+            ready[inst.group] = ready.get(inst.group, 0) + 1
+        if inst.state in ALIVE_STATES:
+            alive[inst.group] = alive.get(inst.group, 0) + 1
+    lent: dict[str, int] = {}
+    borrowed: dict[str, int] = {}
+    for loan in alloc.loans if alloc else ():
+        borrowed[loan.borrower] = borrowed.get(loan.borrower, 0) + loan.units
+        if loan.lender is not None:
+            lent[loan.lender] = lent.get(loan.lender, 0) + loan.units
+    hours_left = hours_left_in_month(now)
+    total_rate = alloc.spend_per_hour if alloc else 0.0
+    total_units = float(alloc.units_held) if alloc else 0.0
+    platform = budget_used(
+        spec.budget,
+        spend_per_hour=total_rate,
+        units=total_units,
+        spent=meter.spent_by(TOTAL),
+        unit_hours=meter.hours_by(TOTAL),
+        hours_left=hours_left,
+        scope="global",
+    )
+    out = {}
+    for g in spec.groups:
+        name, sample = g.name, traffic.get(g.name)
+        grant = alloc.grants.get(name) if alloc else None
+        held = float(grant.units_held) if grant else 0.0
+        rate = grant.spend_per_hour if grant else 0.0
+        in_flight = float(sample.in_flight) if sample else 0.0
+        busy = min(in_flight / g.max_concurrency, float(ready.get(name, 0)))
+        used = budget_used(
+            g.budget,
+            spend_per_hour=rate,
+            units=held,
+            spent=meter.spent_by(name),
+            unit_hours=meter.hours_by(name),
+            hours_left=hours_left,
+            scope=f"group {name!r}",
+        )
+        gauges = {
+            "ready_instances": float(ready.get(name, 0)),
+            "instances": float(alive.get(name, 0)),
+            "no_ready_instance": float(obs.counts.get(name, 0) > 0 and not ready.get(name)),
+            "held_units": held,
+            "guaranteed_units": float(g.quota.guaranteed),
+            "busy_units": busy * g.resources.accelerators,
+            "borrowed_units": float(borrowed.get(name, 0)),
+            "lent_units": float(lent.get(name, 0)),
+            "memory_gb": held / g.resources.accelerators * g.resources.memory_gb,
+            "spend_per_hour": rate,
+            "quota_refused": float(bool(alloc and name in alloc.refusals)),
+        }
+        if sample is not None:
+            gauges["queue_length"] = float(sample.queued)
+            gauges["in_flight"] = in_flight
+        shares = [s for s in (used, platform) if s is not None]
+        if shares:
+            gauges["budget_used"] = max(shares)
+        out[name] = gauges
+    return out
+
+
+def _host_load() -> float | None:
+    """The host's 1-minute run queue per core: names the host as a shared bottleneck."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return None
+
+
+class Observer:
+    def __init__(
+        self,
+        store: Store,
+        events: EventLog,
+        clock: Clock,
+        traffic: TrafficSource | None,
+        observe: Callable[[], Observation | None],
+        alerts: AlertSink | None = None,
+        host_load: Callable[[], float | None] = _host_load,
+    ) -> None:
+        """`observe`: the controller's view now (None before any spec); `alerts`: where the
+        series go each reading (None: no alerting); `host_load`: run queue per core of the
+        machine the instances run on (local runtime), for naming a shared bottleneck."""
+        self._store = store
+        self._clock = clock
+        self._traffic = traffic
+        self._observe = observe
+        self._alerts = alerts
+        self._host_load = host_load
+        self._acc = Accumulator(keep_s=60.0)
+        self.followups = Followups(store, events)
+        self._hours_done: float | None = None
+        """start of the newest hour already merged into an hour row"""
+        self._unstored: list[tuple[str, float, Rollup]] = []
+
+    async def load(self) -> None:
+        await self.followups.load()
+        latest = await asyncio.to_thread(self._store.latest_rollup, HOUR_S)
+        self._hours_done = latest
+
+    def holds(self) -> Mapping[str, NoGainHold]:
+        """Groups whose scale-up is held because more instances did not help (S12)."""
+        return self.followups.holds
+
+    async def run(self) -> None:
+        """Read once a second until cancelled; a failed reading is logged and the next one
+        goes on (the history keeps what it could)."""
+        while True:
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("observer reading failed; next one in %gs", READ_S)
+            await asyncio.sleep(READ_S)
+
+    async def step(self) -> None:
+        obs = self._observe()
+        if obs is None:
+            return
+        spec, now = obs.spec, self._clock.now()
+        try:
+            traffic = dict(self._traffic()) if self._traffic is not None else {}
+        except Exception:  # the gateway's counters are unreadable: missing, not zero
+            traffic = {}
+        o = spec.observability
+        self._acc.keep_s = max(o.alerts.window_s, o.followup.window_s) + 2 * READ_S
+        for name, gauges in group_gauges(obs, traffic, now).items():
+            self._acc.observe(name, traffic.get(name), gauges, now)
+        self._acc.forget(g.name for g in spec.groups)
+        await self._keep(self._acc.closed(), now)
+        if self._alerts is not None:
+            values = {g.name: self.values(g, now, o.alerts.window_s) for g in spec.groups}
+            await self._alerts.evaluate(spec, values, now)
+
+        def window(group: str, window_s: float) -> Mapping[str, float | None]:
+            return self.values(spec.group(group), now, window_s, name=group)
+
+        await self.followups.step(spec, obs.counts, obs.failovers, window, now, self._host_load())
+
+    def values(
+        self, g: GroupSpec | None, now: float, window_s: float, name: str | None = None
+    ) -> dict[str, float | None]:
+        """The group's series over the last `window_s` seconds (all None before a reading)."""
+        rollup = self._acc.window(name or (g.name if g else ""), now, window_s)
+        return series(rollup or Rollup(start=now), series_context(g))
+
+    async def close(self) -> None:
+        """Store the minutes in progress too (a stop loses nothing observed)."""
+        await self._keep(self._acc.flush(), self._clock.now(), final=True)
+
+    async def _keep(
+        self, closed: list[tuple[str, float, Rollup]], now: float, final: bool = False
+    ) -> None:
+        """Store finished minutes (kept in memory, up to an hour's, while the store refuses
+        writes), then merge every hour that ended into its hour row."""
+        self._unstored += closed
+        if self._unstored:
+            rows = [RollupRow(g, MINUTE_S, start, r.to_json()) for g, start, r in self._unstored]
+            try:
+                await asyncio.to_thread(self._store.write_rollups, rows)
+            except Exception:
+                if final:
+                    raise
+                groups = len({g for g, _, _ in self._unstored})
+                self._unstored = self._unstored[-60 * max(1, groups) :]
+                log.warning("metrics history not stored yet (%d minutes wait)", len(rows))
+                return
+            self._unstored = []
+        this_hour = bucket_start(now, HOUR_S)
+        if self._hours_done is None:
+            self._hours_done = bucket_start(now - COMPACT_BACK_S, HOUR_S) - HOUR_S
+        while self._hours_done + HOUR_S < this_hour:
+            hour = self._hours_done + HOUR_S
+            await asyncio.to_thread(self._compact, hour)
+            self._hours_done = hour
+
+    def _compact(self, hour: float) -> None:
+        """Merge the minutes of `hour` into one row per group (none: nothing observed)."""
+        by_group: dict[str, list[Rollup]] = {}
+        for row in self._store.read_rollups(MINUTE_S, hour, hour + HOUR_S):
+            by_group.setdefault(row.group, []).append(Rollup.from_json(row.start, row.data))
+        rows = []
+        for group, minutes in by_group.items():
+            merged = merge(minutes, start=hour)
+            assert merged is not None
+            rows.append(RollupRow(group, HOUR_S, hour, merged.to_json()))
+        self._store.write_rollups(rows)
+
+    async def history(
+        self,
+        spec: PlatformSpec,
+        groups: Sequence[str] | None,
+        since: float,
+        until: float,
+        step_s: int,
+    ) -> dict[str, Any]:
+        """Each group's points from `since` to `until`, `step_s` apart (a multiple of 60),
+        from the stored rows (minutes where the span is kept at minute steps and the step
+        is under an hour; hours otherwise, plus the minutes of the hour not merged yet)."""
+        return await asyncio.to_thread(
+            stored_history, self._store, spec, groups, since, until, step_s
+        )
+
+
+def stored_history(
+    store: Store,
+    spec: PlatformSpec | None,
+    groups: Sequence[str] | None,
+    since: float,
+    until: float,
+    step_s: int,
+) -> dict[str, Any]:
+    """`Observer.history`, from the store alone (a fleet need not be running)."""
+    step_s = max(MINUTE_S, int(step_s) // MINUTE_S * MINUTE_S)
+    rows: list[RollupRow]
+    if step_s >= HOUR_S:
+        rows = store.read_rollups(HOUR_S, since, until, groups)
+        done = max((r.start for r in rows), default=None)
+        tail_from = since if done is None else done + HOUR_S
+        rows += store.read_rollups(MINUTE_S, tail_from, until, groups)
+    else:
+        rows = store.read_rollups(MINUTE_S, since, until, groups)
+    buckets: dict[str, dict[float, list[Rollup]]] = {}
+    for row in rows:
+        b = bucket_start(row.start, step_s)
+        buckets.setdefault(row.group, {}).setdefault(b, []).append(
+            Rollup.from_json(row.start, row.data)
+        )
+    out: dict[str, Any] = {}
+    for group, by_start in sorted(buckets.items()):
+        ctx = series_context(spec.group(group) if spec else None)
+        points = []
+        for start in sorted(by_start):
+            merged = merge(by_start[start], start=start)
+            assert merged is not None
+            points.append({"start": start, **_rounded(series(merged, ctx))})
+        out[group] = points
+    return {"since": since, "until": until, "step_s": step_s, "groups": out}
+
+
+def _rounded(values: Mapping[str, float | None]) -> dict[str, float | None]:
+    return {k: None if v is None else round(v, 4) for k, v in values.items()}
