@@ -5,20 +5,31 @@ after a restart."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import socket
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
+import yaml
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+from typer.testing import CliRunner
 
+from sluice.cli.alerts import alerts_app
 from sluice.control.alerting import Alerting, redact_url
+from sluice.control.alerts_api import alert_routes
 from sluice.control.events import EventLog
-from sluice.core import ManualClock
+from sluice.core import ManualClock, SluiceError
 from sluice.spec import PlatformSpec, load_spec_text
 from sluice.store import Store
 
@@ -263,3 +274,61 @@ async def test_a_group_removed_from_the_spec_resolves_and_its_message_is_dead_le
     [row] = store.list_deliveries(undelivered=True)
     assert row.payload["owner"] == "chat-team@example.com"  # named from the spec before
     assert "no longer in the spec" in row.last_error
+
+
+@contextmanager
+def served(app: FastAPI) -> Iterator[str]:
+    """`app` on a 127.0.0.1 port in a thread, for as long as the block runs."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(500):
+            if server.started:
+                break
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def test_the_api_and_the_cli_show_firing_alerts_and_the_rules(store: Store, tmp_path: Path) -> None:
+    clock = ManualClock(1_000_000.0)
+    spec = spec_for("#chat-oncall")
+    a = alerting(store, clock)
+    asyncio.run(fire(a, spec, clock))
+    app = FastAPI()
+
+    @app.exception_handler(SluiceError)  # as the control API renders its errors
+    async def _error(_: Request, exc: SluiceError) -> JSONResponse:
+        return JSONResponse(exc.to_json(), status_code=exc.http_status)
+
+    router = APIRouter()
+    alert_routes(router, a, lambda: spec, latency_bounds=(0.1, 0.5, 1.0))
+    app.include_router(router)
+    runner = CliRunner()
+    with served(app) as url:
+        common = ["--home", str(tmp_path / "home"), "--control", url]
+        listed = runner.invoke(alerts_app, [*common, "--json"])
+        assert listed.exit_code == 0, listed.output
+        doc = json.loads(listed.stdout)
+        [firing] = doc["firing"]
+        assert (firing["group"], firing["owner"]) == ("chat", "chat-team@example.com")
+        assert firing["rule"] == "no-ready-instance" and doc["undelivered"][0]["attempts"] == 0
+        table = runner.invoke(alerts_app, common, env={"COLUMNS": "250"})
+        assert table.exit_code == 0, table.output
+        assert "chat-team@example.com" in table.stdout and "undelivered" in table.stdout
+        missing = runner.invoke(alerts_app, [*common, "--group", "ghost", "--json"])
+        assert missing.exit_code == 4 and "no group named 'ghost'" in missing.stdout
+        rules = runner.invoke(alerts_app, ["rules", *common])
+        assert rules.exit_code == 0, rules.output
+        document = yaml.safe_load(rules.stdout)
+        names = {r["labels"]["rule"] for r in document["groups"][0]["rules"]}
+        assert {"error-rate", "no-ready-instance", "queue-wait"} <= names
+        assert "#   chat/budget-near-cap (budget_used):" in rules.stdout
+        as_json = runner.invoke(alerts_app, ["rules", *common, "--json"])
+        assert json.loads(as_json.stdout)["rules"] == document
