@@ -13,6 +13,7 @@ import typer
 import uvloop
 from rich.table import Table
 
+from sluice.cli.alerts import alerts_app
 from sluice.cli.common import (
     ControlOpt,
     FileOpt,
@@ -57,6 +58,7 @@ app.add_typer(rollout_app, name="rollout")
 app.add_typer(proposal_app, name="proposal")
 token_app = typer.Typer(no_args_is_help=True, help="API tokens: who may drive the control API.")
 app.add_typer(token_app, name="token")
+app.add_typer(alerts_app, name="alerts")
 
 
 @app.callback()

@@ -34,8 +34,11 @@ from sluice.control import (
     TokenAdmin,
     build_control_api,
 )
+from sluice.control.alerting import Alerting
+from sluice.control.alerts_api import alert_routes
 from sluice.core import Conflict, InstanceState, NotFound, SystemClock
 from sluice.gateway import Gateway
+from sluice.gateway.metrics import DURATION_BUCKETS_S
 from sluice.runtime import LocalRuntime
 from sluice.spec import ControlSpec, LoadedSpec, PlatformSpec, load_spec_text, redact_secrets
 from sluice.store import Revision, Store
@@ -147,7 +150,15 @@ class _Up:
             samples=gateway,
         )
         await controller.load_state()
-        observer = Observer(store, self.events, self.clock, gateway.traffic, controller.observation)
+        alerting = Alerting(
+            store,
+            self.events,
+            lambda g: f"sluice explain {g} · GET {control_url}/v1/groups/{g}/explain",
+        )
+        await alerting.load()
+        observer = Observer(
+            store, self.events, self.clock, gateway.traffic, controller.observation, alerting
+        )
         await observer.load()
         controller.hold_scale_up(observer.holds)
         if loaded is not None:
@@ -186,9 +197,12 @@ class _Up:
             allowed_hosts=_allowed_hosts(spec.control),
             data_plane=gateway.status,
             review=review,
-            metrics=gateway.metrics_text,
+            metrics=lambda: _with_alerts(gateway.metrics_text(), alerting),
             housekeeping=lambda: keeper.run_once(
                 controller.spec.retention, controller.spec.observability.history
+            ),
+            more_routes=lambda api: alert_routes(
+                api, alerting, lambda: controller.spec, DURATION_BUCKETS_S
             ),
         )
         tls = spec.control.tls
@@ -231,6 +245,9 @@ class _Up:
         async def observing(_attempt: int) -> None:
             await observer.run()
 
+        async def alert_delivery(_attempt: int) -> None:
+            await alerting.run_delivery(lambda: controller.spec, self.clock)
+
         stopping = self.stop
         tasks = [
             asyncio.create_task(
@@ -244,6 +261,9 @@ class _Up:
                 _keep_serving("housekeeping", housekeeping, stopping), name="housekeeping"
             ),
             asyncio.create_task(_keep_serving("observer", observing, stopping), name="observer"),
+            asyncio.create_task(
+                _keep_serving("alert delivery", alert_delivery, stopping), name="alerts"
+            ),
         ]
         print(f"endpoint: {endpoint}", flush=True)
         print(f"control: {control_url}", flush=True)
@@ -281,6 +301,12 @@ class _Up:
         self.access_log = fresh
         if old is not None:
             old.close()
+
+
+def _with_alerts(metrics: tuple[bytes, str], alerting: Alerting) -> tuple[bytes, str]:
+    """The gateway's metrics and the alerts' state (`sluice_alert_firing`), on one page."""
+    body, content_type = metrics
+    return body + alerting.prometheus_text(), content_type
 
 
 def _open_access_log(path: Path) -> TextIO:

@@ -110,12 +110,14 @@ def build_control_api(
     review: ReviewBoard | None = None,
     metrics: Callable[[], tuple[bytes, str]] | None = None,
     housekeeping: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    more_routes: Callable[[APIRouter], None] | None = None,
 ) -> FastAPI:
     """Every route but `/healthz` needs a token (`tokens`); a request whose `Host` is not
     one of `allowed_hosts` (DNS rebinding) is refused before routing. `data_plane`, if
     given, reports the gateway's live state; `review`, the proposal workflow (R5);
     `metrics`, the gateway's Prometheus text (served here, behind a viewer token);
-    `housekeeping`, one retention pass (`sluice gc`)."""
+    `housekeeping`, one retention pass (`sluice gc`); `more_routes` adds routes behind
+    the same authentication (the alerts': `sluice.control.alerts_api`)."""
     app = FastAPI(
         title="Sluice control API", version="1", docs_url=None, redoc_url=None, openapi_url=None
     )
@@ -519,6 +521,8 @@ def build_control_api(
         """This API's OpenAPI schema (for clients and contract tests), behind a token."""
         return app.openapi()
 
+    if more_routes is not None:
+        more_routes(api)
     app.include_router(api)
     return app
 

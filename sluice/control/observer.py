@@ -71,8 +71,11 @@ class AlertSink(Protocol):
     """What the observer hands each reading's series to (`sluice.control.alerting`)."""
 
     async def evaluate(
-        self, spec: PlatformSpec, values: Mapping[str, Mapping[str, float | None]], now: float
-    ) -> None: ...
+        self,
+        spec: PlatformSpec,
+        values_by_group: Mapping[str, Mapping[str, float | None]],
+        now: float,
+    ) -> object: ...
 
 
 def series_context(g: GroupSpec | None) -> SeriesContext:
@@ -221,8 +224,12 @@ class Observer:
             self._acc.observe(name, traffic.get(name), gauges, now)
         self._acc.forget(g.name for g in spec.groups)
         await self._keep(self._acc.closed(), now)
-        if self._alerts is not None:
-            values = {g.name: self.values(g, now, o.alerts.window_s) for g in spec.groups}
+        if self._alerts is not None:  # a group not read yet keeps its alerts as they are
+            values = {}
+            for g in spec.groups:
+                w = self._acc.window(g.name, now, o.alerts.window_s)
+                if w is not None and w.seconds > 0:
+                    values[g.name] = series(w, series_context(g))
             await self._alerts.evaluate(spec, values, now)
 
         def window(group: str, window_s: float) -> Mapping[str, float | None]:
