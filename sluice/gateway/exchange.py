@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from sluice.core.errors import NotFound, SluiceError, Unauthorized, Unavailable
+from sluice.core.errors import NotFound, SluiceError, Unauthorized, Unavailable, UpstreamError
 from sluice.gateway.errors import (
     BadRequest,
     JsonTooDeep,
@@ -536,6 +536,23 @@ class Exchange(UpstreamRelay):
         state = self.state
         latency = now - self.t0
         served = latency - 0.001 * self.queue_ms
-        state.metrics.request_done(self.group, self.route, self.status, latency, served)
+        iid = self.instance
+        if iid is None:
+            state.metrics.request_done(self.group, self.route, self.status, latency, served)
+        else:  # per instance, what the instance gave: 0 when it gave no answer (see _answer)
+            code = self.error_code
+            answer = self.status if code is None else self._answer(code)
+            state.metrics.request_done(
+                self.group, self.route, self.status, latency, served, iid, answer
+            )
         if state.access_log is not None:
             state.access_log.record(self, latency)
+
+    def _answer(self, code: str) -> int:
+        """The status the instance tried last gave a request that ended in error `code`: 0
+        (no answer) if its answer was cut off after the head or its connection failed or
+        broke (the gateway's 502), else the status the client got (the gateway's 504 on a
+        timeout, 499 for a client that left first)."""
+        if self.head_sent or code == UpstreamError.code:
+            return 0
+        return self.status

@@ -141,6 +141,7 @@ class GroupRuntime:
         self.ramping = traffic.slow_start_s > 0 and time.time() < self.settle_at
         keep = {ep.instance_id for ep in endpoints}
         self.outlier.forget(keep)
+        self.metrics.prune(keep, now)  # per-instance counters of instances long gone
         if self.latency is not None:
             self.latency.forget(keep)
         return self.refresh(now)

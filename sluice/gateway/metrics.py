@@ -5,13 +5,17 @@ per request; here a request costs two dict hits, an int add and a `bisect` into 
 list. A custom `Collector` turns the counts (and the live admission state, read only then)
 into the exposition format when scraped: `Gateway.metrics_text()`, for the control API to
 serve (never the public data-plane port).
+
+Per instance (O1): answers by status class and a latency histogram for each (group,
+instance), so one slow or failing instance shows on the gateway's `/metrics` with an
+`instance` label, not only on its own worker's port. See `InstanceStats` for what bounds them.
 """
 
 from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
@@ -31,14 +35,17 @@ if TYPE_CHECKING:
     from sluice.gateway.groups import GroupRuntime
 
 __all__ = [
+    "CODE_CLASSES",
     "CONTENT_TYPE",
     "DURATION_BUCKETS_S",
+    "INSTANCE_RETENTION_S",
     "QUEUE_BUCKETS_S",
     "REFUSAL_REASONS",
     "SHED_REASONS",
     "GatewayMetrics",
     "GroupMetrics",
     "Histogram",
+    "InstanceStats",
 ]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -67,6 +74,14 @@ REFUSAL_REASONS = (
 a connection over `max_connections` or `max_connections_per_ip` (503), JSON too deep (400),
 a client that stopped reading its answer for `write_stall_s` (cut off, no answer: see
 `ClientProtocol.check_deadlines`)."""
+
+
+CODE_CLASSES = ("0", "1xx", "2xx", "3xx", "4xx", "5xx")
+"""Answer classes per instance, indexed by `status // 100` (capped at 5): "0" is an instance
+that gave no answer (its connection failed, or its answer was cut off after the head)."""
+INSTANCE_RETENTION_S = 600.0
+"""How long an instance's counters outlive its leaving its group's routing (see
+`InstanceStats`)."""
 
 
 class Histogram:
@@ -103,11 +118,40 @@ class RouteStats:
         self.duration = Histogram(DURATION_BUCKETS_S)
 
 
+class InstanceStats:
+    """One (group, instance): answers by class (`CODE_CLASSES`) and their latency at the
+    instance (less the queue wait, which is the group's, not the instance's).
+
+    Bounded memory: instances come and go (every scale-up, rollout and replacement brings a
+    new id), so unlike a group's counters these must not live forever. An instance's stats
+    are dropped once it has been out of its group's routing for `INSTANCE_RETENTION_S`
+    (ten minutes: long enough for Prometheus to scrape its last counts, even with a scrape
+    missed or two, and for a `rate()` window to see it out). "In routing" is checked off
+    the hot path, where the routed ids are at hand anyway: when a snapshot is applied to
+    the group (`GroupMetrics.prune`, called by `GroupRuntime.configure`) and at each scrape.
+    So the map holds the routed instances plus those that left in the last ten minutes (or
+    since the last snapshot change or scrape, if neither happened for longer). A cap of N
+    per group was the other choice; it would drop a live instance's series in a large
+    group, and the time bound never does.
+    """
+
+    __slots__ = ("codes", "duration", "unrouted_since")
+
+    def __init__(self, unrouted_since: float) -> None:
+        self.codes = [0] * len(CODE_CLASSES)
+        self.duration = Histogram(DURATION_BUCKETS_S)
+        self.unrouted_since = unrouted_since
+        """Monotonic time since which the instance has not been seen in its group's routing;
+        0.0 while it is. A new entry starts unconfirmed (its first answer's time)."""
+
+
 class GroupMetrics:
-    """Counters of one group; they outlive the group's runtime (counters never go back)."""
+    """Counters of one group; they outlive the group's runtime (counters never go back),
+    except the per-instance ones (see `InstanceStats`)."""
 
     __slots__ = (
         "arrivals",
+        "instances",
         "mirrored",
         "queue_wait",
         "routes",
@@ -131,6 +175,22 @@ class GroupMetrics:
         the completion count, the mean service time the autoscaler sizes with."""
         self.served_sq_s = 0.0
         """the sum of their squares: the service time's variability"""
+        self.instances: dict[str, InstanceStats] = {}
+
+    def prune(self, routed: Collection[str], now: float) -> None:
+        """Mark the instances in `routed` as in routing; drop those out of it for longer
+        than `INSTANCE_RETENTION_S` (monotonic seconds). Off the hot path: at snapshot
+        changes and scrapes."""
+        gone = []
+        for iid, stats in self.instances.items():
+            if iid in routed:
+                stats.unrouted_since = 0.0
+            elif not stats.unrouted_since:
+                stats.unrouted_since = now
+            elif now - stats.unrouted_since > INSTANCE_RETENTION_S:
+                gone.append(iid)
+        for iid in gone:
+            del self.instances[iid]
 
     def request_done(self, route: str, status: int, latency_s: float) -> None:
         stats = self.routes.get(route)
@@ -171,8 +231,12 @@ class GatewayMetrics:
         status: int,
         latency_s: float,
         served_s: float = 0.0,
+        instance: str | None = None,
+        answer: int = 0,
     ) -> None:
-        """Count one finished request (inlined: it runs for every request)."""
+        """Count one finished request (inlined: it runs for every request). `instance`: the
+        one that answered (or was last tried), with `answer` the status it gave it (0: none,
+        see `CODE_CLASSES`)."""
         gm = self.groups.get(group or "")
         if gm is None:
             gm = self.groups[group or ""] = GroupMetrics()
@@ -186,6 +250,15 @@ class GatewayMetrics:
         hist.sum += latency_s
         gm.served_s += served_s
         gm.served_sq_s += served_s * served_s
+        if instance is not None:
+            inst = gm.instances.get(instance)
+            if inst is None:
+                inst = gm.instances[instance] = InstanceStats(time.monotonic())
+            cls = answer // 100
+            inst.codes[cls if cls < 5 else 5] += 1
+            hist = inst.duration
+            hist.counts[bisect_left(hist.bounds, served_s)] += 1
+            hist.sum += served_s
 
     def render(self) -> bytes:
         """The Prometheus text exposition (format 0.0.4)."""
@@ -236,7 +309,30 @@ class _Collector(Collector):
             "byte (time to first token, as the gateway sees it), seconds.",
             labels=("group",),
         )
+        per_instance = CounterMetricFamily(
+            "sluice_gateway_instance_requests",
+            "Requests answered per instance, by group, instance and class of the instance's "
+            "answer (0: none, the connection failed or the answer was cut off).",
+            labels=("group", "instance", "code_class"),
+        )
+        instance_duration = HistogramMetricFamily(
+            "sluice_gateway_instance_request_duration_seconds",
+            "Time at the instance per request: from the request's first byte to its last "
+            "response byte, less its wait in the group's queue, seconds.",
+            labels=("group", "instance"),
+        )
+        runtimes = self._runtimes()
+        now = time.monotonic()  # the clock of ejections and of `InstanceStats`
         for name, gm in sorted(groups.items()):
+            if gm.instances:
+                rt = runtimes.get(name)
+                gm.prune({ep.instance_id for ep in rt.endpoints} if rt else (), now)
+            for iid, inst in sorted(gm.instances.items()):
+                for cls, count in zip(CODE_CLASSES, inst.codes, strict=True):
+                    if count or cls != "1xx":
+                        per_instance.add_metric((name, iid, cls), count)
+                hist = inst.duration
+                instance_duration.add_metric((name, iid), hist.buckets(), hist.sum)
             for route, stats in sorted(gm.routes.items()):
                 for status, count in sorted(stats.statuses.items()):
                     requests.add_metric((name, route, str(status)), count)
@@ -256,6 +352,7 @@ class _Collector(Collector):
         for reason, count in self._metrics.refused.items():
             refused.add_metric((reason,), count)
         yield from (requests, duration, shed, mirrored, queue_wait, ttfb, refused)
+        yield from (per_instance, instance_duration)
 
         queue_length = GaugeMetricFamily(
             "sluice_gateway_queue_length",
@@ -277,8 +374,7 @@ class _Collector(Collector):
             "The group's ready instances, by state (ready: taking traffic; ejected: outlier).",
             labels=("group", "state"),
         )
-        now = time.monotonic()  # the clock of ejections (see `groups`)
-        for name, rt in sorted(self._runtimes().items()):
+        for name, rt in sorted(runtimes.items()):
             adm = rt.admission.statistics()
             for priority in PRIORITIES:
                 queue_length.add_metric((name, priority), adm.queued[priority])
