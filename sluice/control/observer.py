@@ -255,15 +255,14 @@ class Observer:
         writes), then merge every hour that ended into its hour row."""
         self._unstored += closed
         if self._unstored:
-            rows = [RollupRow(g, MINUTE_S, start, r.to_json()) for g, start, r in self._unstored]
             try:
-                await asyncio.to_thread(self._store.write_rollups, rows)
+                await asyncio.to_thread(self._store_minutes, self._unstored)
             except Exception:
                 if final:
                     raise
                 groups = len({g for g, _, _ in self._unstored})
                 self._unstored = self._unstored[-60 * max(1, groups) :]
-                log.warning("metrics history not stored yet (%d minutes wait)", len(rows))
+                log.warning("metrics history not stored yet (%d minutes wait)", len(closed))
                 return
             self._unstored = []
         this_hour = bucket_start(now, HOUR_S)
@@ -273,6 +272,24 @@ class Observer:
             hour = self._hours_done + HOUR_S
             await asyncio.to_thread(self._compact, hour)
             self._hours_done = hour
+
+    def _store_minutes(self, minutes: Sequence[tuple[str, float, Rollup]]) -> None:
+        """Write minutes, merged with any row already stored for the same minute (the part
+        of it a stopped observer kept, or a second observer's: nothing is counted twice,
+        since each counts only what grew after its own first reading)."""
+        first, last = min(m[1] for m in minutes), max(m[1] for m in minutes)
+        stored = {
+            (r.group, r.start): Rollup.from_json(r.start, r.data)
+            for r in self._store.read_rollups(MINUTE_S, first, last + MINUTE_S)
+        }
+        rows = {}
+        for group, start, rollup in minutes:
+            before = stored.get((group, start))
+            both = merge([before, rollup], start=start) if before is not None else rollup
+            assert both is not None
+            stored[group, start] = both
+            rows[group, start] = RollupRow(group, MINUTE_S, start, both.to_json())
+        self._store.write_rollups(list(rows.values()))
 
     def _compact(self, hour: float) -> None:
         """Merge the minutes of `hour` into one row per group (none: nothing observed)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from sluice.core import InstanceState, InstanceStatus
 from sluice.policy import Drain, Launch, Remove
 from sluice.policy.autoscale import FixedPolicy, GroupLoad
+from sluice.policy.gain import NoGainHold
 from sluice.policy.quota.metering import Meter
 from sluice.policy.tick import BURST, STABLE, TickInput, decide
 from sluice.spec import PlatformSpec, load_spec_text
@@ -141,3 +142,35 @@ def test_instances_of_a_group_no_longer_in_the_spec_stop() -> None:
         (Drain, "old-0"),
         (Remove, "old-9"),
     }
+
+
+def test_a_no_gain_hold_stops_scale_up_at_its_count_but_never_scale_down() -> None:
+    s = spec()
+    hold = NoGainHold("bursty", count=2, rate=10.0, since=T0, until=None, reason="backend")
+    up = decide(
+        TickInput(
+            s,
+            fleet_of(s, 2),
+            counts={"core": 2, "bursty": 2},
+            now=T0,
+            loads={"bursty": load(2)},
+            scalers={"bursty": FixedPolicy(4)},
+            holds={"bursty": hold},
+        )
+    )
+    (scaled,) = up.scaled
+    assert scaled.count == 2 and "no_gain" in scaled.guards
+    assert scaled.decision.unclipped == 4 and "held at 2: backend" in scaled.reason
+    assert up.counts == {} and up.actions == ()
+    down = decide(
+        TickInput(
+            s,
+            fleet_of(s, 2),
+            counts={"core": 2, "bursty": 2},
+            now=T0,
+            loads={"bursty": load(2)},
+            scalers={"bursty": FixedPolicy(1)},
+            holds={"bursty": hold},
+        )
+    )
+    assert down.counts == {"bursty": 1} and "no_gain" not in down.scaled[0].guards
