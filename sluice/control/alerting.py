@@ -173,6 +173,7 @@ class Alerting:
             )
         else:
             text = f"[{t.severity}] {t.rule} resolved on {name} (owner {owner}): {t.reason}"
+        explain = self._links(name)
         return {
             "group": name,
             "owner": owner,
@@ -188,8 +189,8 @@ class Alerting:
             "since": t.since,
             "at": t.at,
             "reason": t.reason,
-            "explain": self._links(name),
-            "text": text,
+            "explain": explain,
+            "text": f"{text}. Why: {explain}",
         }
 
     # --- delivery ----------------------------------------------------------------------
