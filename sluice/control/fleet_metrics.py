@@ -1,11 +1,13 @@
 """The control plane's per-group gauges on `/metrics` (O2, O3): instances by state and by
 tier, quota units (guaranteed, held, borrowed, lent), the spend rate, month-to-date spend
-and accelerator-hours, and each rollout's phase and canary share, read from the
-controller's last tick on every scrape (a prometheus-client collector: nothing is copied
-per tick, and a group removed from the spec disappears from the next scrape)."""
+and accelerator-hours, the share of the budget cap in force, whether quota refuses a start,
+and each rollout's phase and canary share, read from the controller's last tick on every
+scrape (a prometheus-client collector: nothing is copied per tick, and a group removed from
+the spec disappears from the next scrape)."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from sluice.core import InstanceState, InstanceStatus
 from sluice.policy.quota import Allocation
+from sluice.policy.quota.budget import budget_shares
 from sluice.policy.quota.metering import Meter
 from sluice.policy.tick import BURST, STABLE
 from sluice.spec import PlatformSpec
@@ -72,6 +75,17 @@ class _FleetCollector(Collector):
             "Month-to-date accelerator-hours per group (UTC month).",
             labels=["group"],
         )
+        budget = GaugeMetricFamily(
+            "sluice_group_budget_used",
+            "Share of the tightest budget cap in force on the group (1: at the cap).",
+            labels=["group"],
+        )
+        refused = GaugeMetricFamily(
+            "sluice_group_quota_refused",
+            "1 while quota (or a budget) refuses the group a start it wants.",
+            labels=["group"],
+        )
+        shares = budget_shares(v.spec, v.allocation, v.meter, time.time())
         lent: dict[str, int] = {}
         borrowed: dict[str, int] = {}
         for loan in v.allocation.loans if v.allocation else ():
@@ -94,7 +108,11 @@ class _FleetCollector(Collector):
             spend.add_metric([g.name], grant.spend_per_hour if grant else 0.0)
             month.add_metric([g.name], v.meter.spent_by(g.name))
             hours.add_metric([g.name], v.meter.hours_by(g.name))
-        yield from (by_state, by_tier, units, spend, month, hours)
+            if g.name in shares:
+                budget.add_metric([g.name], shares[g.name])
+            refusals = v.allocation.refusals if v.allocation else {}
+            refused.add_metric([g.name], float(g.name in refusals))
+        yield from (by_state, by_tier, units, spend, month, hours, budget, refused)
         phase = GaugeMetricFamily(
             "sluice_rollout_phase",
             "1 for each rollout's current phase (pending, running, paused, promoted, ...).",

@@ -38,9 +38,8 @@ from sluice.policy.history import (
     series,
 )
 from sluice.policy.quota import Allocation
-from sluice.policy.quota.budget import budget_used
-from sluice.policy.quota.metering import TOTAL, Meter
-from sluice.policy.quota.model import hours_left_in_month
+from sluice.policy.quota.budget import budget_shares
+from sluice.policy.quota.metering import Meter
 from sluice.spec import GroupSpec, PlatformSpec
 from sluice.store import RollupRow, Store
 
@@ -102,18 +101,7 @@ def group_gauges(
         borrowed[loan.borrower] = borrowed.get(loan.borrower, 0) + loan.units
         if loan.lender is not None:
             lent[loan.lender] = lent.get(loan.lender, 0) + loan.units
-    hours_left = hours_left_in_month(now)
-    total_rate = alloc.spend_per_hour if alloc else 0.0
-    total_units = float(alloc.units_held) if alloc else 0.0
-    platform = budget_used(
-        spec.budget,
-        spend_per_hour=total_rate,
-        units=total_units,
-        spent=meter.spent_by(TOTAL),
-        unit_hours=meter.hours_by(TOTAL),
-        hours_left=hours_left,
-        scope="global",
-    )
+    shares = budget_shares(spec, alloc, meter, now)
     out = {}
     for g in spec.groups:
         name, sample = g.name, traffic.get(g.name)
@@ -122,15 +110,6 @@ def group_gauges(
         rate = grant.spend_per_hour if grant else 0.0
         in_flight = float(sample.in_flight) if sample else 0.0
         busy = min(in_flight / g.max_concurrency, float(ready.get(name, 0)))
-        used = budget_used(
-            g.budget,
-            spend_per_hour=rate,
-            units=held,
-            spent=meter.spent_by(name),
-            unit_hours=meter.hours_by(name),
-            hours_left=hours_left,
-            scope=f"group {name!r}",
-        )
         gauges = {
             "ready_instances": float(ready.get(name, 0)),
             "instances": float(alive.get(name, 0)),
@@ -147,9 +126,8 @@ def group_gauges(
         if sample is not None:
             gauges["queue_length"] = float(sample.queued)
             gauges["in_flight"] = in_flight
-        shares = [s for s in (used, platform) if s is not None]
-        if shares:
-            gauges["budget_used"] = max(shares)
+        if name in shares:
+            gauges["budget_used"] = shares[name]
         out[name] = gauges
     return out
 

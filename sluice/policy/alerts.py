@@ -338,8 +338,6 @@ _SKIPPED = {
     "requests_per_s": "the gateway exports answers (sluice_gateway_requests), not arrivals",
     "shed_rate": "its denominator, arrivals, is not exported (sluice_gateway_requests counts "
     "answers)",
-    "budget_used": "no exported metric holds the budget caps in force",
-    "quota_refused": "no exported metric says quota refused a start",
 }
 """Series with no faithful PromQL: left out rather than approximated."""
 
@@ -359,6 +357,8 @@ _GAUGES = {
     "borrowed_units": ("sluice_group_quota_units", ',kind="borrowed"'),
     "lent_units": ("sluice_group_quota_units", ',kind="lent"'),
     "spend_per_hour": ("sluice_group_spend_per_hour", ""),
+    "budget_used": ("sluice_group_budget_used", ""),
+    "quota_refused": ("sluice_group_quota_refused", ""),
 }
 """Gauges the history averages over the window: avg_over_time, summed over the other
 labels (priorities, pools, gateways)."""
@@ -390,7 +390,7 @@ def _value_expr(
         return None, _SKIPPED[series]
     answers = f"sum(rate(sluice_gateway_request_duration_seconds_count{{{sel}}}[{window}]))"
     if series == "error_rate":
-        errors = f'sum(rate(sluice_gateway_requests{{{sel},status=~"5..|429"}}[{window}]))'
+        errors = f'sum(rate(sluice_gateway_requests_total{{{sel},status=~"5..|429"}}[{window}]))'
         return f"({errors} or vector(0)) / {answers}", ""
     if series in _HIST:
         metric, q = _HIST[series]

@@ -7,9 +7,16 @@ hours left in the calendar month (UTC), so that keeping to it can never overspen
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sluice.spec.quota import BudgetSpec
 
-__all__ = ["BudgetCap", "budget_caps", "budget_used"]
+if TYPE_CHECKING:
+    from sluice.policy.quota.metering import Meter
+    from sluice.policy.quota.model import Allocation
+    from sluice.spec import PlatformSpec
+
+__all__ = ["BudgetCap", "budget_caps", "budget_shares", "budget_used"]
 
 
 class BudgetCap:
@@ -106,3 +113,39 @@ def budget_used(
         level = units if cap.units else spend_per_hour
         shares.append(level / cap.limit if cap.limit > 0 else (1.0 if level > 0 else 0.0))
     return max(shares, default=None)
+
+
+def budget_shares(
+    spec: PlatformSpec, alloc: Allocation | None, meter: Meter, now: float
+) -> dict[str, float]:
+    """Per group, the share of the tightest cap in force on it (its own budget's or the
+    platform's, whichever is nearer its cap); groups under no cap are absent."""
+    from sluice.policy.quota.metering import TOTAL
+    from sluice.policy.quota.model import hours_left_in_month
+
+    hours_left = hours_left_in_month(now)
+    platform = budget_used(
+        spec.budget,
+        spend_per_hour=alloc.spend_per_hour if alloc else 0.0,
+        units=float(alloc.units_held) if alloc else 0.0,
+        spent=meter.spent_by(TOTAL),
+        unit_hours=meter.hours_by(TOTAL),
+        hours_left=hours_left,
+        scope="global",
+    )
+    out = {}
+    for g in spec.groups:
+        grant = alloc.grants.get(g.name) if alloc else None
+        own = budget_used(
+            g.budget,
+            spend_per_hour=grant.spend_per_hour if grant else 0.0,
+            units=float(grant.units_held) if grant else 0.0,
+            spent=meter.spent_by(g.name),
+            unit_hours=meter.hours_by(g.name),
+            hours_left=hours_left,
+            scope=f"group {g.name!r}",
+        )
+        shares = [x for x in (own, platform) if x is not None]
+        if shares:
+            out[g.name] = max(shares)
+    return out
