@@ -220,14 +220,14 @@ def merge(rollups: Iterable[Rollup], start: float | None = None) -> Rollup | Non
     items = list(rollups)
     if not items:
         return None
-    gauges: dict[str, tuple[float, float, int]] = {}
+    by_name: dict[str, list[tuple[float, float, int]]] = {}
     for r in items:
-        for k, (s, m, n) in r.gauges.items():
-            old = gauges.get(k)
-            gauges[k] = (s, m, n) if old is None else (old[0] + s, max(old[1], m), old[2] + n)
-    lat, qw, tt = _EMPTY, _EMPTY, _EMPTY
-    for r in items:
-        lat, qw, tt = lat.add(r.latency), qw.add(r.queue_wait), tt.add(r.ttfb)
+        for k, v in r.gauges.items():
+            by_name.setdefault(k, []).append(v)
+    gauges = {}
+    for k, values in by_name.items():
+        sums, maxes, ns = zip(*values, strict=True)
+        gauges[k] = (sum(sums), max(maxes), sum(ns))
     return Rollup(
         start=min(r.start for r in items) if start is None else start,
         seconds=sum(r.seconds for r in items),
@@ -238,12 +238,23 @@ def merge(rollups: Iterable[Rollup], start: float | None = None) -> Rollup | Non
         client_errors=sum(r.client_errors for r in items),
         shed=sum(r.shed for r in items),
         served_s=sum(r.served_s for r in items),
-        latency=lat,
-        queue_wait=qw,
-        ttfb=tt,
+        latency=_summed([r.latency for r in items]),
+        queue_wait=_summed([r.queue_wait for r in items]),
+        ttfb=_summed([r.ttfb for r in items]),
         gauges=gauges,
         spend=sum(r.spend for r in items),
     )
+
+
+def _summed(hists: list[HistogramCounts]) -> HistogramCounts:
+    """The bucket-wise sum (column sums at C speed: a window merges ~60 of them a second
+    for every group); where the buckets changed between versions, the newest count."""
+    kept = [h for h in hists if h.counts]
+    if not kept:
+        return _EMPTY
+    bounds = kept[-1].bounds
+    same = [h.counts for h in kept if h.bounds == bounds]
+    return HistogramCounts(bounds, tuple(map(sum, zip(*same, strict=True))))
 
 
 def bucket_start(at: float, step_s: int) -> float:

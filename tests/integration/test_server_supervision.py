@@ -261,7 +261,13 @@ def test_an_external_endpoint_goes_out_of_routing_and_back_and_is_never_replaced
             assert reason.startswith(("out of routing", "/v1/models: ")), reason
             server = stub(port, "--require-key", "k-123")
             await until("back", lambda: state(sup, iid) is InstanceState.READY, timeout=20)
-            assert [e.kind for e in store.list_events(limit=50) if e.instance == iid][:3] == [
+
+            def kinds() -> list[str]:
+                return [e.kind for e in store.list_events(limit=50) if e.instance == iid]
+
+            # the state flips first; its event is stored just after (a loaded machine: later)
+            await until("the recovery's event", lambda: kinds()[:1] == ["recovered"], timeout=5)
+            assert kinds()[:3] == [
                 "recovered",
                 "unhealthy",
                 "ready",
