@@ -90,49 +90,50 @@ def usage(
         return doc
 
     def render(doc: dict[str, Any]) -> None:
-        t = Table(
-            "GROUP",
-            "OBSERVED",
-            "BUSIEST",
-            "REQ/S",
-            "ERR",
-            "P95 MS",
-            "GUAR",
-            "HELD μ/PEAK",
-            "BUSY μ/PEAK",
-            "RETURNABLE",
-            "BORROW/LEND U-H",
-            "SPEND",
-            "MONTH/BUDGET",
-            title="usage",
-        )
+        use = Table(
+            "GROUP", "SEEN", "GUAR", "HELD", "BUSY", "RETURN", "UNDER-USE", "LOANS",
+            title="use against guarantee (units: mean/max; loans: +borrowed/-lent unit-h)",
+        )  # fmt: skip
+        service = Table(
+            "GROUP", "REQUESTS", "REQ/S", "ERR", "P95 MS", "SPEND", "MONTH/BUDGET",
+            title="traffic and spend",
+        )  # fmt: skip
         for g in doc["groups"]:
-            verdict = (
-                "not judged"
-                if not g["judged"]
-                else f"{g['returnable_units']}" + (" (under-using)" if g["under_using"] else "")
-            )
+            under = "not judged" if not g["judged"] else ("yes" if g["under_using"] else "no")
             month = _c(g["projected_month_spend"], "{:.2f}")
             if g["budget_per_month"]:
                 month += f" / {g['budget_per_month']:g}"
-            t.add_row(
+            held, busy = g["held_units"], g["busy_units"]
+            use.add_row(
                 g["group"],
                 _c(g["coverage"], "{:.0%}"),
-                g["busiest_hours"][0]["hour"] if g["busiest_hours"] else "-",
+                _c(g["guaranteed_units"], "{}"),
+                f"{_c(held['mean'], '{:.1f}')}/{_c(held['peak'], '{:g}')}",
+                f"{_c(busy['mean'], '{:.2f}')}/{_c(busy['peak'], '{:.2f}')}",
+                _c(g["returnable_units"], "{}"),
+                under,
+                f"+{_c(g['borrowed_unit_hours'], '{:.0f}')}/-{_c(g['lent_unit_hours'], '{:.0f}')}",
+            )
+            service.add_row(
+                g["group"],
+                str(g["requests"]),
                 _c(g["requests_per_s"], "{:.2f}"),
                 _c(g["error_rate"], "{:.1%}"),
                 _c(g["p95_ms"], "{:.0f}"),
-                _c(g["guaranteed_units"], "{}"),
-                f"{_c(g['held_units']['mean'], '{:.1f}')}/{_c(g['held_units']['peak'], '{:g}')}",
-                f"{_c(g['busy_units']['mean'], '{:.2f}')}/{_c(g['busy_units']['peak'], '{:.2f}')}",
-                verdict,
-                f"{_c(g['borrowed_unit_hours'], '{:.0f}')}/{_c(g['lent_unit_hours'], '{:.0f}')}",
                 _c(g["spend"], "{:.2f}"),
                 month,
             )
-        out.print(t)
+        out.print(use)
+        out.print(service)
+        for g in doc["groups"]:
+            busiest = ", ".join(b["hour"] for b in g["busiest_hours"]) or "no traffic"
+            out.print(f"{g['group']} busiest: {busiest}", highlight=False, soft_wrap=True)
         under = ", ".join(f"{u['group']} ({u['returnable_units']})" for u in doc["under_using"])
-        out.print(f"under-using: {under or 'none'}; returnable units: {doc['returnable_units']}")
+        out.print(
+            f"under-using: {under or 'none'}; returnable units: {doc['returnable_units']}",
+            highlight=False,
+            soft_wrap=True,
+        )
         out.print(doc["rule"], highlight=False)
         if doc.get("html"):
             out.print(f"report: {doc['html']}")

@@ -32,7 +32,8 @@ MIN_COVERAGE = 0.8
 """A group observed for less of the span than this is not judged (no under-use verdict, no
 returnable units): missing history is unknown, never zero."""
 UNDER_USE_SHARE = 0.5
-"""Under-using: mean busy units below this share of the guarantee over the span."""
+"""Under-using: mean busy units below this share of the guarantee over the span (and some
+units returnable: a spiky group that needs its whole guarantee at its peak is not listed)."""
 NEED_QUANTILE = 0.99
 """The group's need: this quantile of its hourly peaks of busy units (a few odd hours do not
 pin a guarantee; a weekly peak does)."""
@@ -42,7 +43,9 @@ NEED_RULE = (
     "units = the units the requests in flight keep busy (in_flight / max_concurrency x "
     "accelerators per instance), so idle instances a group keeps under its guarantee do not "
     f"count as need. Judged only with >= {MIN_COVERAGE:.0%} of the span observed; "
-    f"under-using: mean busy units < {UNDER_USE_SHARE:.0%} of the guarantee."
+    f"under-using: mean busy units < {UNDER_USE_SHARE:.0%} of the guarantee and some units "
+    "returnable (a group whose peaks still need its whole guarantee lends its idle hours "
+    "instead, Q4)."
 )
 
 
@@ -126,7 +129,8 @@ def group_usage(
         assert guaranteed is not None and need_peak is not None
         need = math.ceil(need_peak - 1e-9)
         returnable = max(0, guaranteed - need)
-        under_using = guaranteed > 0 and (busy_mean or 0.0) < UNDER_USE_SHARE * guaranteed
+        low = guaranteed > 0 and (busy_mean or 0.0) < UNDER_USE_SHARE * guaranteed
+        under_using = low and returnable > 0
     spend = total.spend
     per_hour = spend / observed_h if observed_h > 0 else None
     month_h = _hours_in_month(until)
