@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from sluice.cli.common import HomeOpt, JsonOpt, out, point_in_time, run
@@ -18,7 +19,7 @@ from sluice.policy.history import HOUR_S, MINUTE_S, merge
 from sluice.policy.usage import usage_report
 from sluice.spec import PlatformSpec, load_spec_text
 from sluice.store import Store
-from sluice.tools.groups_doc import groups_directory, write_groups_doc
+from sluice.tools.groups_doc import HEADINGS, group_cells, groups_directory, write_groups_doc
 from sluice.tools.usage_report import write_usage_report
 
 __all__ = ["groups_app", "report_app"]
@@ -181,28 +182,12 @@ def doc(
         return d
 
     def render(d: dict[str, Any]) -> None:
-        t = Table(
-            "GROUP", "BUSINESS", "OWNER", "CHANNEL", "MODELS", "QUOTA", "INSTANCES", "LAST HOUR"
-        )
+        out.print(f"groups of spec revision {d['revision']}", highlight=False)
         for g in d["groups"]:
-            h = g["health_last_hour"]
-            health = (
-                f"{_c(h.get('requests_per_s'), '{:.2f}')} req/s, "
-                f"err {_c(h.get('error_rate'), '{:.1%}')}, p95 {_c(h.get('p95_ms'), '{:.0f}')}"
-                if h.get("observed_s")
-                else "-"
-            )
-            t.add_row(
-                g["group"],
-                g["business"],
-                g["owner"],
-                g["alert_channel"],
-                ", ".join(f"{m} {v['version']}" for m, v in g["models"].items()),
-                f"{g['quota']['guaranteed']}/{_c(g['quota']['limit'], '{}')}",
-                ", ".join(f"{s} {n}" for s, n in g["instances"].items()) or "-",
-                health + f"; alerts {g['alerts_24h']['firing']}",
-            )
-        out.print(t)
+            name, *rest = group_cells(g)
+            out.print(f"\n[bold]{escape(name)}[/bold]", highlight=False)
+            for heading, text in zip(HEADINGS[1:], rest, strict=True):
+                out.print(f"  {heading.lower()}: {text}", markup=False, highlight=False)
         if d.get("html"):
             out.print(f"directory: {d['html']}")
 

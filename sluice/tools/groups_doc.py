@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from sluice.policy.history import Rollup, series
 from sluice.spec import PlatformSpec
 
-__all__ = ["groups_directory", "redact_channel", "write_groups_doc"]
+__all__ = ["HEADINGS", "group_cells", "groups_directory", "redact_channel", "write_groups_doc"]
 
 
 def redact_channel(channel: str) -> str:
@@ -118,40 +118,47 @@ def _quota_text(q: Mapping[str, Any]) -> str:
     )
 
 
+HEADINGS = (
+    "Group",
+    "Business",
+    "Owner",
+    "Alert channel",
+    "Models",
+    "Resources",
+    "Quota",
+    "Instances",
+    "Last hour",
+    "Alerts 24 h",
+)
+
+
+def group_cells(g: Mapping[str, Any]) -> list[str]:
+    """One directory row as text, a cell per `HEADINGS` entry (the page and the CLI)."""
+    res = g["resources"]
+    return [
+        g["group"] + (f" — {g['description']}" if g["description"] else ""),
+        g["business"],
+        g["owner"],
+        g["alert_channel"],
+        ", ".join(f"{m} ({v['runtime']} {v['version']})" for m, v in g["models"].items()),
+        f"{res['pool']} ({res['accelerator'] or '?'}): {res['accelerators']} x "
+        f"{res['memory_gb']:g} GiB per instance",
+        _quota_text(g["quota"]),
+        ", ".join(f"{s} {n}" for s, n in g["instances"].items()) or "none",
+        _health_line(g["health_last_hour"]),
+        f"{g['alerts_24h']['firing']} fired, {g['alerts_24h']['resolved']} resolved",
+    ]
+
+
 def write_groups_doc(doc: dict[str, Any], out_dir: Path) -> Path:
     """Write index.html (one table, every value escaped) and groups.json into `out_dir`."""
     esc = html.escape
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "groups.json").write_text(json.dumps(doc, indent=1) + "\n")
-    head = (
-        "Group",
-        "Business",
-        "Owner",
-        "Alert channel",
-        "Models",
-        "Resources",
-        "Quota",
-        "Instances",
-        "Last hour",
-        "Alerts 24 h",
-    )
-    rows = []
-    for g in doc["groups"]:
-        res, q = g["resources"], g["quota"]
-        cells = [
-            g["group"] + (f" — {g['description']}" if g["description"] else ""),
-            g["business"],
-            g["owner"],
-            g["alert_channel"],
-            ", ".join(f"{m} ({v['runtime']} {v['version']})" for m, v in g["models"].items()),
-            f"{res['pool']} ({res['accelerator'] or '?'}): {res['accelerators']} x "
-            f"{res['memory_gb']:g} GiB per instance",
-            _quota_text(q),
-            ", ".join(f"{s} {n}" for s, n in g["instances"].items()) or "none",
-            _health_line(g["health_last_hour"]),
-            f"{g['alerts_24h']['firing']} fired, {g['alerts_24h']['resolved']} resolved",
-        ]
-        rows.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
+    rows = [
+        "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in group_cells(g)) + "</tr>"
+        for g in doc["groups"]
+    ]
     at = datetime.fromtimestamp(doc["at"], tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
     rev = doc["revision"]
     page = f"""<!doctype html>
@@ -161,7 +168,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;font-size:13px;vertical-align:top}}
 </head><body>
 <h1>Groups</h1>
 <p>Spec revision {esc(str(rev))}, as of {esc(at)}.</p>
-<table><tr>{"".join(f"<th>{esc(h)}</th>" for h in head)}</tr>
+<table><tr>{"".join(f"<th>{esc(h)}</th>" for h in HEADINGS)}</tr>
 {chr(10).join(rows)}
 </table>
 </body></html>
