@@ -35,6 +35,7 @@ from sluice.cli.compare import compare
 from sluice.cli.estimate import estimate
 from sluice.cli.explain import explain
 from sluice.cli.history import history
+from sluice.cli.report import groups_app, report_app
 from sluice.cli.review import approve, proposal_app, proposals, propose, reject
 from sluice.cli.rollout import rollout_app
 from sluice.cli.simulate import simulate
@@ -59,6 +60,8 @@ app.add_typer(proposal_app, name="proposal")
 token_app = typer.Typer(no_args_is_help=True, help="API tokens: who may drive the control API.")
 app.add_typer(token_app, name="token")
 app.add_typer(alerts_app, name="alerts")
+app.add_typer(report_app, name="report")
+app.add_typer(groups_app, name="groups")
 
 
 @app.callback()

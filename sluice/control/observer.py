@@ -43,7 +43,14 @@ from sluice.policy.quota.metering import Meter
 from sluice.spec import GroupSpec, PlatformSpec
 from sluice.store import RollupRow, Store
 
-__all__ = ["Observation", "Observer", "group_gauges", "series_context"]
+__all__ = [
+    "Observation",
+    "Observer",
+    "group_gauges",
+    "series_context",
+    "stored_history",
+    "stored_rollups",
+]
 
 log = logging.getLogger("sluice.observer")
 
@@ -307,6 +314,25 @@ def stored_history(
 ) -> dict[str, Any]:
     """`Observer.history`, from the store alone (a fleet need not be running)."""
     step_s = max(MINUTE_S, int(step_s) // MINUTE_S * MINUTE_S)
+    out: dict[str, Any] = {}
+    for group, rollups in stored_rollups(store, groups, since, until, step_s).items():
+        ctx = series_context(spec.group(group) if spec else None)
+        out[group] = [{"start": r.start, **_rounded(series(r, ctx))} for r in rollups]
+    return {"since": since, "until": until, "step_s": step_s, "groups": out}
+
+
+def stored_rollups(
+    store: Store,
+    groups: Sequence[str] | None,
+    since: float,
+    until: float,
+    step_s: int,
+) -> dict[str, list[Rollup]]:
+    """Each group's stored rollups from `since` to `until`, one per `step_s` bucket (a
+    multiple of 60; oldest first, groups by name): hour rows where the step is an hour or
+    more, plus the minutes of the hours not merged yet; minute rows otherwise. What the
+    history and the reports (`sluice report usage`) read."""
+    step_s = max(MINUTE_S, int(step_s) // MINUTE_S * MINUTE_S)
     rows: list[RollupRow]
     if step_s >= HOUR_S:
         rows = store.read_rollups(HOUR_S, since, until, groups)
@@ -321,16 +347,11 @@ def stored_history(
         buckets.setdefault(row.group, {}).setdefault(b, []).append(
             Rollup.from_json(row.start, row.data)
         )
-    out: dict[str, Any] = {}
+    out: dict[str, list[Rollup]] = {}
     for group, by_start in sorted(buckets.items()):
-        ctx = series_context(spec.group(group) if spec else None)
-        points = []
-        for start in sorted(by_start):
-            merged = merge(by_start[start], start=start)
-            assert merged is not None
-            points.append({"start": start, **_rounded(series(merged, ctx))})
-        out[group] = points
-    return {"since": since, "until": until, "step_s": step_s, "groups": out}
+        merged = [merge(by_start[start], start=start) for start in sorted(by_start)]
+        out[group] = [r for r in merged if r is not None]
+    return out
 
 
 def _rounded(values: Mapping[str, float | None]) -> dict[str, float | None]:
