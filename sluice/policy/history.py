@@ -353,10 +353,13 @@ HOUR_S = 3600
 class Accumulator:
     """Readings in, rollups out: each group's readings gather into its current minute, a
     minute is handed out (`closed`) once a reading falls in a later one, and the readings of
-    the last `keep_s` stay for windows (`window`: what alerts and follow-ups read)."""
+    the last `keep_s` stay for windows (`window`: what alerts and follow-ups read), merged
+    into slices of `slice_s`: a window is then a dozen merges, not one per reading, and
+    its edge is exact to a slice."""
 
-    def __init__(self, keep_s: float) -> None:
+    def __init__(self, keep_s: float, slice_s: float = 1.0) -> None:
         self.keep_s = keep_s
+        self.slice_s = slice_s
         self._last: dict[str, TrafficSample | None] = {}
         self._at: dict[str, float] = {}
         self._open: dict[str, list[Rollup]] = {}
@@ -382,7 +385,12 @@ class Accumulator:
             pending = self._open[group] = []
         pending.append(step)
         recent = self._recent.setdefault(group, deque())
-        recent.append(step)
+        if recent and now - recent[-1].start <= self.slice_s:
+            both = merge((recent[-1], step), start=recent[-1].start)
+            assert both is not None
+            recent[-1] = both
+        else:
+            recent.append(step)
         while recent and recent[0].start + recent[0].seconds < now - self.keep_s:
             recent.popleft()
 
@@ -416,6 +424,7 @@ class Accumulator:
                 d.pop(group, None)
 
     def window(self, group: str, now: float, window_s: float) -> Rollup | None:
-        """The readings of the last `window_s` before `now`, merged (None: none yet)."""
+        """The readings of the last `window_s` before `now` (to a slice), merged (None:
+        none yet)."""
         recent = self._recent.get(group, ())
         return merge(r for r in recent if r.start + r.seconds > now - window_s)
