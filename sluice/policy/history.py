@@ -68,17 +68,6 @@ class HistogramCounts:
     def total(self) -> int:
         return sum(self.counts)
 
-    def add(self, other: HistogramCounts) -> HistogramCounts:
-        if not self.counts:
-            return other
-        if not other.counts:
-            return self
-        if other.bounds != self.bounds:  # buckets changed between versions: keep the newer
-            return other
-        return HistogramCounts(
-            self.bounds, tuple(a + b for a, b in zip(self.counts, other.counts, strict=True))
-        )
-
 
 _EMPTY = HistogramCounts((), ())
 

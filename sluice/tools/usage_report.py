@@ -33,6 +33,7 @@ def write_usage_report(doc: dict[str, Any], out_dir: Path) -> Path:
         plt.close(fig)
         pngs.append((name, title))
 
+    span = _dates([doc["since"], doc["until"]])  # the asked span, however little was seen
     n = max(1, len(groups))
     fig, axes = plt.subplots(n, 1, figsize=(9, 2.4 * n), squeeze=False)
     for ax, g in zip(axes[:, 0], groups, strict=False):
@@ -48,12 +49,14 @@ def write_usage_report(doc: dict[str, Any], out_dir: Path) -> Path:
     for ax, g in zip(axes[:, 0], groups, strict=False):
         tl = g["timeline"]
         when = _dates(tl["start"])
-        ax.plot(when, _nan(tl["held_units"]), color="#3465a4", label="held units (mean)")
+        dots = {"marker": ".", "ms": 3}  # an hour seen alone still shows
+        ax.plot(when, _nan(tl["held_units"]), color="#3465a4", label="held units (mean)", **dots)
         ax.plot(when, _nan(tl["busy_units_peak"]), color="#cc0000", lw=0.8, label="busy (peak)")
-        ax.plot(when, _nan(tl["busy_units"]), color="#f57900", label="busy units (mean)")
+        ax.plot(when, _nan(tl["busy_units"]), color="#f57900", label="busy units (mean)", **dots)
         if g["guaranteed_units"] is not None:
             ax.axhline(g["guaranteed_units"], color="#555", ls="--", label="guarantee")
         ax.set_ylabel("units")
+        ax.set_xlim(*span)
         ax.set_title(g["group"])
         ax.legend(loc="upper right", fontsize=7)
     fig.autofmt_xdate()
@@ -69,6 +72,7 @@ def write_usage_report(doc: dict[str, Any], out_dir: Path) -> Path:
         when = _dates(tl["start"])
         ax.plot(when, cumulative, label=g["group"])
     ax.set_ylabel("spend (price units, cumulative)")
+    ax.set_xlim(*span)
     if groups:
         ax.legend(loc="upper left", fontsize=8)
     fig.autofmt_xdate()
