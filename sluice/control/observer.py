@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -87,6 +88,9 @@ class AlertSink(Protocol):
     ) -> object: ...
 
 
+_STARTING = (InstanceState.PENDING, InstanceState.STARTING, InstanceState.WARMING)
+
+
 def series_context(g: GroupSpec | None) -> SeriesContext:
     if g is None or g.slo is None or g.slo.latency_ms is None:
         return SeriesContext()
@@ -98,13 +102,9 @@ def group_gauges(
 ) -> dict[str, dict[str, float]]:
     """Each group's gauges now (`sluice.policy.history.GAUGES`)."""
     spec, alloc, meter = obs.spec, obs.allocation, obs.meter
-    ready: dict[str, int] = {}
-    alive: dict[str, int] = {}
-    for inst in obs.instances:
-        if inst.state is InstanceState.READY:
-            ready[inst.group] = ready.get(inst.group, 0) + 1
-        if inst.state in ALIVE_STATES:
-            alive[inst.group] = alive.get(inst.group, 0) + 1
+    by_state = Counter((i.group, i.state) for i in obs.instances)
+    alive = Counter(i.group for i in obs.instances if i.state in ALIVE_STATES)
+    ready = {g: n for (g, state), n in by_state.items() if state is InstanceState.READY}
     lent: dict[str, int] = {}
     borrowed: dict[str, int] = {}
     for loan in alloc.loans if alloc else ():
@@ -122,7 +122,9 @@ def group_gauges(
         busy = min(in_flight / g.max_concurrency, float(ready.get(name, 0)))
         gauges = {
             "ready_instances": float(ready.get(name, 0)),
-            "instances": float(alive.get(name, 0)),
+            "instances": float(alive[name]),
+            "starting_instances": float(sum(by_state[name, st] for st in _STARTING)),
+            "draining_instances": float(by_state[name, InstanceState.DRAINING]),
             "no_ready_instance": float(obs.counts.get(name, 0) > 0 and not ready.get(name)),
             "held_units": held,
             "guaranteed_units": float(g.quota.guaranteed),

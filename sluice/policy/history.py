@@ -40,6 +40,8 @@ GAUGES = (
     "in_flight",
     "ready_instances",
     "instances",
+    "starting_instances",
+    "draining_instances",
     "no_ready_instance",
     "held_units",
     "guaranteed_units",
@@ -51,7 +53,8 @@ GAUGES = (
     "budget_used",
     "quota_refused",
 )
-"""Sampled values (mean and max over a span): `instances` counts every running instance,
+"""Sampled values (mean and max over a span): `instances` counts every running instance
+(`starting_instances`: pending, starting or warming; `draining_instances`: draining),
 `busy_units` the units the requests in flight keep busy (in_flight / max_concurrency x
 accelerators per instance), `memory_gb` the accelerator memory the held units carry."""
 
