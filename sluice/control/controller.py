@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sluice.control.advisory import scaling_metrics, switched_modes
 from sluice.control.autoscaling import LiveAutoscaling, TrafficSource
+from sluice.control.crashloops import CrashLoops
 from sluice.control.decisions import DecisionJournal
 from sluice.control.events import EventLog, store_error_text, store_outage
 from sluice.control.explain import tier_counts
@@ -29,9 +30,8 @@ from sluice.control.samples import GatewaySampleSource, SampleCollector
 from sluice.control.scraper import ServerScraper, scrape_targets
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.ticks import TickLoop
-from sluice.core import Clock, Conflict, InstanceState, InstanceStatus, NotFound
+from sluice.core import Clock, Conflict, InstanceState, NotFound
 from sluice.policy import (
-    CrashBackoff,
     Drain,
     Launch,
     Remove,
@@ -91,9 +91,7 @@ class Controller:
         self._routing_version = 0
         self._published_key: object = None
         self._wake = supervisor.changed
-        self._backoff: dict[str, CrashBackoff] = {}
-        self._seen: set[str] = set()
-        """Instances already counted as failed or ready, for the crash-loop backoff."""
+        self._crash_loops = CrashLoops(events)
         self._servers = ServerScraper(clock.now)
         self._autoscaling = LiveAutoscaling(traffic, self._servers.load)
         self._tiers: Mapping[str, str] = {}
@@ -533,13 +531,13 @@ class Controller:
         self._decisions.keep_only({g.name for g in spec.groups if is_advisory(g)})
         self._tiers = decision.tiers  # worked out when first read
         # 4. Apply (launches of a crash-looping group wait for its backoff).
-        await self._track_crash_loops(decision.observed, now)
+        await self._crash_loops.track(decision.observed, now)
         self._supervisor.withheld_env = secret_env_names(spec)
         for action in decision.actions:
             if isinstance(action, Launch):
                 group = spec.group(action.group)
                 assert group is not None
-                if self._backoff.get(group.name, CrashBackoff()).launch_allowed(now):
+                if self._crash_loops.launch_allowed(group.name, now):
                     pool = spec.pool(group.resources.pool)
                     self._supervisor.launch(group, action.template, action.reason, pool)
             elif isinstance(action, Drain):
@@ -561,28 +559,6 @@ class Controller:
             for g in spec.groups
             if g.resources.pool == group.resources.pool and g.name != group.name
         )
-
-    async def _track_crash_loops(self, observed: Sequence[InstanceStatus], now: float) -> None:
-        """Count each failed instance once per group; a newly READY one resets the group."""
-        for inst in observed:
-            if inst.id in self._seen:
-                continue
-            if inst.state is InstanceState.READY:
-                self._seen.add(inst.id)
-                self._backoff.pop(inst.group, None)
-            elif inst.state is InstanceState.FAILED:
-                self._seen.add(inst.id)
-                backoff = self._backoff.get(inst.group, CrashBackoff()).after_failure(now)
-                self._backoff[inst.group] = backoff
-                if backoff.not_before > now:
-                    await self._events.emit(
-                        inst.group,
-                        None,
-                        "backoff",
-                        f"{backoff.failures} failures in a row; next launch in "
-                        f"{backoff.not_before - now:.0f}s",
-                    )
-        self._seen &= {i.id for i in observed}
 
     def _publish_routing(self, spec: PlatformSpec) -> None:
         ready = self._supervisor.ready_endpoints()
