@@ -12,15 +12,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from sluice.cli.common import HomeOpt, JsonOpt, out, point_in_time, run
-from sluice.config import Settings
-from sluice.control.observer import stored_rollups
-from sluice.core import NotFound
-from sluice.policy.history import HOUR_S, MINUTE_S, merge
-from sluice.policy.usage import usage_report
-from sluice.spec import PlatformSpec, load_spec_text
-from sluice.store import Store
-from sluice.tools.groups_doc import HEADINGS, group_cells, groups_directory, write_groups_doc
-from sluice.tools.usage_report import write_usage_report
 
 __all__ = ["groups_app", "report_app"]
 
@@ -30,39 +21,6 @@ groups_app = typer.Typer(no_args_is_help=True, help="The groups directory.")
 HtmlOpt = Annotated[
     Path | None, typer.Option("--html", help="also write index.html, PNGs and JSON into DIR")
 ]
-ALERT_KINDS = ("alert_firing", "alert_resolved")
-ALERT_EVENTS_READ = 10_000
-"""At most this many alert events are read for the 24 h counts (newest first)."""
-
-
-def _open_store(home: str | None) -> Store:
-    """The state directory's store; NotFound (exit 4) when it has none: a report must not
-    create an empty state directory."""
-    settings = Settings.from_env(home)
-    db = settings.home / "state.db"
-    if not db.is_file():
-        raise NotFound(
-            f"no state database at {db}: run `sluice up` first, or point --home / "
-            "$SLUICE_HOME at a state directory",
-            home=str(settings.home),
-        )
-    return Store.for_home(settings.home)
-
-
-def _latest_spec(store: Store) -> tuple[PlatformSpec | None, int | None]:
-    rev = store.latest_revision()
-    if rev is None:
-        return None, None
-    return load_spec_text(rev.yaml_text, f"revision {rev.number}").spec, rev.number
-
-
-def usage_document(store: Store, since: float, until: float) -> dict[str, Any]:
-    """The usage report over [since, until) from the stored hour rows (plus the minutes of
-    the hours not merged yet), against the latest revision's spec."""
-    spec, number = _latest_spec(store)
-    hours = stored_rollups(store, None, since, until, HOUR_S)
-    doc = usage_report(spec, hours, since, until)
-    return {"revision": number, **doc}
 
 
 @report_app.command("usage")
@@ -80,7 +38,10 @@ def usage(
         start = point_in_time(since)
         end = point_in_time(until) or time.time()
         assert start is not None
-        store = _open_store(home)
+        from sluice.cli.report_data import open_store, usage_document
+        from sluice.tools.usage_report import write_usage_report
+
+        store = open_store(home)
         try:
             doc = usage_document(store, start, end)
         finally:
@@ -142,25 +103,6 @@ def usage(
     run(as_json, build, render)
 
 
-def groups_document(store: Store, now: float) -> dict[str, Any]:
-    """The groups directory as the store knows it at `now`."""
-    spec, number = _latest_spec(store)
-    if spec is None:
-        raise NotFound("no spec revision in the store yet: `sluice up -f SPEC` first")
-    instances: dict[str, dict[str, int]] = {}
-    for rec in store.list_instances():
-        states = instances.setdefault(rec.group, {})
-        states[rec.state] = states.get(rec.state, 0) + 1
-    minutes = stored_rollups(store, None, now - HOUR_S, now, MINUTE_S)
-    recent = {g: m for g, rs in minutes.items() if (m := merge(rs)) is not None}
-    alerts: dict[str, dict[str, int]] = {}
-    for e in store.list_events(kinds=ALERT_KINDS, limit=ALERT_EVENTS_READ):
-        if e.at >= now - 86_400:
-            counts = alerts.setdefault(e.group, {})
-            counts[e.kind] = counts.get(e.kind, 0) + 1
-    return groups_directory(spec, number, instances, recent, alerts, now)
-
-
 @groups_app.command("doc")
 def doc(
     html_dir: HtmlOpt = None,
@@ -171,7 +113,10 @@ def doc(
     resources, quota, instances now, last hour's health and the last day's alerts."""
 
     def build() -> dict[str, Any]:
-        store = _open_store(home)
+        from sluice.cli.report_data import groups_document, open_store
+        from sluice.tools.groups_doc import write_groups_doc
+
+        store = open_store(home)
         try:
             d = groups_document(store, time.time())
         finally:
@@ -182,6 +127,8 @@ def doc(
         return d
 
     def render(d: dict[str, Any]) -> None:
+        from sluice.tools.groups_doc import HEADINGS, group_cells
+
         out.print(f"groups of spec revision {d['revision']}", highlight=False)
         for g in d["groups"]:
             name, *rest = group_cells(g)

@@ -58,6 +58,7 @@ class Followup:
     def to_json(self) -> dict[str, Any]:
         keep = (
             "requests_per_s",
+            "completed_per_s",
             "p50_ms",
             "p95_ms",
             "error_rate",
@@ -112,7 +113,8 @@ def judge(change: Change, after: Values, host_load: float | None = None) -> Foll
     run-queue per core when the group's instances run on this machine (None: unknown),
     which names the host as the shared bottleneck when it is saturated."""
     before = change.before
-    rps_b, rps_a = _num(before, "requests_per_s"), _num(after, "requests_per_s")
+    # throughput is what finished (arrivals are the demand: an open-loop client keeps them)
+    rps_b, rps_a = _num(before, "completed_per_s"), _num(after, "completed_per_s")
     p95_b, p95_a = _num(before, "p95_ms"), _num(after, "p95_ms")
     err_b, err_a = _num(before, "error_rate") or 0.0, _num(after, "error_rate") or 0.0
     if rps_b is None or rps_a is None or p95_b is None or p95_a is None:

@@ -321,6 +321,7 @@ def series(r: Rollup, ctx: SeriesContext = SeriesContext()) -> dict[str, float |
         "requests": float(r.requests),
         "completed": float(done),
         "requests_per_s": r.requests / r.seconds if r.seconds > 0 else None,
+        "completed_per_s": done / r.seconds if r.seconds > 0 else None,
         "error_rate": (r.server_errors + r.too_many) / done if done else None,
         "shed_rate": r.shed / r.requests if r.requests else None,
         "p50_ms": _ms(quantile(r.latency, 0.50)),

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sluice.control.alerts_api import alert_routes
 from sluice.control.api import build_control_api
 from tests.e2e.conftest import Sluice, kill_workers_of, running
 
@@ -159,7 +160,14 @@ def app_routes() -> set[tuple[str, str]]:
     tree walked (FastAPI >= 0.16x keeps an included router as one entry), and cross-checked
     against its OpenAPI paths so a route hidden by either view is still counted."""
     stand_in = SimpleNamespace(clock=None)  # only `tokens.clock` is read while building
-    app = build_control_api(None, None, None, stand_in, allowed_hosts=["127.0.0.1"])  # type: ignore[arg-type]
+    app = build_control_api(
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        stand_in,  # type: ignore[arg-type]
+        allowed_hosts=["127.0.0.1"],
+        more_routes=lambda api: alert_routes(api, None, lambda: None),  # type: ignore[arg-type]
+    )  # the routes `sluice up` adds (the alerts') included
 
     def walk(routes: list[Any], prefix: str = "") -> Iterator[tuple[str, str]]:
         for r in routes:
@@ -381,7 +389,10 @@ ROUTES: dict[tuple[str, str], str] = {
     # (method, route) -> the concrete path called ({proposal} and {victim} filled in)
     ("GET", "/healthz"): "/healthz",
     ("GET", "/metrics"): "/metrics",
+    ("GET", "/v1/alerts"): "/v1/alerts",
+    ("GET", "/v1/alerts/rules"): "/v1/alerts/rules",
     ("GET", "/v1/audit"): "/v1/audit",
+    ("GET", "/v1/history"): "/v1/history",
     ("GET", "/v1/dataplane"): "/v1/dataplane",
     ("GET", "/v1/events"): "/v1/events",
     ("GET", "/v1/groups"): "/v1/groups",
@@ -670,7 +681,10 @@ def every_get(s: Sluice, token: str) -> list[tuple[str, bytes]]:
         paths = {
             "/healthz": "/healthz",
             "/metrics": "/metrics",
+            "/v1/alerts": "/v1/alerts",
+            "/v1/alerts/rules": "/v1/alerts/rules",
             "/v1/audit": "/v1/audit?limit=100000",
+            "/v1/history": "/v1/history",
             "/v1/dataplane": "/v1/dataplane",
             "/v1/events": "/v1/events?limit=100000",
             "/v1/groups": "/v1/groups",

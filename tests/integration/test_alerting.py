@@ -329,6 +329,7 @@ def test_the_api_and_the_cli_show_firing_alerts_and_the_rules(store: Store, tmp_
         document = yaml.safe_load(rules.stdout)
         names = {r["labels"]["rule"] for r in document["groups"][0]["rules"]}
         assert {"error-rate", "no-ready-instance", "queue-wait"} <= names
-        assert "#   chat/budget-near-cap (budget_used):" in rules.stdout
+        assert "#   chat/slo-burn (slo_burn):" in rules.stdout  # left out, with why
+        assert "budget-near-cap" in names  # sluice_group_budget_used
         as_json = runner.invoke(alerts_app, ["rules", *common, "--json"])
         assert json.loads(as_json.stdout)["rules"] == document

@@ -8,6 +8,7 @@ from sluice.policy.gain import Change, NoGainHold, hold_released, judge
 def window(rps: float, p95: float, ready: float, in_flight: float, **kw: float) -> dict:
     return {
         "requests_per_s": rps,
+        "completed_per_s": rps,
         "p95_ms": p95,
         "ready_instances": ready,
         "in_flight": in_flight,
@@ -49,7 +50,7 @@ def test_a_group_that_was_not_busy_is_not_a_no_gain() -> None:
 
 
 def test_too_few_requests_cannot_be_judged() -> None:
-    f = judge(scale(window(1.0, 100.0, 2, 8)), {"requests_per_s": 0.0, "p95_ms": None})
+    f = judge(scale(window(1.0, 100.0, 2, 8)), {"completed_per_s": 0.0, "p95_ms": None})
     assert f.verdict == "unknown"
 
 
@@ -61,3 +62,11 @@ def test_a_hold_ends_when_demand_moves_or_its_time_is_up() -> None:
     assert "time over" in (hold_released(hold, 10.0, 600.0) or "")
     forever = NoGainHold("db", 4, rate=10.0, since=0.0, until=None, reason="r")
     assert hold_released(forever, 10.0, 1e9) is None
+
+
+def test_throughput_is_what_finished_not_what_arrived() -> None:
+    busy = window(25.0, 5000.0, 1, 2, queue=40)
+    busy["completed_per_s"] = 10.0  # an open-loop client: 25 arrive, 10 finish
+    after = window(25.0, 900.0, 3, 6)
+    after["completed_per_s"] = 25.0
+    assert judge(scale(busy, 1, 3), after).verdict == "helped"
