@@ -52,6 +52,7 @@ class Followups:
         self._pending: dict[str, _Pending] = {}
         self.holds: dict[str, NoGainHold] = {}
         self._fw = FollowupSpec()
+        self._looked = False
 
     async def load(self) -> None:
         doc = await asyncio.to_thread(self._store.get_state, _HOLDS_KEY)
@@ -70,16 +71,18 @@ class Followups:
         """One look: start or extend episodes for what changed, judge those due, release
         holds whose demand moved."""
         fw = self._fw = spec.observability.followup
-        for g in spec.groups:
-            old, new = self._counts.get(g.name), counts.get(g.name)
-            if old is not None and new is not None and new != old:
-                self._moved(g.name, old, new, g.max_concurrency, window, now)
-        for group, backup in failovers.items():
-            if self._failovers.get(group) != backup:
-                self._start(group, "failover", 0, 0, f"-> {backup}", window, now)
-        for group in self._failovers.keys() - failovers.keys():
-            if spec.group(group) is not None:
-                self._start(group, "restore", 0, 0, "", window, now)
+        if self._looked:  # the first look only learns what is in force (after a restart too)
+            for g in spec.groups:
+                old, new = self._counts.get(g.name), counts.get(g.name)
+                if old is not None and new is not None and new != old:
+                    self._moved(g.name, old, new, g.max_concurrency, window, now)
+            for group, backup in failovers.items():
+                if self._failovers.get(group) != backup:
+                    self._start(group, "failover", 0, 0, f"-> {backup}", window, now)
+            for group in self._failovers.keys() - failovers.keys():
+                if spec.group(group) is not None:
+                    self._start(group, "restore", 0, 0, "", window, now)
+        self._looked = True
         self._counts = dict(counts)
         self._failovers = dict(failovers)
         for group, p in list(self._pending.items()):

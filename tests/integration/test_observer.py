@@ -167,3 +167,16 @@ async def test_a_scale_up_that_buys_nothing_is_a_no_gain_and_holds_scale_up(part
     assert "db" not in again.holds()
     (released,) = store.list_events(group="db", kinds=["no_gain_released"])
     assert "demand moved" in released.message
+
+
+async def test_what_is_in_force_at_a_start_is_no_change_to_follow_up(parts) -> None:
+    store, clock, events, traffic, fleet = parts
+    fleet.failovers = {"db": "db"}  # in force since before this observer began
+    observer = Observer(store, events, clock, traffic, fleet, host_load=lambda: None)
+    await observer.load()
+    await run_for(observer, clock, 40)
+    assert store.list_events(group="db", kinds=["followup"]) == []
+    fleet.failovers = {}  # a restore now is a change
+    await run_for(observer, clock, 31)
+    (restore,) = store.list_events(group="db", kinds=["followup"])
+    assert restore.detail["change"]["kind"] == "restore"
