@@ -17,12 +17,11 @@ import numpy.typing as npt
 
 from sluice.core.errors import SpecError, SpecIssue
 from sluice.spec.autoscaling import SloSpec
-from sluice.spec.models import (
+from sluice.spec.models import GroupSpec, PlatformSpec
+from sluice.spec.runtimes import (
     FixedServiceTime,
-    GroupSpec,
     LinearServiceTime,
     LognormalServiceTime,
-    PlatformSpec,
     ServiceTime,
     SimParams,
 )

@@ -9,11 +9,11 @@ import statistics
 
 import pytest
 
-from sluice.spec.models import (
+from sluice.spec.models import ModelSpec
+from sluice.spec.runtimes import (
     FixedServiceTime,
     LinearServiceTime,
     LognormalServiceTime,
-    ModelSpec,
     SimParams,
 )
 from sluice.worker.runtimes import TextRequest

@@ -12,7 +12,8 @@ import asyncio
 import os
 from typing import Any
 
-from sluice.spec.models import EmbeddingParams, ModelSpec
+from sluice.spec.models import ModelSpec
+from sluice.spec.runtimes import EmbeddingParams
 from sluice.worker.runtimes.base import Embeddings, Endpoint, Runtime
 
 __all__ = ["EmbeddingRuntime"]

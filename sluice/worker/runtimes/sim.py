@@ -24,11 +24,11 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from sluice.core.errors import SluiceError
-from sluice.spec.models import (
+from sluice.spec.models import ModelSpec
+from sluice.spec.runtimes import (
     FixedServiceTime,
     LinearServiceTime,
     LognormalServiceTime,
-    ModelSpec,
     ServiceTime,
     SimParams,
 )
