@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from sluice.control.events import EventLog, store_outage
 from sluice.core import Clock
+from sluice.core.urls import redact_url
 from sluice.policy.alerts import (
     AlertState,
     Key,
@@ -54,18 +55,6 @@ RETRY_CAP_S = 300.0
 def retry_delay_s(attempts: int) -> float:
     """Wait after the `attempts`-th failed attempt: 2 s, 4 s, 8 s ... at most 5 minutes."""
     return min(RETRY_CAP_S, RETRY_BASE_S * 2.0 ** max(0, attempts - 1))
-
-
-def redact_url(url: str) -> str:
-    """`scheme://host[:port]` of a URL, never its path, query or credentials (where a
-    webhook's token lives)."""
-    try:
-        parts = urlsplit(url.strip())
-        host = parts.hostname or "?"
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<unreadable URL>"
-    return f"{parts.scheme}://{host}{port}"
 
 
 def _scrub(text: str, url: str) -> str:

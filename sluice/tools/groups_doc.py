@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from sluice.core.urls import redact_url
 from sluice.policy.history import Rollup, series
 from sluice.spec import PlatformSpec
 
@@ -19,21 +19,10 @@ __all__ = ["HEADINGS", "group_cells", "groups_directory", "redact_channel", "wri
 
 
 def redact_channel(channel: str) -> str:
-    """An alert channel fit to print: a URL shows only `scheme://host[:port]/…` (a
-    webhook's path or query may carry its token; credentials never show); anything else
-    (`#team-oncall`, an address) as written. The same rule as the alert sender's
-    `redact_url`, kept here because tools import no control code."""
+    """An alert channel fit to print: a URL shows only `scheme://host[:port]/…`
+    (`sluice.core.urls.redact_url`); anything else (`#team-oncall`, an address) as written."""
     text = channel.strip()
-    if "://" not in text:
-        return text
-    try:
-        parts = urlsplit(text)
-        host = parts.hostname or "?"
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<unreadable URL>"
-    more = "/…" if (parts.path not in ("", "/") or parts.query or parts.fragment) else ""
-    return f"{parts.scheme}://{host}{port}{more}"
+    return redact_url(text, mark_rest=True) if "://" in text else text
 
 
 def _r(v: float | None, digits: int = 4) -> float | None:
