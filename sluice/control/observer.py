@@ -306,21 +306,6 @@ class Observer:
             rows.append(RollupRow(group, HOUR_S, hour, merged.to_json()))
         self._store.write_rollups(rows)
 
-    async def history(
-        self,
-        spec: PlatformSpec,
-        groups: Sequence[str] | None,
-        since: float,
-        until: float,
-        step_s: int,
-    ) -> dict[str, Any]:
-        """Each group's points from `since` to `until`, `step_s` apart (a multiple of 60),
-        from the stored rows (minutes where the span is kept at minute steps and the step
-        is under an hour; hours otherwise, plus the minutes of the hour not merged yet)."""
-        return await asyncio.to_thread(
-            stored_history, self._store, spec, groups, since, until, step_s
-        )
-
 
 def stored_history(
     store: Store,
