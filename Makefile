@@ -1,6 +1,8 @@
 # The checks CI runs (.ci/run calls `make test`). Each target also runs alone.
 PY ?= python3
-# pytest-randomly shuffles the test order; the seed is printed so an order can be repeated
+# pytest-randomly shuffles the test order; the seed is printed so an order can be repeated.
+# In-process tests run on every core (pytest-xdist); the end-to-end and fault tests, which
+# time real processes against each other, run one at a time.
 ifndef SEED
 SEED := $(shell $(PY) -c 'import random; print(random.randrange(10**9))')
 endif
@@ -8,7 +10,7 @@ endif
 .PHONY: install test lint typecheck imports unit integration e2e
 
 install:
-	$(PY) -m pip install -q -e '.[embedding,dev]'
+	$(PY) -m pip install -q -e '.[embedding,dev,ray]'
 
 lint:
 	$(PY) -m ruff check sluice tests bench
@@ -31,4 +33,5 @@ e2e:
 
 test: lint typecheck imports
 	@echo "test order: pytest-randomly seed $(SEED) (make test SEED=$(SEED) repeats it)"
-	$(PY) -m pytest tests -q -p randomly --randomly-seed=$(SEED)
+	$(PY) -m pytest tests/unit tests/hostile tests/integration -q -p randomly --randomly-seed=$(SEED) -n auto -p no:benchmark
+	$(PY) -m pytest tests/e2e tests/faults -q -p randomly --randomly-seed=$(SEED)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,6 +18,9 @@ from sluice.cli.client import ControlClient
 from sluice.config import Settings
 from sluice.core import SluiceError, SpecError, SpecIssue
 from sluice.spec import load_spec_file
+
+if TYPE_CHECKING:
+    from sluice.store import Store
 
 __all__ = [
     "ControlOpt",
@@ -28,6 +31,7 @@ __all__ = [
     "client_for",
     "duration_s",
     "err",
+    "gateway_endpoint",
     "out",
     "point_in_time",
     "post",
@@ -35,6 +39,7 @@ __all__ = [
     "print_error",
     "run",
     "set_token",
+    "state_store",
     "ts",
 ]
 
@@ -99,7 +104,26 @@ def post_spec(home: str | None, control: str | None, path: str, file: Path, reas
     return post(home, control, path, {"yaml": loaded.text, "source": str(file), "reason": reason})
 
 
+def state_store(settings: Settings) -> Store:
+    """The one way a command opens the state: `settings.database_url` ($SLUICE_DATABASE_URL,
+    e.g. PostgreSQL) if set, else the SQLite file in the state directory; migrated to head.
+    (Imported here, not at the top: other commands need not pay for SQLAlchemy.)"""
+    from sluice.store import Store
+
+    return Store.for_home(settings.home, settings.database_url)
+
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def gateway_endpoint(home: str | None) -> str | None:
+    """The gateway URL a running `sluice up` wrote to control.json, if any."""
+    try:
+        info = json.loads(Settings.from_env(home).control_file.read_text())
+    except (OSError, ValueError):
+        return None
+    endpoint = info.get("endpoint") if isinstance(info, dict) else None
+    return str(endpoint) if endpoint else None
 
 
 def duration_s(text: str) -> float:

@@ -4,28 +4,15 @@ The engine is `sluice.tools.compare`; this module only reads options and prints.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from sluice.cli.common import out, run
+from sluice.cli.common import gateway_endpoint, out, run
 
 __all__ = ["compare"]
-
-
-def _default_endpoint(home: str | None) -> str | None:
-    """The gateway URL a running `sluice up` wrote to control.json, if any."""
-    from sluice.config import Settings
-
-    try:
-        info = json.loads(Settings.from_env(home).control_file.read_text())
-    except (OSError, ValueError):
-        return None
-    endpoint = info.get("endpoint") if isinstance(info, dict) else None
-    return str(endpoint) if endpoint else None
 
 
 def compare(
@@ -61,7 +48,7 @@ def compare(
     def do() -> dict[str, Any]:
         gateway = endpoint
         if gateway is None and (a.startswith("group:") or b.startswith("group:")):
-            gateway = _default_endpoint(home)
+            gateway = gateway_endpoint(home)
         options = CompareOptions(
             api_key=api_key or os.environ.get("SLUICE_API_KEY") or None,
             concurrency=concurrency,

@@ -14,6 +14,7 @@ import uvloop
 from rich.table import Table
 
 from sluice.cli.alerts import alerts_app
+from sluice.cli.capacity import capacity, drill, loadtest
 from sluice.cli.common import (
     ControlOpt,
     FileOpt,
@@ -32,6 +33,7 @@ from sluice.cli.common import (
     ts,
 )
 from sluice.cli.compare import compare
+from sluice.cli.drills import drills_app
 from sluice.cli.estimate import estimate
 from sluice.cli.explain import explain
 from sluice.cli.history import history
@@ -62,6 +64,7 @@ app.add_typer(token_app, name="token")
 app.add_typer(alerts_app, name="alerts")
 app.add_typer(report_app, name="report")
 app.add_typer(groups_app, name="groups")
+app.add_typer(drills_app, name="drills")
 
 
 @app.callback()
@@ -558,6 +561,9 @@ app.command("compare")(compare)
 app.command("estimate")(estimate)
 app.command("explain")(explain)
 app.command("history")(history)
+app.command("loadtest")(loadtest)
+app.command("drill")(drill)
+app.command("capacity")(capacity)
 for _review_command in (propose, proposals, approve, reject):
     app.command()(_review_command)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.cli.common import state_store
 from sluice.config import Settings
 from sluice.control.observer import stored_rollups
 from sluice.core import NotFound
@@ -23,17 +24,17 @@ ALERT_EVENTS_READ = 10_000
 
 
 def open_store(home: str | None) -> Store:
-    """The state directory's store; NotFound (exit 4) when it has none: a report must not
-    create an empty state directory."""
+    """The state directory's store (or $SLUICE_DATABASE_URL's); NotFound (exit 4) when the
+    directory has none: a report must not create an empty state directory."""
     settings = Settings.from_env(home)
     db = settings.home / "state.db"
-    if not db.is_file():
+    if settings.database_url is None and not db.is_file():
         raise NotFound(
             f"no state database at {db}: run `sluice up` first, or point --home / "
             "$SLUICE_HOME at a state directory",
             home=str(settings.home),
         )
-    return Store.for_home(settings.home)
+    return state_store(settings)
 
 
 def latest_spec(store: Store) -> tuple[PlatformSpec | None, int | None]:

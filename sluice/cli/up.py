@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
-import ipaddress
 import json
 import logging
 import os
@@ -22,7 +21,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import uvicorn
+from fastapi import APIRouter
 
+from sluice.cli.common import state_store
 from sluice.config import Settings
 from sluice.control import (
     Controller,
@@ -36,12 +37,17 @@ from sluice.control import (
 )
 from sluice.control.alerting import Alerting
 from sluice.control.alerts_api import alert_routes
+from sluice.control.capacity_api import capacity_routes
+from sluice.control.drill_schedule import DrillScheduler
+from sluice.control.leadership import FencedRuntime, Leadership, new_holder
 from sluice.core import Conflict, InstanceState, NotFound, SystemClock
+from sluice.core.urls import is_loopback_host
 from sluice.gateway import Gateway
 from sluice.gateway.metrics import DURATION_BUCKETS_S
-from sluice.runtime import LocalRuntime
+from sluice.policy.lease import LeaseTiming, takeover_bound_s
+from sluice.runtime import LocalRuntime, Runtime
 from sluice.spec import ControlSpec, LoadedSpec, PlatformSpec, load_spec_text, redact_secrets
-from sluice.store import Revision, Store
+from sluice.store import LeaseRecord, Revision, Store
 
 __all__ = ["UpOptions", "serve"]
 
@@ -79,18 +85,30 @@ async def serve(settings: Settings, options: UpOptions) -> None:
     included), so that re-running `up -f` never silently reverts a later `sluice apply`.
     Plain `up` resumes."""
     started = time.monotonic()
-    store = await asyncio.to_thread(Store.for_home, settings.home)
+    store = await asyncio.to_thread(state_store, settings)
+    if settings.database_url is not None:  # the default, state.db, goes without saying
+        log.info("state: %s", store.location)
     try:
         if options.loaded is not None and options.reason is None:
             latest = await asyncio.to_thread(store.latest_revision)
             _refuse_silent_revert(options.loaded, latest)
-        await _Up(settings, options, store, started).run()
+        first = options.loaded.spec if options.loaded else await _latest_spec(store)
+        await _Up(settings, options, store, started, first).run()
     finally:
         store.close()
 
 
 class _Up:
-    def __init__(self, settings: Settings, options: UpOptions, store: Store, started: float):
+    def __init__(
+        self,
+        settings: Settings,
+        options: UpOptions,
+        store: Store,
+        started: float,
+        first: PlatformSpec,
+    ):
+        """`first`: the spec at start (the file, else the live revision): it picks the
+        runtime and the lease timing, both read once per start."""
         self.settings = settings
         self.options = options
         self.store = store
@@ -98,8 +116,12 @@ class _Up:
         self.clock = SystemClock()
         self.events = EventLog(store, self.clock)
         self.gateway: Gateway | None = None
+        election = first.control.leader_election
+        self.leadership = Leadership(store, LeaseTiming(**election.model_dump()), new_holder())
+        self.fenced = False
+        """lost the leader lease: stop without touching the instances (the leader's now)"""
         self.supervisor = InstanceSupervisor(
-            LocalRuntime(settings.home),
+            FencedRuntime(_runtime(first, settings.home), self.leadership),
             store,
             self.clock,
             self.events,
@@ -117,15 +139,61 @@ class _Up:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop.set)
+        led = False
         try:
-            await self.supervisor.start()
-            await self._serve(self.access_log)
+            led = await self._lead()
+            if led:
+                await self.supervisor.start()
+                await self._serve(self.access_log)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 self.settings.control_file.unlink()
-            await self.supervisor.shutdown()
+            if self.fenced:
+                print("sluice stopped: deposed, its instances left to the new leader", flush=True)
+            elif led:
+                await self.supervisor.shutdown()
+                await self.leadership.release()
+                print("sluice stopped; all instances stopped", flush=True)
             self.access_log.close()
-            print("sluice stopped; all instances stopped", flush=True)
+
+    async def _lead(self) -> bool:
+        """Wait for the controller lease (at once unless another control plane on this
+        database leads); False if stopped while waiting as a standby."""
+        bound = takeover_bound_s(self.leadership.timing)
+
+        def standby(current: LeaseRecord | None) -> None:
+            if current is not None:
+                print(
+                    f"standby: {current.holder} leads (epoch {current.epoch}); taking over "
+                    f"within {bound:.0f} s of its end",
+                    flush=True,
+                )
+
+        taking = asyncio.create_task(self.leadership.acquire(standby))
+        stopping = asyncio.create_task(self.stop.wait())
+        await asyncio.wait({taking, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not taking.done():
+            taking.cancel()
+            return False
+        lease = taking.result()
+        await asyncio.to_thread(
+            self.store.append_audit,
+            actor=LOCAL_ACTOR,
+            action="lead",
+            target="controller",
+            reason=f"took the controller lease (epoch {lease.epoch})",
+            detail={"holder": lease.holder, "epoch": lease.epoch},
+            now=self.clock.now(),
+        )
+        return True
+
+    async def _keep_leading(self) -> None:
+        """Renew the lease; once it is lost, stop at once and touch no instance."""
+        await self.leadership.keep()
+        self.fenced = True
+        print("lost the controller lease: stopping without touching the instances", flush=True)
+        self.stop.set()
 
     async def _serve(self, access_log: TextIO) -> None:
         settings, options, store = self.settings, self.options, self.store
@@ -179,6 +247,10 @@ class _Up:
                 "free the port or pick another with --port"
             ) from None
         control_port = control_sock.getsockname()[1]
+        tls = spec.control.tls
+        scheme = "https" if tls else "http"
+        control_url = f"{scheme}://{_url_host(spec.control.host)}:{control_port}"
+        endpoint = f"http://{_url_host(spec.gateway.host)}:{gateway.port}"
         review = ReviewBoard(controller, store, self.clock, access_log=settings.access_log)
         keeper = Housekeeper(
             store,
@@ -189,6 +261,23 @@ class _Up:
             reopen_access_log=lambda: self._reopen_access_log(gateway),
             copy_truncate=self.supervisor.command_instances,
         )
+
+        drills = DrillScheduler(
+            store,
+            tokens,
+            self.events,
+            controller.audit,
+            self.clock,
+            home=settings.home,
+            control_url=control_url,
+            endpoint=endpoint,
+        )
+        await drills.load()
+
+        def more_routes(api: APIRouter) -> None:
+            alert_routes(api, alerting, lambda: controller.spec, DURATION_BUCKETS_S)
+            capacity_routes(api, controller, store, self.clock.now, drills)
+
         api = build_control_api(
             controller,
             self.supervisor,
@@ -201,11 +290,8 @@ class _Up:
             housekeeping=lambda: keeper.run_once(
                 controller.spec.retention, controller.spec.observability.history
             ),
-            more_routes=lambda api: alert_routes(
-                api, alerting, lambda: controller.spec, DURATION_BUCKETS_S
-            ),
+            more_routes=more_routes,
         )
-        tls = spec.control.tls
         server = _ControlServer(
             uvicorn.Config(
                 api,
@@ -217,9 +303,6 @@ class _Up:
                 ssl_keyfile=tls.key_file if tls else None,
             )
         )
-        scheme = "https" if tls else "http"
-        control_url = f"{scheme}://{_url_host(spec.control.host)}:{control_port}"
-        endpoint = f"http://{_url_host(spec.gateway.host)}:{gateway.port}"
         settings.control_file.write_text(
             json.dumps({"control_url": control_url, "endpoint": endpoint, "pid": os.getpid()})
         )
@@ -248,6 +331,9 @@ class _Up:
         async def alert_delivery(_attempt: int) -> None:
             await alerting.run_delivery(lambda: controller.spec, self.clock)
 
+        async def drill_schedules(_attempt: int) -> None:
+            await drills.run(lambda: controller.spec)
+
         stopping = self.stop
         tasks = [
             asyncio.create_task(
@@ -264,10 +350,16 @@ class _Up:
             asyncio.create_task(
                 _keep_serving("alert delivery", alert_delivery, stopping), name="alerts"
             ),
+            asyncio.create_task(
+                _keep_serving("drill schedules", drill_schedules, stopping), name="drills"
+            ),
+            asyncio.create_task(self._keep_leading(), name="leadership"),
         ]
         print(f"endpoint: {endpoint}", flush=True)
-        print(f"control: {control_url}", flush=True)
+        print(f"control: {control_url}  console: {control_url}/ui/", flush=True)
         print(f"state: {settings.home}  revision: {controller.revision}", flush=True)
+        if (lease := self.leadership.lease) is not None:
+            print(f"leader: {lease.holder} (epoch {lease.epoch})", flush=True)
         if admin_token is not None:
             print(f"admin token: written to {admin_token} (the CLI here uses it)", flush=True)
         announcer = asyncio.create_task(_announce_ready(controller, self.supervisor, self.started))
@@ -275,6 +367,7 @@ class _Up:
         failure = await _until_stopped(stopper, tasks)
         print("stopping: gateway first, then draining instances", file=sys.stderr, flush=True)
         current.should_exit = True
+        await drills.close()  # a drill cut short by the stop is closed as such, not judged
         await gateway.stop()
         for task in [announcer, stopper, *tasks]:
             task.cancel()
@@ -403,6 +496,15 @@ def _refuse_silent_revert(loaded: LoadedSpec, latest: Revision | None) -> None:
     )
 
 
+def _runtime(spec: PlatformSpec, home: Path) -> Runtime:
+    """Where instances run (`instances.runtime`, read at start); Ray is imported only here."""
+    if spec.instances.runtime == "ray":
+        from sluice.runtime.ray import RayRuntime
+
+        return RayRuntime(spec.instances.ray.address, spec.instances.ray.namespace)
+    return LocalRuntime(home)
+
+
 async def _latest_spec(store: Store) -> PlatformSpec:
     latest = await asyncio.to_thread(store.latest_revision)
     if latest is None:
@@ -410,18 +512,9 @@ async def _latest_spec(store: Store) -> PlatformSpec:
     return load_spec_text(latest.yaml_text, f"revision {latest.number}").spec
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _control_socket(control: ControlSpec, insecure: bool) -> socket.socket:
     """The control API's listening socket: loopback, or TLS, or explicitly `--insecure`."""
-    if not _is_loopback(control.host) and control.tls is None:
+    if not is_loopback_host(control.host) and control.tls is None:
         if not insecure:
             raise Conflict(
                 f"the control API would listen on {control.host} without TLS: tokens would "

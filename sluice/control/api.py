@@ -17,7 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sluice.control.auth import Authenticator, Principal, Role
+from sluice.control.auth import (
+    CSRF_HEADER,
+    SESSION_COOKIE,
+    Authenticator,
+    Principal,
+    Role,
+    csrf_matches,
+)
+from sluice.control.console import is_console_path, mount_console
 from sluice.control.controller import Controller
 from sluice.control.events import store_error_text, store_outage
 from sluice.control.explain import advisory_view, explain_decisions
@@ -25,9 +33,10 @@ from sluice.control.observer import stored_history
 from sluice.control.review import ReviewBoard
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.tokens import TokenAdmin
-from sluice.core import InstanceState, NotFound, SluiceError, SpecError, SpecIssue
+from sluice.core import Forbidden, InstanceState, NotFound, SluiceError, SpecError, SpecIssue
 from sluice.policy import route_rules
 from sluice.spec import load_spec_text
+from sluice.spec.names import Name
 from sluice.store import Store
 
 __all__ = ["build_control_api"]
@@ -35,7 +44,7 @@ __all__ = ["build_control_api"]
 
 RowId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 """A store row id (SQLite INTEGER): larger ones cannot exist, and SQLite refuses to bind them."""
-GroupName = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
+GroupName = Name
 
 
 class _Body(BaseModel):
@@ -139,11 +148,10 @@ def build_control_api(
                 },
                 status_code=421,
             )
-        if request.url.path != "/healthz":
+        path = request.url.path
+        if path != "/healthz" and not is_console_path(path):  # the console logs in itself
             try:
-                request.state.principal = await authenticator.authenticate(
-                    request.headers.get("authorization")
-                )
+                request.state.principal = await _caller(request, authenticator)
             except SluiceError as exc:
                 return JSONResponse(exc.to_json(), status_code=exc.http_status)
         response: Response = await call_next(request)
@@ -218,7 +226,11 @@ def build_control_api(
                         k: {"runtime": m.runtime, "version": m.version} for k, m in g.models.items()
                     },
                     "resources": g.resources.model_dump(),
+                    "version": g.version_label(),
                     "max_concurrency": g.max_concurrency,
+                    "replicas": g.replicas,
+                    "autoscaling": g.autoscaling.model_dump() if g.autoscaling else None,
+                    "backup": g.backup,
                     "desired": controller.desired_replicas(g.name),
                     "ready": sum(1 for s in mine if s.state is InstanceState.READY),
                     "instances": len(mine),
@@ -524,7 +536,24 @@ def build_control_api(
     if more_routes is not None:
         more_routes(api)
     app.include_router(api)
+    mount_console(app, authenticator, tokens.clock)
     return app
+
+
+async def _caller(request: Request, authenticator: Authenticator) -> Principal:
+    """A bearer token, or else the console's session cookie; a change made with the cookie
+    must carry the session's CSRF token in `X-CSRF-Token` (a form on another site cannot
+    set a header, nor read the token)."""
+    authorization = request.headers.get("authorization")
+    session = request.cookies.get(SESSION_COOKIE)
+    if authorization is not None or session is None:
+        return await authenticator.authenticate(authorization)
+    principal = await authenticator.from_session(session)
+    if request.method not in ("GET", "HEAD") and not csrf_matches(
+        session, request.headers.get(CSRF_HEADER)
+    ):
+        raise Forbidden(f"a change made with the console's session needs its {CSRF_HEADER}")
+    return principal
 
 
 def _host_name(host: str) -> str:

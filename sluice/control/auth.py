@@ -7,6 +7,12 @@ protection. Lookup is by digest, so the time a lookup takes depends on the diges
 how many leading characters of a guess were right. Every request reads the token afresh
 from the store: a revoke takes effect on the next call, in every process.
 
+The console logs in with a token and then holds a session cookie: a random 256-bit value of
+which the store, again, keeps only the sha256. A session acts as its token (same name, role
+and scope) and ends when the token is revoked or expires, at logout, or after
+`SESSION_TTL_S`. A change made with the cookie must also carry the session's CSRF token
+(`csrf_token`), which a page of another site cannot read.
+
 Roles nest: `viewer` reads; `operator` also scales, fails over, runs rollouts and
 proposes; `admin` also applies specs, approves and manages tokens. An operator (or viewer)
 token with `groups` acts only on those groups.
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import re
 import secrets
 from dataclasses import dataclass
@@ -26,16 +33,26 @@ from sluice.core import Clock, Forbidden, Unauthorized
 from sluice.store import Store, TokenRecord
 
 __all__ = [
+    "CSRF_HEADER",
+    "SESSION_COOKIE",
+    "SESSION_TTL_S",
     "TOKEN_PREFIX",
     "Authenticator",
     "Principal",
     "Role",
+    "csrf_matches",
+    "csrf_token",
     "new_token",
     "token_digest",
 ]
 
 TOKEN_PREFIX = "slc_"
 _TOKEN_SHAPE = re.compile(r"slc_[A-Za-z0-9_-]{43}")
+SESSION_COOKIE = "sluice_session"
+_SESSION_SHAPE = re.compile(r"[A-Za-z0-9_-]{43}")
+SESSION_TTL_S = 12 * 3600.0
+"""A console session lasts a working day at most (less if its token expires first)."""
+CSRF_HEADER = "x-csrf-token"
 
 
 class Role(StrEnum):
@@ -85,21 +102,87 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def csrf_token(session: str) -> str:
+    """The CSRF token of a session, derived from its cookie (so nothing more is stored):
+    only a page that can read our own pages knows it."""
+    return hashlib.sha256(b"sluice-csrf\0" + session.encode()).hexdigest()
+
+
+def csrf_matches(session: str, sent: str | None) -> bool:
+    return sent is not None and hmac.compare_digest(sent.encode(), csrf_token(session).encode())
+
+
 class Authenticator:
-    """Turns an `Authorization` header into a Principal, or a 401 that says what is wrong."""
+    """Turns an `Authorization` header, or a console session cookie, into a Principal, or
+    a 401 that says what is wrong; opens and ends console sessions."""
 
     def __init__(self, store: Store, clock: Clock) -> None:
         self._store = store
         self._clock = clock
 
     async def authenticate(self, authorization: str | None) -> Principal:
+        return _principal(await self._live_token(authorization))
+
+    async def _live_token(self, authorization: str | None) -> TokenRecord:
         token = _bearer(authorization)
         record = await asyncio.to_thread(self._store.token_by_digest, token_digest(token))
         if record is None:
             raise Unauthorized("unknown token: it was never issued here (`sluice token list`)")
         _check_live(record, self._clock.now())
-        groups = None if record.groups is None else frozenset(record.groups)
-        return Principal(record.name, Role(record.role), groups)
+        return record
+
+    async def log_in(self, token: str) -> tuple[str, Principal]:
+        """A new console session for a valid token: (cookie value, who it is). Audited."""
+        record = await self._live_token(f"Bearer {token.strip()}")
+        now = self._clock.now()
+        ends = now + SESSION_TTL_S
+        if record.expires_at is not None:
+            ends = min(ends, record.expires_at)
+        session = secrets.token_urlsafe(32)
+        await asyncio.to_thread(
+            self._store.add_session,
+            digest=token_digest(session),
+            token_name=record.name,
+            now=now,
+            expires_at=ends,
+        )
+        await self._audit(record.name, "login", "console session")
+        return session, _principal(record)
+
+    async def from_session(self, session: str | None) -> Principal:
+        """The holder of a live console session (its token still live too), or a 401."""
+        if not session or not _SESSION_SHAPE.fullmatch(session):
+            raise Unauthorized("not logged in: log in to the console with a token")
+        found = await asyncio.to_thread(self._store.session_by_digest, token_digest(session))
+        now = self._clock.now()
+        if found is None or found[0].ended_at is not None or now >= found[0].expires_at:
+            raise Unauthorized("the console session ended: log in again")
+        record = found[1]
+        if record is None:
+            raise Unauthorized("the session's token no longer exists: log in again")
+        _check_live(record, now)
+        return _principal(record)
+
+    async def log_out(self, session: str, principal: Principal) -> None:
+        digest = token_digest(session)
+        await asyncio.to_thread(self._store.end_session, digest, now=self._clock.now())
+        await self._audit(principal.name, "logout", "console session")
+
+    async def _audit(self, actor: str, action: str, reason: str) -> None:
+        await asyncio.to_thread(
+            self._store.append_audit,
+            actor=actor,
+            action=action,
+            target="console",
+            reason=reason,
+            detail={},
+            now=self._clock.now(),
+        )
+
+
+def _principal(record: TokenRecord) -> Principal:
+    groups = None if record.groups is None else frozenset(record.groups)
+    return Principal(record.name, Role(record.role), groups)
 
 
 def _bearer(authorization: str | None) -> str:

@@ -146,7 +146,7 @@ class LiveAutoscaling:
         draining = sum(1 for i in mine if i.state is InstanceState.DRAINING)
         startup = g.autoscaling.lead_time_s
         if startup is None:
-            startup = st.startup_s if st.startup_s is not None else _declared_startup(g)
+            startup = st.startup_s if st.startup_s is not None else g.declared_startup_s()
         samples = st.samples
         if sample is not None:
             samples.append(sample)
@@ -172,11 +172,3 @@ class LiveAutoscaling:
             served_s=src.served_s,
             served_sq_s=src.served_sq_s,
         )
-
-
-def _declared_startup(g: GroupSpec) -> float:
-    """Before any instance came up: the slowest model's declared start-up time."""
-    return max(
-        (m.sim.startup_s for m in g.models.values() if m.sim is not None),
-        default=0.0,
-    )

@@ -23,6 +23,7 @@ from sluice.control.explain import tier_counts
 from sluice.control.fleet_metrics import FleetView, fleet_metrics
 from sluice.control.keysources import spec_with_key_sources
 from sluice.control.observer import Observation
+from sluice.control.pins import Pins
 from sluice.control.quota import LiveQuota
 from sluice.control.review import gated_changes
 from sluice.control.rollouts import ACTIONS, RolloutRunner
@@ -58,7 +59,7 @@ from sluice.spec import (
 )
 from sluice.spec.secrets import secret_env_names
 from sluice.spec.servers import external_scale_problem
-from sluice.store import Revision, Store
+from sluice.store import Pin, Revision, Store
 
 __all__ = ["Controller"]
 
@@ -101,6 +102,7 @@ class Controller:
         survives a restart)."""
         self._decisions = DecisionJournal(store, events)
         self._quota = LiveQuota(store, events)
+        self.pins = Pins(store, events, self.audit, self._wake.set)
         self._rollouts = RolloutRunner(
             store,
             events,
@@ -125,12 +127,20 @@ class Controller:
     def revision(self) -> int:
         return self._revision
 
+    def group(self, name: str) -> GroupSpec:
+        """The live spec's group `name`; an unknown name is a 404."""
+        g = self.spec.group(name)
+        if g is None:
+            raise NotFound(f"no group named {name!r}")
+        return g
+
     def desired_replicas(self, group: str) -> int:
         """Instances that serve: the autoscaler's count, else a manual override, else the
-        spec's `replicas` (an advisory autoscaler's group counts as not autoscaled)."""
-        spec = self.spec.group(group)
-        if spec is None:
-            raise NotFound(f"no group named {group!r}")
+        spec's `replicas` (an advisory autoscaler's group counts as not autoscaled); a pin
+        (`sluice.control.pins`) beats them all."""
+        spec = self.group(group)
+        if (pinned := self.pins.count(group, self._clock.now())) is not None:
+            return pinned
         if spec.autoscaling is not None and not is_advisory(spec):
             return self._scaled.get(group, spec_count(spec))
         return self._overrides.get(group, spec.replicas)
@@ -229,9 +239,7 @@ class Controller:
         """What explain shows besides the journal: the policy and its mode, the count it
         holds now, the measured start-up time, and an advisory group's latest advice (of
         its autoscaler; of quota: what it would grant vs what it did)."""
-        spec = self.spec.group(group)
-        if spec is None:
-            raise NotFound(f"no group named {group!r}")
+        spec = self.group(group)
         st = self._autoscaling.state(group)
         advice = self._decisions.advice.get(group)
         return {
@@ -256,6 +264,7 @@ class Controller:
             self._revision = latest.number
         self._overrides = await asyncio.to_thread(self._store.replicas_overrides)
         self._failovers = await asyncio.to_thread(self._store.failovers)
+        await self.pins.load()
         await self._quota.load()
         if self._spec is not None:
             await self._rollouts.load(self._spec)
@@ -360,9 +369,7 @@ class Controller:
 
     async def scale(self, group: str, replicas: int, actor: str, reason: str) -> int:
         """S1: manual replica count, effective on the next tick, audited. Returns the old."""
-        spec = self.spec.group(group)
-        if spec is None:
-            raise NotFound(f"no group named {group!r}")
+        spec = self.group(group)
         if replicas < 0:
             raise Conflict(f"replicas must be >= 0, got {replicas}")
         if spec.autoscaling is not None and not is_advisory(spec):
@@ -373,20 +380,7 @@ class Controller:
                 "autoscaling.mode: advisory to drive the count by hand while it advises)",
                 group=group,
             )
-        if too_many := external_scale_problem(spec, replicas):
-            raise Conflict(too_many, group=group)
-        pool = self.spec.pool(spec.resources.pool)
-        assert pool is not None  # the spec checks guarantee it
-        others = self._pool_held_by_others(self.spec, spec)
-        need = replicas * spec.resources.accelerators
-        if others + need > pool.count:
-            raise Conflict(
-                f"pool {pool.name!r} has {pool.count} accelerators; other groups hold "
-                f"{others}, so {group!r} can have at most "
-                f"{(pool.count - others) // spec.resources.accelerators} replicas",
-                pool=pool.name,
-                free=pool.count - others,
-            )
+        self._check_count(spec, replicas)
         before = self.desired_replicas(group)
         await asyncio.to_thread(
             self._store.set_replicas_override,
@@ -404,6 +398,27 @@ class Controller:
         self._wake.set()
         return before
 
+    async def pin(self, group: str, replicas: int, for_s: float, actor: str, reason: str) -> Pin:
+        """Hold `group` at `replicas` for `for_s` seconds (`sluice.control.pins`)."""
+        self._check_count(self.group(group), replicas)
+        return await self.pins.hold(group, replicas, for_s, actor, reason, self._clock.now())
+
+    def _check_count(self, spec: GroupSpec, replicas: int) -> None:
+        """Refuse a count the group's servers or its pool cannot have."""
+        if too_many := external_scale_problem(spec, replicas):
+            raise Conflict(too_many, group=spec.name)
+        pool = self.spec.pool(spec.resources.pool)
+        assert pool is not None  # the spec checks guarantee it
+        others = self._pool_held_by_others(self.spec, spec)
+        if others + replicas * spec.resources.accelerators > pool.count:
+            raise Conflict(
+                f"pool {pool.name!r} has {pool.count} accelerators; other groups hold "
+                f"{others}, so {spec.name!r} can have at most "
+                f"{(pool.count - others) // spec.resources.accelerators} replicas",
+                pool=pool.name,
+                free=pool.count - others,
+            )
+
     @property
     def failovers(self) -> dict[str, str]:
         return dict(self._failovers)
@@ -416,9 +431,7 @@ class Controller:
         all the group's models and every tenant allowed the group must be allowed it too.
         """
         spec = self.spec
-        source = spec.group(group)
-        if source is None:
-            raise NotFound(f"no group named {group!r}")
+        source = self.group(group)
         problem = failover_problem(spec, group, backup)
         if problem is not None:
             raise Conflict(problem, group=group)
@@ -440,8 +453,7 @@ class Controller:
 
     async def restore(self, group: str, actor: str, reason: str) -> str | None:
         """Undo `failover`; returns the backup it pointed to (None if none was in force)."""
-        if self.spec.group(group) is None:
-            raise NotFound(f"no group named {group!r}")
+        self.group(group)
         backup = self._failovers.get(group)
         if backup is None:
             return None
@@ -503,6 +515,8 @@ class Controller:
         # 1. Snapshot: desired state (spec + overrides) and what the instances report.
         observed = self._supervisor.statuses()
         now = self._clock.now()
+        await self.pins.expire(now, {g.name for g in spec.groups})
+        loads = self._autoscaling.due(spec, observed, self.desired_replicas, now)
         self._servers.watch(scrape_targets(spec, observed))  # read in their own task
         # 2. Decide: the one pure step the simulator runs too (`sluice.policy.tick`):
         #    autoscalers, then quota (no instance starts without its units), then the plan.
@@ -512,7 +526,7 @@ class Controller:
             observed=observed,
             counts={g.name: self.desired_replicas(g.name) for g in spec.groups},
             now=now,
-            loads=self._autoscaling.due(spec, observed, self.desired_replicas, now),
+            loads={g: load for g, load in loads.items() if self.pins.get(g) is None},
             scalers=self._autoscaling.scalers,
             floors=self._rollouts.baseline_floors(),
             quota=quota,

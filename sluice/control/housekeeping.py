@@ -65,7 +65,8 @@ class Housekeeper:
         self, retention: RetentionSpec, history: HistorySpec | None = None
     ) -> dict[str, Any]:
         """One pass; returns what it did (rotated files, removed logs, pruned rows: with
-        `history`, metrics rollups past their age and finished alert messages too)."""
+        `history`, metrics rollups past their age and finished alert messages too; console
+        sessions that ended or expired)."""
         running = self._running()
         copied = self._copy_truncate()
         files = await asyncio.to_thread(self._logs, retention, running, copied)
@@ -80,6 +81,7 @@ class Housekeeper:
             audit_before=now - retention.audit_days * _DAY,
         )
         done = asdict(pruned)
+        done["console_sessions"] = await asyncio.to_thread(self._store.prune_sessions, before=now)
         if history is not None:
             done["minute_rollups"] = await asyncio.to_thread(
                 self._store.prune_rollups, MINUTE_S, now - history.minute_days * _DAY

@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from sluice.runtime import CommandLaunch, InstanceHandle, LaunchRequest
-from sluice.spec import GroupSpec
+from sluice.runtime import CommandLaunch, InstanceHandle, LaunchRequest, Placement
+from sluice.spec import GroupSpec, PoolSpec
 from sluice.spec.models import WarmupSpec
 from sluice.spec.servers import EndpointSpec
 
@@ -34,6 +34,7 @@ __all__ = [
     "WarmupCall",
     "launch_request",
     "least_held_endpoint",
+    "placement_of",
     "probes_for",
     "ready_verdict",
     "runs_command",
@@ -202,6 +203,16 @@ def launch_request(
     # one thread per worker process: instances share the machine's cores
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **pinned}
     return LaunchRequest(instance_id, spec.name, config, env)
+
+
+def placement_of(spec: GroupSpec, pool: PoolSpec | None) -> Placement:
+    """What a cluster reserves for one instance of `spec`: its accelerators, of its pool's
+    type; GPUs unless the pool's accelerators are virtual units."""
+    if pool is None:
+        return Placement()
+    return Placement(
+        spec.resources.accelerators, pool.accelerator_type, gpu=pool.accelerator != "virtual"
+    )
 
 
 def stop_grace_s(spec: GroupSpec, at_least: float) -> float:

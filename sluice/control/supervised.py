@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from sluice.control.servers import Probes
 from sluice.core import InstanceState, InstanceStatus
-from sluice.runtime import InstanceHandle
+from sluice.runtime import InstanceHandle, Placement
 from sluice.spec import GroupSpec, PoolSpec
 from sluice.spec.servers import EndpointSpec
 
@@ -43,6 +43,8 @@ class Supervised:
     device_units: int = 0
     endpoint: EndpointSpec | None = None
     """The existing server an external instance fronts."""
+    placement: Placement = field(default_factory=Placement)
+    """What a cluster runtime reserves for it (its pool's accelerators)."""
 
     def status(self) -> InstanceStatus:
         return InstanceStatus(

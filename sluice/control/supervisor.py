@@ -34,6 +34,7 @@ from sluice.control.servers import (
     Probes,
     launch_request,
     least_held_endpoint,
+    placement_of,
     probes_for,
     runs_command,
     stop_grace_s,
@@ -143,6 +144,7 @@ class InstanceSupervisor:
         any. An external group's instance takes the endpoint fewest of its instances front."""
         inst = Supervised(f"{spec.name}-{uuid.uuid4().hex[:8]}", spec, template, self._clock.now())
         inst.probes = probes_for(spec)
+        inst.placement = placement_of(spec, pool)
         if pool is not None and pool.devices:
             inst.pool = pool
         inst.endpoint = self._free_endpoint(spec, template)
@@ -272,6 +274,7 @@ class InstanceSupervisor:
             request = replace(
                 launch_request(inst.id, spec, inst.devices, listen_s),
                 withheld_env=self.withheld_env,
+                placement=inst.placement,
             )
             inst.handle = await self._runtime.launch(request)
             self._set_state(inst, InstanceState.STARTING, "process started")

@@ -1,11 +1,13 @@
-"""A URL fit to print: only where it points, never what it carries (a webhook's token sits
-in its path or query, credentials before its host)."""
+"""URLs read safely: fit to print (only where one points, never what it carries: a
+webhook's token sits in its path or query, credentials before its host), and whether a
+host is this machine's."""
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
-__all__ = ["redact_url"]
+__all__ = ["is_loopback_host", "redact_channel", "redact_url"]
 
 
 def redact_url(url: str, mark_rest: bool = False) -> str:
@@ -19,3 +21,20 @@ def redact_url(url: str, mark_rest: bool = False) -> str:
         return "<unreadable URL>"
     rest = parts.path not in ("", "/") or parts.query or parts.fragment
     return f"{parts.scheme}://{host}{port}{'/…' if mark_rest and rest else ''}"
+
+
+def redact_channel(channel: str) -> str:
+    """An alert channel fit to print: a URL as `redact_url` shows it, with `/…` where it
+    had more; anything else (`#team-oncall`, an address) as written."""
+    text = channel.strip()
+    return redact_url(text, mark_rest=True) if "://" in text else text
+
+
+def is_loopback_host(host: str) -> bool:
+    """`localhost` or a loopback address (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

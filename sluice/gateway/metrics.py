@@ -260,6 +260,16 @@ class GatewayMetrics:
             hist.counts[bisect_left(hist.bounds, served_s)] += 1
             hist.sum += served_s
 
+    def route_counts(self) -> dict[str, dict[str, int]]:
+        """Requests answered so far by route rule, then final group (the console's share of
+        traffic per rule); requests that matched no rule are left out."""
+        out: dict[str, dict[str, int]] = {}
+        for group, gm in self.groups.items():
+            for route, stats in gm.routes.items():
+                if route and group:
+                    out.setdefault(route, {})[group] = sum(stats.statuses.values())
+        return out
+
     def render(self) -> bytes:
         """The Prometheus text exposition (format 0.0.4)."""
         return generate_latest(self.registry)

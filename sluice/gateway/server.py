@@ -99,7 +99,8 @@ class Gateway:
     def status(self) -> dict[str, Any]:
         """The data plane now, JSON-able: `{"version": n, "groups": {name: {"slots",
         "in_use", "queued": {"high", "normal", "low"}, "instances", "ejected": [{"instance",
-        "until_s" (seconds left), "times", "reason"}]}}}`."""
+        "until_s" (seconds left), "times", "reason"}]}}, "served": {instance: n},
+        "routes": {rule tag: {group: requests answered}}}`."""
         return self._state.status()
 
     def traffic(self) -> dict[str, TrafficSample]:

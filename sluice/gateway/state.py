@@ -301,6 +301,7 @@ class GatewayState:
             "version": self.snapshot.version,
             "groups": {name: g.status(now) for name, g in sorted(self.groups.items())},
             "served": dict(self.served),
+            "routes": self.metrics.route_counts(),
         }
 
 

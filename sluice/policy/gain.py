@@ -1,12 +1,16 @@
 """ "Did it help?" (S12): a scaling change or failover judged by what followed it.
 
 Before a change, the group's last window is kept; `settle_s` later, the window after it is
-compared: latency, errors, queue and throughput. A scale-up that bought nothing (the group
-was busy, throughput did not grow, throughput per instance fell, and latency did not
-improve) means the requests wait on something the instances share outside the group (a
-common backend, the host, a rate limit upstream): more instances will not help. The
-verdict names it, and `NoGainHold` stops the autoscaler adding for that reason until the
-demand it saw changes (`hold_released`), rather than climbing to `max`.
+compared: latency, errors, queue and throughput. Only like with like: when the demand moved
+by more than DEMAND_MOVED between the windows, a change is judged only where the after
+window is better despite more demand (a scale-up that kept latency down or served a larger
+share of a rising load, or that bought nothing while it rose); otherwise it is `unknown`.
+A scale-up that bought nothing (the group was busy, throughput did not grow, throughput per
+instance fell, and latency did not improve) means the requests wait on something the
+instances share outside the group (a common backend, the host, a rate limit upstream): more
+instances will not help. The verdict names it, and `NoGainHold` stops the autoscaler
+adding for that reason until the demand it saw changes (`hold_released`), rather than
+climbing to `max`.
 
 Pure: the windows are `sluice.policy.history.series` values, time comes in.
 """
@@ -126,7 +130,11 @@ def judge(change: Change, after: Values, host_load: float | None = None) -> Foll
     )
     latency_better = p95_a < LATENCY_BETTER * p95_b
     worse = p95_a > p95_b / LATENCY_BETTER or err_a > err_b + 0.01
-    if change.kind != "scale" or change.after_count <= change.before_count:
+    demand = _demand_moved(before, after)
+    scale_up = change.kind == "scale" and change.after_count > change.before_count
+    if demand is not None and (not scale_up or demand.startswith("fell")):
+        return _not_comparable(change, moved, demand, facts, after)
+    if not scale_up:
         verdict = "helped" if latency_better or err_a < err_b - 0.01 else "no_change"
         if worse:
             verdict = "worse"
@@ -146,11 +154,35 @@ def judge(change: Change, after: Values, host_load: float | None = None) -> Foll
             "so more instances will not help: scale-up stops until the demand changes"
         )
         return Followup("no_gain", text, where, before, after)
-    if latency_better or rps_a > GROWTH * rps_b:
+    if demand is None and (latency_better or rps_a > GROWTH * rps_b):
         return Followup("helped", f"scale {moved} helped: {facts}", None, before, after)
+    if demand is not None:  # it rose: faster, or more of it served, is the change's doing
+        dem_b, dem_a = _num(before, "requests_per_s") or 0.0, _num(after, "requests_per_s") or 0.0
+        served_more = rps_a / dem_a > GROWTH * rps_b / dem_b if dem_a and dem_b else False
+        if latency_better or served_more:
+            return Followup("helped", f"scale {moved} helped: {facts}", None, before, after)
+        return _not_comparable(change, moved, demand, facts, after)
     verdict = "worse" if worse else "no_change"
     note = "" if busy else " (the group was not busy before: it was not short of instances)"
     return Followup(verdict, f"scale {moved}: {facts}{note}", None, before, after)
+
+
+def _demand_moved(before: Values, after: Values) -> str | None:
+    """'rose A -> B req/s' or 'fell ...' when the arrival rate moved by more than
+    DEMAND_MOVED between the windows (None: it held). Then what followed a change is the
+    demand's doing as much as the change's: the windows are not comparable."""
+    dem_b, dem_a = _num(before, "requests_per_s"), _num(after, "requests_per_s")
+    if not dem_b or dem_a is None or abs(dem_a - dem_b) <= DEMAND_MOVED * dem_b:
+        return None
+    return f"{'rose' if dem_a > dem_b else 'fell'} {dem_b:.2f} -> {dem_a:.2f} req/s"
+
+
+def _not_comparable(change: Change, moved: str, demand: str, facts: str, after: Values) -> Followup:
+    text = (
+        f"{change.kind} {moved}: not judged, the demand {demand} between the windows, so "
+        f"what followed is not the change's doing alone ({facts})"
+    )
+    return Followup("unknown", text, None, change.before, after)
 
 
 def _bottleneck(before: Values, after: Values, host_load: float | None) -> str:

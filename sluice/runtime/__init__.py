@@ -1,6 +1,6 @@
 """Where instances run: the Runtime protocol and its implementations."""
 
-from sluice.runtime.base import CommandLaunch, InstanceHandle, LaunchRequest, Runtime
+from sluice.runtime.base import CommandLaunch, InstanceHandle, LaunchRequest, Placement, Runtime
 from sluice.runtime.external import ExternalRuntime
 from sluice.runtime.local import LocalRuntime
 
@@ -10,5 +10,6 @@ __all__ = [
     "InstanceHandle",
     "LaunchRequest",
     "LocalRuntime",
+    "Placement",
     "Runtime",
 ]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["CommandLaunch", "InstanceHandle", "LaunchRequest", "Runtime"]
+__all__ = ["CommandLaunch", "InstanceHandle", "LaunchRequest", "Placement", "Runtime"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,17 @@ class CommandLaunch:
 
 
 @dataclass(frozen=True, slots=True)
+class Placement:
+    """What one instance holds where a cluster schedules it (the Ray runtime; the local
+    runtime pins devices itself instead): `accelerators` of the pool's `accelerator_type`
+    (None: the pool names none), as GPUs when `gpu` (a pool of real accelerators)."""
+
+    accelerators: int = 0
+    accelerator_type: str | None = None
+    gpu: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchRequest:
     """`worker_config` is the worker's JSON config without host/port/port_file: the runtime
     sets those (locally: the host, and port 0 so the worker binds a free port itself).
@@ -37,7 +48,8 @@ class LaunchRequest:
     is then unused). `env` is added to the process's environment either way. `endpoint`:
     the base URL of a server that already runs (the external runtime; nothing starts).
     `withheld_env`: variables of Sluice's own environment the instance must not inherit (they
-    hold secrets: tenant keys, endpoint keys); SLUICE_TOKEN is always withheld."""
+    hold secrets: tenant keys, endpoint keys); SLUICE_TOKEN is always withheld.
+    `placement`: the accelerators a cluster must reserve for it."""
 
     instance_id: str
     group: str
@@ -46,6 +58,7 @@ class LaunchRequest:
     command: CommandLaunch | None = None
     endpoint: str | None = None
     withheld_env: frozenset[str] = frozenset()
+    placement: Placement = Placement()
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -49,8 +50,13 @@ class LocalRuntime:
         python: str = sys.executable,
         port_timeout_s: float = PORT_TIMEOUT_S,
         port_picker: Callable[[str], int] = pick_port,
+        die_with_parent: bool = False,
     ):
-        """`port_picker`: chooses a command server's port on the host (`pick_port`)."""
+        """`port_picker`: chooses a command server's port on the host (`pick_port`).
+        `die_with_parent`: the kernel kills each instance when the process that started it
+        dies (Linux), and it starts with no signal blocked; for a host process that owns its
+        instances (a Ray actor), unlike `sluice up`, whose instances outlive a crash to be
+        adopted."""
         self._dir = home / "instances"
         self._pick_port = port_picker
         self._host = host
@@ -58,6 +64,7 @@ class LocalRuntime:
         self._port_timeout_s = port_timeout_s
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._stop_signals: dict[str, signal.Signals] = {}
+        self._preexec = _death_signal() if die_with_parent and sys.platform == "linux" else None
 
     async def launch(self, req: LaunchRequest) -> InstanceHandle:
         """Start the worker and return once it listens; SluiceError if it never does."""
@@ -85,6 +92,7 @@ class LocalRuntime:
                 env=env,
                 start_new_session=True,
                 close_fds=True,
+                preexec_fn=self._preexec,
             )
         self._children[req.instance_id] = proc
         try:
@@ -122,6 +130,7 @@ class LocalRuntime:
                     env=env,
                     start_new_session=True,
                     close_fds=True,
+                    preexec_fn=self._preexec,
                 )
             except OSError as exc:  # not found, not executable: it never ran
                 why = f"cannot run {argv[0]!r}: {exc.strerror or exc}"
@@ -270,6 +279,23 @@ def _environ(pid: int) -> dict[bytes, bytes]:
 def _signal_named(name: str) -> signal.Signals:
     """SIGTERM for an unknown or empty name (the spec allows only real ones)."""
     return getattr(signal, name, signal.SIGTERM) if name.startswith("SIG") else signal.SIGTERM
+
+
+def _death_signal() -> Callable[[], None]:
+    """What a child runs before exec so the kernel SIGKILLs it once the thread that forked
+    it exits (prctl PR_SET_PDEATHSIG), with no signal blocked (a host's thread may block
+    some, e.g. a Ray actor's SIGINT, and a child inherits the mask); bound here, since a
+    forked child must not import."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    prctl = functools.partial(ctypes.CDLL(None).prctl, pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+    def setup() -> None:
+        prctl()
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+    return setup
 
 
 def _read_port(path: Path) -> int | None:

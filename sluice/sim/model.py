@@ -26,7 +26,7 @@ from sluice.spec.runtimes import (
     SimParams,
 )
 
-__all__ = ["SERVICE_MAX_S", "SERVICE_MIN_S", "InstanceModel", "pick_group"]
+__all__ = ["SERVICE_MAX_S", "SERVICE_MIN_S", "InstanceModel", "nominal_seconds", "pick_group"]
 
 SERVICE_MIN_S = 0.01
 SERVICE_MAX_S = 30.0
@@ -73,7 +73,7 @@ class InstanceModel:
                     ]
                 )
             service[mid] = params.service_time
-            nominal = _nominal_seconds(params.service_time, params.output_tokens)
+            nominal = nominal_seconds(params.service_time, params.output_tokens)
             startup += params.startup_s + group.warmup.requests * nominal
             seed = params.seed
         if slo_ms is not None:
@@ -166,7 +166,8 @@ class InstanceModel:
         }
 
 
-def _nominal_seconds(st: ServiceTime, output_tokens: int) -> float:
+def nominal_seconds(st: ServiceTime, output_tokens: int) -> float:
+    """A typical request's service time under `st` (the median; `output_tokens` long)."""
     match st:
         case FixedServiceTime(seconds=s):
             return s

@@ -10,6 +10,7 @@ from sluice.spec.modeldir import ModelDir, read_model_dir
 from sluice.spec.models import (
     ControlSpec,
     GroupSpec,
+    InstancesSpec,
     ModelSpec,
     PlatformSpec,
     PoolSpec,
@@ -23,6 +24,7 @@ from sluice.spec.secrets import redact_secrets, resolve_key_sources
 __all__ = [
     "ControlSpec",
     "GroupSpec",
+    "InstancesSpec",
     "LoadedSpec",
     "MemoryEstimate",
     "ModelConfigError",

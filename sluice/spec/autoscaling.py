@@ -7,9 +7,11 @@ defaults are the ones the simulator benchmark (`bench/autoscale.py`) was tuned w
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sluice.spec.names import Name
 
 __all__ = [
     "AutoscalingSpec",
@@ -25,7 +27,7 @@ __all__ = [
     "TargetsSpec",
 ]
 
-TemplateName = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
+TemplateName = Name
 
 
 class _Strict(BaseModel):

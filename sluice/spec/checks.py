@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 from sluice.core.errors import SluiceError, SpecError
 from sluice.spec.devices import device_problems
+from sluice.spec.drills import drill_refusal
 from sluice.spec.hfconfig import ModelConfigError, normalise_dtype
 from sluice.spec.keys import KeyPath
 from sluice.spec.memory import group_memory_problem
@@ -36,11 +37,13 @@ def check_platform(spec: PlatformSpec, read_model: ModelReader | None = None) ->
         *check_keys(spec),
         *_group_resources(spec),
         *_pool_capacity(spec),
+        *_cluster_pools(spec),
         *_references(spec),
         *_schedules(spec),
         *_advisory(spec),
         *_quotas(spec),
         *_rollouts(spec),
+        *_drills(spec),
         *_alert_rules(spec),
         *device_problems(spec),
         *(p for i, g in enumerate(spec.groups) for p in server_problems(i, g)),
@@ -157,6 +160,20 @@ def _pool_capacity(spec: PlatformSpec) -> Iterator[Problem]:
             )
 
 
+def _cluster_pools(spec: PlatformSpec) -> Iterator[Problem]:
+    """On Ray the cluster assigns each actor its GPUs; this machine's device ids mean
+    nothing on another node."""
+    if spec.instances.runtime != "ray":
+        return
+    for i, pool in enumerate(spec.pools):
+        if pool.devices is not None:
+            yield (
+                ("pools", i, "devices"),
+                "instances.runtime is ray: Ray pins each instance to its node's GPUs; "
+                "remove devices (name the type with accelerator_type)",
+            )
+
+
 def _references(spec: PlatformSpec) -> Iterator[Problem]:
     groups = {g.name: g for g in spec.groups}
     for i, g in enumerate(spec.groups):
@@ -208,6 +225,22 @@ def _schedules(spec: PlatformSpec) -> Iterator[Problem]:
                     yield path, f"no schedule template {item!r}; schedule_templates: {known}"
             elif not croniter.is_valid(item.cron):
                 yield (*path, "cron"), f"invalid cron {item.cron!r}"
+
+
+def _drills(spec: PlatformSpec) -> Iterator[Problem]:
+    """Scheduled drills have their own names and name a group a drill can exercise."""
+    names = Counter(d.name for d in spec.drills)
+    for i, d in enumerate(spec.drills):
+        if names[d.name] > 1:
+            yield ("drills", i, "name"), f"duplicate name {d.name!r}; names must be unique"
+        g = spec.group(d.group)
+        if g is None:
+            known = ", ".join(x.name for x in spec.groups) or "none defined"
+            yield ("drills", i, "group"), f"no group named {d.group!r}; groups: {known}"
+            continue
+        refused = drill_refusal(g)
+        if refused is not None and d.enabled:
+            yield ("drills", i, "group"), f"{refused[1]} (groups.{g.name}.{refused[0]})"
 
 
 def _advisory(spec: PlatformSpec) -> Iterator[Problem]:

@@ -29,9 +29,9 @@ KeyPath = tuple[str | int, ...]
 DIGEST_PREFIX = "sha256:"
 """An `api_keys` entry `sha256:<64 lowercase hex>` is a key's digest, not a plain key."""
 
-SECRET_FIELDS = frozenset({"api_keys", "api_key_sha256", "api_keys_env"})
-"""Tenant fields whose values no error message may echo: they hold keys, or may hold a key
-pasted by mistake where a digest or a variable's name belongs."""
+SECRET_FIELDS = frozenset({"api_keys", "api_key_sha256", "api_keys_env", "api_key_env"})
+"""Fields whose values no error message may echo: they hold keys, or may hold a key pasted
+by mistake where a digest or a variable's name belongs (a tenant's, a scheduled drill's)."""
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from sluice.spec.autoscaling import AutoscalingSpec, ScheduleEntry, SloSpec
+from sluice.spec.control import ControlSpec, InstancesSpec, RaySpec, ReviewSpec
 from sluice.spec.devices import DeviceId, pool_devices_problem
+from sluice.spec.drills import DrillSchedule
 from sluice.spec.hf import TransformersParams
 from sluice.spec.keys import (
     DIGEST_PREFIX,
@@ -29,6 +31,7 @@ from sluice.spec.keys import (
     digest_entry,
     key_digest,
 )
+from sluice.spec.names import Name
 from sluice.spec.observability import ObservabilitySpec
 from sluice.spec.quota import BudgetSpec, QuotaSpec
 from sluice.spec.rollout import RolloutSpec
@@ -47,6 +50,7 @@ __all__ = [
     "GatewaySpec",
     "GroupSpec",
     "HealthSpec",
+    "InstancesSpec",
     "MirrorSpec",
     "ModelSpec",
     "OutlierSpec",
@@ -55,6 +59,7 @@ __all__ = [
     "Priority",
     "QueueSpec",
     "RateLimitSpec",
+    "RaySpec",
     "ResourcesSpec",
     "ReviewSpec",
     "RouteMatch",
@@ -67,9 +72,6 @@ __all__ = [
     "digest_entry",
     "key_digest",
 ]
-
-Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
-"""Lowercase letters, digits, '.', '_' and '-'; starts and ends alphanumeric; <= 63 chars."""
 
 
 class _Strict(BaseModel):
@@ -94,6 +96,15 @@ class PoolSpec(_Strict):
     )
     units_per_device: int = Field(
         default=1, ge=1, le=64, description="quota units per device (fractional accelerators)"
+    )
+    accelerator_type: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="the cluster's name for these accelerators (`instances.runtime: ray`: "
+        "nodes that have them carry the resource `accelerator_type:<name>`, e.g. H200); an "
+        "instance is placed only on such a node. Unset: any node",
     )
 
     @model_validator(mode="after")
@@ -257,6 +268,17 @@ class GroupSpec(_Strict):
         }
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         return digest[:12]
+
+    def version_label(self) -> str:
+        """The model version the group serves (each model's, joined, for several): what a
+        capacity test's result belongs to."""
+        if len(self.models) == 1:
+            return next(iter(self.models.values())).version
+        return ",".join(f"{name}:{m.version}" for name, m in sorted(self.models.items()))
+
+    def declared_startup_s(self) -> float:
+        """Before any instance came up: the slowest `sim` model's declared start-up time."""
+        return max((m.sim.startup_s for m in self.models.values() if m.sim), default=0.0)
 
 
 Priority = Literal["high", "normal", "low"]
@@ -467,36 +489,6 @@ class GatewaySpec(_Strict):
     limits: GatewayLimits = GatewayLimits()
 
 
-class ReviewSpec(_Strict):
-    """R5: which changes need a second person (`sluice propose` then `sluice approve`)."""
-
-    routes: bool = Field(
-        default=False,
-        description="routes, tenants and rollouts change only through an approved proposal",
-    )
-
-
-class TlsSpec(_Strict):
-    """A certificate and its key (PEM files on the controller's machine)."""
-
-    cert_file: str = Field(min_length=1)
-    key_file: str = Field(min_length=1)
-
-
-class ControlSpec(_Strict):
-    """Where the control API listens. Off loopback it needs `tls` (or `sluice up
-    --insecure`); a request whose `Host` is not this host, a loopback name or one of
-    `allowed_hosts` is refused (DNS rebinding)."""
-
-    host: str = "127.0.0.1"
-    port: int = Field(default=0, ge=0, le=65535, description="0: any free port")
-    tls: TlsSpec | None = None
-    allowed_hosts: list[str] = Field(
-        default_factory=list, description="other names clients use, e.g. sluice.corp.example"
-    )
-    review: ReviewSpec = ReviewSpec()
-
-
 class RetentionSpec(_Strict):
     """How much history is kept: logs rotate by size (renamed, and their writer, the
     gateway or an instance's worker, moves to a fresh file: no line is lost), store rows
@@ -532,6 +524,7 @@ class PlatformSpec(_Strict):
     control: ControlSpec = ControlSpec()
     retention: RetentionSpec = RetentionSpec()
     observability: ObservabilitySpec = ObservabilitySpec()
+    instances: InstancesSpec = InstancesSpec()
     pools: list[PoolSpec] = Field(min_length=1)
     groups: list[GroupSpec] = Field(default_factory=list)
     tenants: list[TenantSpec] = Field(default_factory=list)
@@ -542,6 +535,9 @@ class PlatformSpec(_Strict):
     )
     rollouts: list[RolloutSpec] = Field(
         default_factory=list, description="canary rollouts, baseline group -> canary group (C1)"
+    )
+    drills: list[DrillSchedule] = Field(
+        default_factory=list, description="peak drills run on a cron (O5)"
     )
 
     def group(self, name: str) -> GroupSpec | None:

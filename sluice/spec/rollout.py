@@ -8,9 +8,11 @@ version in its own group). The state machine is `sluice.policy.rollout`; the sta
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sluice.spec.names import Name
 
 __all__ = [
     "CRITERIA",
@@ -22,7 +24,6 @@ __all__ = [
     "RolloutSpec",
 ]
 
-Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
 
 DEFAULT_STEPS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 50, 70, 85, 95, 100)
 """Doubling while the canary is small (a bad version hurts few requests, so move fast),

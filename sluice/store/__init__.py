@@ -1,6 +1,8 @@
 """Durable state (spec revisions, audit, events, instances, overrides) behind one `Store`."""
 
+from sluice.store.capacity import CapacityRun, DrillFire, Pin
 from sluice.store.history import AlertDelivery, RollupRow
+from sluice.store.leases import LeaseRecord
 from sluice.store.records import (
     AuditEntry,
     Event,
@@ -10,21 +12,28 @@ from sluice.store.records import (
     Revision,
     RolloutRecord,
     ScalingDecision,
+    SessionRecord,
     TokenRecord,
 )
-from sluice.store.store import Store
+from sluice.store.store import Store, redacted
 
 __all__ = [
     "AlertDelivery",
     "AuditEntry",
+    "CapacityRun",
+    "DrillFire",
     "Event",
     "InstanceRecord",
+    "LeaseRecord",
     "Loan",
+    "Pin",
     "Proposal",
     "Revision",
     "RolloutRecord",
     "RollupRow",
     "ScalingDecision",
+    "SessionRecord",
     "Store",
     "TokenRecord",
+    "redacted",
 ]

@@ -15,7 +15,8 @@ __all__ = ["WRITER", "StoreBase", "check_limit", "dump", "load"]
 T = TypeVar("T")
 
 WRITER = "sluice_writer"
-"""Execution option marking the writer engine; on SQLite its transactions begin IMMEDIATE."""
+"""Execution option marking the writer engine; on SQLite its transactions begin IMMEDIATE,
+on PostgreSQL they take the store's advisory lock first."""
 
 
 class StoreBase:
@@ -24,7 +25,8 @@ class StoreBase:
         self._writer = engine.execution_options(**{WRITER: True})
 
     def _write(self, work: Callable[[Connection], T]) -> T:
-        """Run `work` in one write transaction, retrying once if a concurrent insert won a key."""
+        """Run `work` in one write transaction, retrying once if a concurrent insert won a key
+        (in a new transaction: on PostgreSQL a failed statement aborts its own)."""
         try:
             with self._writer.begin() as conn:
                 return work(conn)

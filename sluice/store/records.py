@@ -210,3 +210,13 @@ class TokenRecord:
         out = asdict(self)
         out["groups"] = None if self.groups is None else list(self.groups)
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """A console log-in: the token it was made from, and when it stops being valid."""
+
+    token_name: str
+    created_at: float
+    expires_at: float
+    ended_at: float | None

@@ -2,23 +2,31 @@
 
 Only portable types (Integer, String, Float, Text) so the same schema runs on SQLite and
 PostgreSQL; JSON is stored as text. Changing anything here needs a new Alembic revision.
+PostgreSQL enforces a String's length (SQLite does not): every value that goes in one is
+bounded where it comes in (names by the spec's and the API's patterns), and ids the
+database assigns are `RowId`s, 64-bit on both.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, String, Table, Text
 
 __all__ = [
+    "RowId",
     "alert_deliveries",
     "audit_log",
+    "capacity_runs",
+    "drill_fires",
     "events",
     "failovers",
     "instances",
+    "leases",
     "metadata",
     "metric_rollups",
     "proposals",
     "quota_loans",
     "replica_overrides",
+    "replica_pins",
     "revisions",
 ]
 
@@ -31,6 +39,10 @@ metadata = MetaData(
         "pk": "pk_%(table_name)s",
     }
 )
+
+RowId = BigInteger().with_variant(Integer(), "sqlite")
+"""An id the database assigns: SQLite's INTEGER PRIMARY KEY (its rowid, 64-bit) or, on
+PostgreSQL, a BIGSERIAL (migration 0015)."""
 
 # The primary key on `number` is what makes revision numbers unique under concurrent writers.
 revisions = Table(
@@ -47,7 +59,7 @@ revisions = Table(
 audit_log = Table(
     "audit_log",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", RowId, primary_key=True),
     Column("at", Float, nullable=False),
     Column("actor", String(255), nullable=False),
     Column("action", String(255), nullable=False),
@@ -60,7 +72,7 @@ audit_log = Table(
 events = Table(
     "events",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", RowId, primary_key=True),
     Column("at", Float, nullable=False),
     Column("group_name", String(255), nullable=False),
     Column("instance", String(255), nullable=True),
@@ -96,6 +108,19 @@ replica_overrides = Table(
     Column("set_at", Float, nullable=False),
 )
 
+replica_pins = Table(
+    "replica_pins",
+    metadata,
+    Column("group_name", String(255), primary_key=True),
+    Column("replicas", Integer, nullable=False),
+    Column("actor", String(255), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("set_at", Float, nullable=False),
+    Column("until", Float, nullable=False),
+)
+"""A group held at a count whatever its autoscaler says (`sluice loadtest` pins one
+instance), until `until`: a pin whose holder died runs out by itself."""
+
 # The escape hatch (`sluice route failover GROUP --to BACKUP`): in force until restored.
 failovers = Table(
     "failovers",
@@ -110,7 +135,7 @@ failovers = Table(
 scaling_decisions = Table(
     "scaling_decisions",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", RowId, primary_key=True),
     Column("at", Float, nullable=False),
     Column("group_name", String(255), nullable=False),
     Column("policy", String(64), nullable=False),
@@ -126,7 +151,7 @@ scaling_decisions = Table(
 quota_loans = Table(
     "quota_loans",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", RowId, primary_key=True),
     Column("lender", String(255), nullable=True),
     Column("borrower", String(255), nullable=False),
     Column("pool", String(255), nullable=False),
@@ -157,7 +182,7 @@ grace timers and the month-to-date spend)."""
 rollouts = Table(
     "rollouts",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", RowId, primary_key=True),
     Column("name", String(255), nullable=False),
     Column("baseline", String(255), nullable=False),
     Column("canary", String(255), nullable=False),
@@ -178,7 +203,7 @@ analysis), the compare report and the conclusion."""
 proposals = Table(
     "proposals",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", RowId, primary_key=True),
     Column("created_at", Float, nullable=False),
     Column("author", String(255), nullable=False),
     Column("reason", Text, nullable=False),
@@ -199,7 +224,7 @@ or rejected by another; `preview` is the impact preview's JSON."""
 tokens = Table(
     "tokens",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", RowId, primary_key=True),
     Column("name", String(255), nullable=False, unique=True),
     Column("role", String(32), nullable=False),
     Column("groups", Text, nullable=True),
@@ -212,6 +237,19 @@ tokens = Table(
 )
 """API tokens (who may drive the control API): only the sha256 of each token is kept, the
 token itself is shown once, at creation; `groups` (JSON list) scopes an operator."""
+
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("id", RowId, primary_key=True),
+    Column("digest", String(64), nullable=False, unique=True),
+    Column("token_name", String(255), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("ended_at", Float, nullable=True),
+)
+"""Console log-ins: the sha256 of each session cookie (never the cookie), the token it was
+made from (whose role and revocation it follows), and when it ends."""
 
 metric_rollups = Table(
     "metric_rollups",
@@ -228,7 +266,7 @@ metric_rollups = Table(
 alert_deliveries = Table(
     "alert_deliveries",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", RowId, primary_key=True),
     Column("created_at", Float, nullable=False),
     Column("group_name", String(255), nullable=False),
     Column("rule", String(255), nullable=False),
@@ -246,3 +284,58 @@ alert_deliveries = Table(
 `alert_channel` took it (`delivered_at`) or every attempt failed (`dead_at`: the
 dead-letter record). `next_at` NULL: nothing more to try. The channel itself is read from
 the spec at delivery time, so a webhook URL (which may carry a token) is never copied."""
+
+capacity_runs = Table(
+    "capacity_runs",
+    metadata,
+    Column("id", RowId, primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("group_name", String(255), nullable=False),
+    Column("version", String(255), nullable=False),
+    Column("mode", String(32), nullable=False),
+    Column("verdict", String(32), nullable=False),
+    Column("actor", String(255), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("report", Text, nullable=False),
+    Index(None, "group_name", "kind", "id"),
+)
+"""Capacity tests (O4, `kind` "loadtest") and peak drills (O5, "drill"), each the JSON
+report the CLI printed: a group's history per model `version`, so a new version's knee can
+be set beside the old one's. `mode`: "live" or "simulated"; `verdict`: the drill's
+pass/fail, or the load test's "measured"/"inconclusive"."""
+
+drill_fires = Table(
+    "drill_fires",
+    metadata,
+    Column("id", RowId, primary_key=True),
+    Column("schedule", String(255), nullable=False),
+    Column("group_name", String(255), nullable=False),
+    Column("trigger", String(32), nullable=False),
+    Column("actor", String(255), nullable=False),
+    Column("due_at", Float, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=True),
+    Column("status", String(32), nullable=False),
+    Column("token", String(255), nullable=True),
+    Column("run_id", RowId, nullable=True),
+    Column("detail", Text, nullable=False),
+    Index(None, "schedule", "id"),
+)
+"""Each firing of a scheduled drill (`drills:` in the spec): `trigger` "cron" or "manual",
+`status` running, then passed/failed (the drill's verdict), error, missed (found past its
+starting deadline) or skipped (a drill on the group was still running). `token`: the
+short-lived token the drill ran with (revoked when it ended); `run_id`: its capacity run."""
+
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(255), nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("acquired_at", Float, nullable=False),
+    Column("renewed_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)
+"""Leader leases (`controller`): one row each, changed only by compare-and-swap on `epoch`
+(`store.leases`), which grows at each change of holder and fences a deposed leader."""

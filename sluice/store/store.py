@@ -2,9 +2,11 @@
 (and, via `JournalStore`, the decision journals; via `TokenStore`, the API tokens).
 
 SQLAlchemy Core over one SQLite file under the Sluice home needs no server, and the same
-portable SQL runs on PostgreSQL. Every call is one short transaction, so a `Store` is safe to
-share between `asyncio.to_thread` workers and between processes using the same database.
-Time is always passed in; the store never reads a clock.
+portable SQL runs on PostgreSQL (psycopg 3) when a database URL is given. Every call is one
+short transaction, so a `Store` is safe to share between `asyncio.to_thread` workers and
+between processes using the same database. Writers take one lock per database (SQLite's
+write lock; on PostgreSQL a transaction-level advisory lock), so numbering by max+1 and
+migrations cannot race. Time is always passed in; the store never reads a clock.
 """
 
 from __future__ import annotations
@@ -25,13 +27,16 @@ from sqlalchemy import (
     func,
     select,
 )
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from sluice.core import InstanceState, NotFound
+from sluice.core import InstanceState, NotFound, SluiceError, Unavailable
 from sluice.store import schema
 from sluice.store.base import WRITER, check_limit, dump, load
+from sluice.store.capacity import CapacityStore
 from sluice.store.history import HistoryStore
 from sluice.store.journals import JournalStore
+from sluice.store.leases import LeaseStore
 from sluice.store.records import (
     AuditEntry,
     Event,
@@ -41,31 +46,59 @@ from sluice.store.records import (
 from sluice.store.retention import RetentionStore
 from sluice.store.tokens import TokenStore
 
-__all__ = ["Store"]
+__all__ = ["Store", "database_url", "redacted"]
 
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 _SQLITE_PRAGMAS = ("PRAGMA busy_timeout=5000", "PRAGMA journal_mode=WAL", "PRAGMA foreign_keys=ON")
+_POSTGRES_DRIVER = "postgresql+psycopg"
+_POSTGRES_POOL: dict[str, Any] = {
+    "pool_size": 5,
+    "max_overflow": 10,
+    "pool_timeout": 30,
+    "pool_pre_ping": True,  # a server restart or an idle-timeout cut is noticed, not raised
+    "pool_recycle": 1800,
+}
+_POSTGRES_SESSION = ("SET lock_timeout = 5000",)
+"""A writer waits at most 5 s for the write lock, as SQLite's busy_timeout does."""
+_WRITE_LOCK = 0x511CE
+"""The advisory lock key every PostgreSQL write transaction takes (locks are per database)."""
+_FIX_URL = (
+    "fix $SLUICE_DATABASE_URL (postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB), or unset it "
+    "to keep the state in the SQLite file of the state directory"
+)
+_CONNECT_TIMEOUT_S = 10
+"""How long a first connection may take unless the URL says (`?connect_timeout=`)."""
 
 
-class Store(JournalStore, TokenStore, RetentionStore, HistoryStore):
+class Store(JournalStore, TokenStore, RetentionStore, HistoryStore, CapacityStore, LeaseStore):
     """Synchronous access to the state database; open with `Store.open` or `Store.for_home`."""
 
     @classmethod
     def open(cls, url: str) -> Store:
-        """Connect to `url` and bring its schema to the latest migration."""
-        sa_url = make_url(url)
+        """Connect to `url` (SQLite or PostgreSQL) and bring its schema to the latest
+        migration. A server that cannot be reached or refuses the login is `Unavailable`,
+        named without its password."""
+        sa_url = database_url(url)
         is_sqlite = sa_url.get_backend_name() == "sqlite"
         if is_sqlite and sa_url.database in (None, "", ":memory:"):
             raise ValueError(
                 f"Store.open({url!r}): in-memory SQLite is private to one connection; "
                 "use a file, e.g. Store.for_home(tmp_path)"
             )
-        engine = create_engine(sa_url)
         if is_sqlite:
+            engine = create_engine(sa_url)
             _install_sqlite_hooks(engine)
+        else:
+            connect_args = {"connect_timeout": _CONNECT_TIMEOUT_S}
+            if "connect_timeout" in sa_url.query:
+                connect_args = {}
+            engine = create_engine(sa_url, connect_args=connect_args, **_POSTGRES_POOL)
+            _install_postgres_hooks(engine)
         store = cls(engine)
         try:
+            if not is_sqlite:
+                _check_reachable(engine, sa_url)
             store._upgrade()
         except BaseException:
             engine.dispose()
@@ -73,10 +106,18 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore):
         return store
 
     @classmethod
-    def for_home(cls, home: Path) -> Store:
-        """The store kept at `{home}/state.db`, creating `home` if needed."""
+    def for_home(cls, home: Path, url: str | None = None) -> Store:
+        """The store at `url` when one is given (`Settings.database_url`), else the SQLite
+        file `{home}/state.db`, creating `home` if needed."""
+        if url is not None:
+            return cls.open(url)
         home.mkdir(parents=True, exist_ok=True)
         return cls.open(f"sqlite:///{home / 'state.db'}")
+
+    @property
+    def location(self) -> str:
+        """Where the state lives, fit to print or log: the URL without its password."""
+        return redacted(self._engine.url)
 
     def close(self) -> None:
         self._engine.dispose()
@@ -307,6 +348,66 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore):
         with self._engine.connect() as conn:
             rows = conn.execute(select(t.c.group_name, t.c.backup).order_by(t.c.group_name))
             return {group: backup for group, backup in rows}
+
+
+def database_url(url: str) -> URL:
+    """`url` parsed and checked: SQLite, or PostgreSQL through psycopg 3 (a bare
+    `postgresql://` or `postgres://` means that driver). Errors never repeat the URL, which
+    may hold a password."""
+    try:
+        sa_url = make_url(url)
+    except ArgumentError:
+        raise SluiceError(
+            "the state database URL is not a URL (it is not repeated here: it may hold a "
+            f"password); {_FIX_URL}"
+        ) from None
+    if sa_url.drivername in ("postgresql", "postgres"):
+        sa_url = sa_url.set(drivername=_POSTGRES_DRIVER)
+    if sa_url.drivername not in ("sqlite", "sqlite+pysqlite", _POSTGRES_DRIVER):
+        raise SluiceError(
+            f"the state database URL {redacted(sa_url)} names the driver "
+            f"{sa_url.drivername!r}: the store runs on SQLite or on PostgreSQL through "
+            f"psycopg 3; {_FIX_URL}"
+        )
+    return sa_url
+
+
+def redacted(url: URL | str) -> str:
+    """`url` fit to print or log: the password, if any, as ***."""
+    return (make_url(url) if isinstance(url, str) else url).render_as_string(hide_password=True)
+
+
+def _check_reachable(engine: Engine, url: URL) -> None:
+    """A first connection, so that a server that is down, a wrong host or port, a refused
+    login or a missing database reads as such, not as a traceback from a migration."""
+    try:
+        with engine.connect():
+            pass
+    except DBAPIError as exc:
+        reason = " ".join(str(exc.orig).split())
+        if url.password:
+            reason = reason.replace(url.password, "***")
+        raise Unavailable(
+            f"cannot connect to the state database {redacted(url)}: {reason}; start the "
+            f"server, or {_FIX_URL}",
+            host=url.host,
+        ) from None
+
+
+def _install_postgres_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        with dbapi_conn.cursor() as cursor:
+            for statement in _POSTGRES_SESSION:
+                cursor.execute(statement)
+        dbapi_conn.commit()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # The writers' one lock, held to the end of the transaction: what BEGIN IMMEDIATE
+        # is on SQLite. Readers take none (PostgreSQL's snapshots need no lock).
+        if conn.get_execution_options().get(WRITER, False):
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_WRITE_LOCK})")
 
 
 def _install_sqlite_hooks(engine: Engine) -> None:

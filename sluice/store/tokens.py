@@ -1,18 +1,19 @@
 """API tokens in the store: created with their digest, looked up by digest, revoked (never
-deleted, so the audit log's actors stay resolvable)."""
+deleted, so the audit log's actors stay resolvable); and the console sessions made from
+them, also kept as digests."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from sqlalchemy import Row, select, update
+from sqlalchemy import Row, delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from sluice.core import Conflict, NotFound
 from sluice.store import schema
 from sluice.store.base import StoreBase
-from sluice.store.records import TokenRecord
+from sluice.store.records import SessionRecord, TokenRecord
 
 __all__ = ["TokenStore"]
 
@@ -80,6 +81,48 @@ class TokenStore(StoreBase):
             )
         )
         return self.get_token(name)
+
+    def add_session(self, *, digest: str, token_name: str, now: float, expires_at: float) -> None:
+        values = {"digest": digest, "token_name": token_name, "created_at": now}
+        self._append(schema.console_sessions, {**values, "expires_at": expires_at})
+
+    def session_by_digest(self, digest: str) -> tuple[SessionRecord, TokenRecord | None] | None:
+        """A session and the token it was made from (None if that token is gone), in one
+        read: the console asks this on every page and every call it makes."""
+        s, t = schema.console_sessions, schema.tokens
+        query = (
+            select(
+                t,
+                s.c.token_name.label("session_token"),
+                s.c.created_at.label("session_created_at"),
+                s.c.expires_at.label("session_expires_at"),
+                s.c.ended_at.label("session_ended_at"),
+            )
+            .select_from(s.outerjoin(t, t.c.name == s.c.token_name))
+            .where(s.c.digest == digest)
+        )
+        with self._engine.connect() as conn:
+            row = conn.execute(query).one_or_none()
+        if row is None:
+            return None
+        session = SessionRecord(
+            row.session_token, row.session_created_at, row.session_expires_at, row.session_ended_at
+        )
+        return session, None if row.id is None else _token(row)
+
+    def end_session(self, digest: str, *, now: float) -> None:
+        s = schema.console_sessions
+        self._write(
+            lambda conn: conn.execute(
+                update(s).where(s.c.digest == digest, s.c.ended_at.is_(None)).values(ended_at=now)
+            )
+        )
+
+    def prune_sessions(self, *, before: float) -> int:
+        """Drop sessions that ended or expired before `before`: they can never be used."""
+        s = schema.console_sessions
+        over = (s.c.expires_at < before) | (s.c.ended_at < before)
+        return self._write(lambda conn: int(conn.execute(delete(s).where(over)).rowcount))
 
 
 def _token(row: Row[Any]) -> TokenRecord:

@@ -11,18 +11,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sluice.core.urls import redact_url
+from sluice.core.urls import redact_channel
 from sluice.policy.history import Rollup, series
 from sluice.spec import PlatformSpec
 
-__all__ = ["HEADINGS", "group_cells", "groups_directory", "redact_channel", "write_groups_doc"]
-
-
-def redact_channel(channel: str) -> str:
-    """An alert channel fit to print: a URL shows only `scheme://host[:port]/…`
-    (`sluice.core.urls.redact_url`); anything else (`#team-oncall`, an address) as written."""
-    text = channel.strip()
-    return redact_url(text, mark_rest=True) if "://" in text else text
+__all__ = ["HEADINGS", "group_cells", "groups_directory", "write_groups_doc"]
 
 
 def _r(v: float | None, digits: int = 4) -> float | None:

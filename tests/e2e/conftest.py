@@ -37,10 +37,12 @@ class Sluice:
     _tokens: dict[str, str] = field(default_factory=dict)
     port: int = 0
     """The gateway's port: 0 picks a free one at each start (so a restart may move it)."""
+    environ: dict[str, str] = field(default_factory=dict)
+    """Set for `sluice up` and the CLI on top of this process's environment."""
 
     def env(self) -> dict[str, str]:
         """The CLI's environment: it finds the admin token `sluice up` wrote in the home."""
-        env = {**os.environ, "SLUICE_HOME": str(self.home)}
+        env = {**os.environ, **self.environ, "SLUICE_HOME": str(self.home)}
         env.pop("SLUICE_TOKEN", None)
         return env
 
@@ -70,7 +72,9 @@ class Sluice:
     def control_url(self) -> str:
         return str(json.loads((self.home / "control.json").read_text())["control_url"])
 
-    def start(self, with_spec: bool = True) -> None:
+    def start(self, with_spec: bool = True, wait_endpoint: bool = True) -> None:
+        """Start `sluice up`; unless told not to (a standby prints its endpoint only once
+        it leads), wait until it prints its endpoint."""
         cmd = [sys.executable, "-m", "sluice", "up", "--port", str(self.port)]
         cmd += ["--log-level", "warning"]
         if with_spec:
@@ -91,7 +95,7 @@ class Sluice:
 
         self._pump = threading.Thread(target=pump, daemon=True)
         self._pump.start()
-        if not ready.wait(60):
+        if wait_endpoint and not ready.wait(60):
             self.kill()
             raise AssertionError("sluice up did not print its endpoint:\n" + "".join(self.output))
 
@@ -313,13 +317,18 @@ class OpenLoop:
 
 @contextlib.contextmanager
 def running(
-    home: Path, spec_text: str, what: str, ready: Callable[[Sluice], bool], timeout: float = 90
+    home: Path,
+    spec_text: str,
+    what: str,
+    ready: Callable[[Sluice], bool],
+    timeout: float = 90,
+    environ: dict[str, str] | None = None,
 ) -> Iterator[Sluice]:
     """`sluice up` on `spec_text` in `home` until `ready(s)` holds; killed (with every worker
-    it started) on the way out, whatever happened."""
+    it started) on the way out, whatever happened. `environ`: see `Sluice.environ`."""
     spec = home / "platform.yaml"
     spec.write_text(spec_text)
-    s = Sluice(home, spec)
+    s = Sluice(home, spec, environ=dict(environ or {}))
     s.start()
     try:
         s.wait_for(what, lambda: ready(s), timeout=timeout)

@@ -68,7 +68,7 @@ def test_borrowed_units_are_reclaimed_by_draining_without_loss(platform: Sluice)
     assert sum(x["units"] for x in lent) == 2 and {x["lender"] for x in lent} == {"a"}, lent
 
     a_load = OpenLoop(platform.endpoint, model="m-a")
-    a_load.run(5, 3)  # a wakes up: it wants its guarantee back while b stays busy
+    a_load.run(5, 3)  # a wakes up: it wants (some of) its guarantee back while b is busy
     b_load.run(30, 10)
     a_load.run(5, 6)
     a_results, b_results = a_load.results(), b_load.results()
@@ -76,7 +76,13 @@ def test_borrowed_units_are_reclaimed_by_draining_without_loss(platform: Sluice)
     assert Counter(s for s, _ in b_results) == Counter({200: len(b_results)})  # none lost
     assert Counter(s for s, _ in a_results) == Counter({200: len(a_results)})
     platform.wait_for("a holds its instances", lambda: len(platform.ready("a")) >= 1, 30)
-    assert len([i for i in platform.instances("b") if i["state"] != "stopped"]) <= 2
+
+    def held(group: str) -> int:
+        return len([i for i in platform.instances(group) if i["state"] != "stopped"])
+
+    # a took back what it needs (one instance serves its 5 a second) and b gave it up:
+    # the pool of 4 is never oversubscribed, and b keeps what a does not need
+    platform.wait_for("b gave back a's units", lambda: held("a") + held("b") <= 4, 30)
 
     events = platform.cli("events", "b", "--limit", "500")
     assert any(e["kind"] == "reclaim" for e in events), events

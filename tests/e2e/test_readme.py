@@ -55,10 +55,12 @@ def quickstart_block() -> str:
 
 def test_the_top_commands_are_the_ones_ci_runs() -> None:
     install, tests = commands(bash_blocks(README)[0])
-    assert install == "pip install -e '.[embedding,dev]' && sluice up -f examples/quickstart.yaml"
+    assert (
+        install == "pip install -e '.[embedding,dev,ray]' && sluice up -f examples/quickstart.yaml"
+    )
     assert tests == "make test"
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "pip install -q -e '.[embedding,dev]'" in ci and "\nmake test\n" in ci
+    assert "pip install -q -e '.[embedding,dev,ray]'" in ci and "\nmake test\n" in ci
 
 
 class Up:

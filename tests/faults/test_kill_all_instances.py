@@ -13,6 +13,7 @@ ready instances again; the longest wait in the queue is reported too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -51,10 +52,12 @@ SPEC = platform_spec(
 
 
 def test_kill_9_of_every_instance_loses_only_the_in_flight_ones(tmp_path: Path) -> None:
-    with running(
-        tmp_path, SPEC, "2 ready", lambda s: len(s.ready("chat")) == REPLICAS, timeout=120
-    ) as s:
-        api = Api(s)
+    with (
+        running(
+            tmp_path, SPEC, "2 ready", lambda s: len(s.ready("chat")) == REPLICAS, timeout=120
+        ) as s,
+        contextlib.closing(Api(s)) as api,
+    ):
         load = Load(s.endpoint, rate=RATE).start(max_s=60)
         try:
             time.sleep(2.0)
@@ -76,7 +79,6 @@ def test_kill_9_of_every_instance_loses_only_the_in_flight_ones(tmp_path: Path) 
             time.sleep(3.0)  # the load goes on after the replacements
         finally:
             outcomes = load.stop()
-        api.close()
         failed = [o for o in outcomes if not o.ok]
         # in flight at the kill: sent before the processes were gone, not answered before
         # the signals (SIGKILL takes a few ms to end a process on a busy machine)

@@ -11,6 +11,7 @@ by `max_concurrency`), and in practice none should. Recovery: from a kill until 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -43,10 +44,12 @@ SPEC = platform_spec(
 
 
 def test_kill_9_of_random_instances_loses_at_most_the_in_flight_ones(tmp_path: Path) -> None:
-    with running(
-        tmp_path, SPEC, "3 ready", lambda s: len(s.ready("chat")) == REPLICAS, timeout=120
-    ) as s:
-        api = Api(s)
+    with (
+        running(
+            tmp_path, SPEC, "3 ready", lambda s: len(s.ready("chat")) == REPLICAS, timeout=120
+        ) as s,
+        contextlib.closing(Api(s)) as api,
+    ):
         rng = random.Random()
         load = Load(s.endpoint, rate=RATE).start(max_s=KILLS * EVERY_S + 40)
         kills: list[tuple[float, str]] = []
@@ -96,4 +99,3 @@ def test_kill_9_of_random_instances_loses_at_most_the_in_flight_ones(tmp_path: P
         live = worker_pids(tmp_path)
         assert sorted(live) == sorted(i["id"] for i in api.ready("chat")), live
         assert all(len(p) == 1 for p in live.values()), live
-        api.close()

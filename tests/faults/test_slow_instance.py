@@ -79,8 +79,10 @@ def ejection_of(api: Api, instance: str) -> dict[str, Any] | None:
 
 
 def test_a_10x_slow_instance_is_ejected_and_p99_recovers(tmp_path: Path) -> None:
-    with running(tmp_path, SPEC, "3 ready", lambda s: len(s.ready("chat")) == 3) as s:
-        api = Api(s)
+    with (
+        running(tmp_path, SPEC, "3 ready", lambda s: len(s.ready("chat")) == 3) as s,
+        contextlib.closing(Api(s)) as api,
+    ):
         victim = api.ready("chat")[1]
         load = Load(s.endpoint, rate=RATE).start(max_s=BASELINE_S + SLOW_S + AFTER_S + 5)
         stop = threading.Event()
@@ -152,4 +154,3 @@ def test_a_10x_slow_instance_is_ejected_and_p99_recovers(tmp_path: Path) -> None
         # a slow instance is not an unhealthy one: nothing was failed or replaced
         assert {i["id"] for i in api.ready("chat")} >= {victim["id"]}
         assert not [e for e in api.events("chat") if e["kind"] == "failed"]
-        api.close()

@@ -1,7 +1,7 @@
-"""The alerts' edge on a real SQLite store, a real event log and a real webhook receiver on
-127.0.0.1 (O2): delivery with the group and its owner, retries then a dead letter, a log
-line for a channel that is no URL, no webhook token in any log line, and no second page
-after a restart."""
+"""The alerts' edge on a real store (SQLite, then PostgreSQL), a real event log and a real
+webhook receiver on 127.0.0.1 (O2): delivery with the group and its owner, retries then a
+dead letter, a log line for a channel that is no URL, no webhook token in any log line, and
+no second page after a restart."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 import uvicorn
@@ -26,6 +27,7 @@ from fastapi.responses import JSONResponse
 from typer.testing import CliRunner
 
 from sluice.cli.alerts import alerts_app
+from sluice.cli.common import out as cli_out
 from sluice.control.alerting import Alerting, redact_url
 from sluice.control.alerts_api import alert_routes
 from sluice.control.events import EventLog
@@ -93,15 +95,6 @@ def receiver() -> Iterator[Receiver]:
         server.shutdown()
         server.server_close()
         thread.join(5)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store.for_home(tmp_path)
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def spec_for(channel: str) -> PlatformSpec:
@@ -319,7 +312,9 @@ def test_the_api_and_the_cli_show_firing_alerts_and_the_rules(store: Store, tmp_
         [firing] = doc["firing"]
         assert (firing["group"], firing["owner"]) == ("chat", "chat-team@example.com")
         assert firing["rule"] == "no-ready-instance" and doc["undelivered"][0]["attempts"] == 0
-        table = runner.invoke(alerts_app, common, env={"COLUMNS": "250"})
+        # the CLI's console was made at import, maybe by another test: set its width here
+        with patch.object(cli_out, "_width", 250):
+            table = runner.invoke(alerts_app, common)
         assert table.exit_code == 0, table.output
         assert "chat-team@example.com" in table.stdout and "undelivered" in table.stdout
         missing = runner.invoke(alerts_app, [*common, "--group", "ghost", "--json"])

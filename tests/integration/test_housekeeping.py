@@ -1,5 +1,6 @@
-"""Bounded history on a real store and real files: logs rotate by size while their writer
-keeps writing, logs of long-gone instances go, old rows expire, the audit log lasts longest."""
+"""Bounded history on a real store (SQLite, then PostgreSQL) and real files: logs rotate by
+size while their writer keeps writing, logs of long-gone instances go, old rows expire, the
+audit log lasts longest."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,13 +19,6 @@ from sluice.spec import RetentionSpec
 from sluice.store import Store
 
 DAY = 86_400.0
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store.for_home(tmp_path)
-    yield s
-    s.close()
 
 
 def test_copy_truncate_rotation_keeps_the_writer_writing(tmp_path: Path) -> None:
@@ -100,13 +93,28 @@ def test_a_pass_rotates_prunes_and_keeps_the_audit_longest(store: Store, tmp_pat
         at = clock.now() - age_days * DAY
         store.append_event(group="g", instance=None, kind="k", message="m", detail={}, now=at)
         store.append_audit(actor="a", action="x", target="t", reason="r", detail={}, now=at)
+    for digest, ended in (("a" * 64, None), ("b" * 64, clock.now() - 60), ("c" * 64, None)):
+        expires = clock.now() + (3600 if digest != "c" * 64 else -1)
+        store.add_session(digest=digest, token_name="t", now=clock.now() - 120, expires_at=expires)
+        if ended is not None:
+            store.end_session(digest, now=ended)
     keeper = Housekeeper(store, clock, tmp_path / "access.log", logs, lambda: {"live-1"})
     retention = RetentionSpec(instance_log_max_mb=0.001, stopped_instance_logs_days=7)
     done = asyncio.run(keeper.run_once(retention))
     assert done["rotated"] == ["live-1.log"]
     assert done["removed"] == ["gone-1.log"]  # gone 10 days; gone-2 only just
     assert sorted(p.name for p in logs.iterdir()) == ["gone-2.log", "live-1.log", "live-1.log.1"]
-    assert done["pruned"] == {"events": 2, "decisions": 0, "loans": 0, "audit": 1}
+    assert done["pruned"] == {
+        "events": 2,
+        "decisions": 0,
+        "loans": 0,
+        "audit": 1,
+        "console_sessions": 2,
+    }
+    kept = store.session_by_digest("a" * 64)  # live: kept
+    assert kept is not None and kept[0].token_name == "t" and kept[1] is None  # no such token
+    assert store.session_by_digest("b" * 64) is None  # logged out
+    assert store.session_by_digest("c" * 64) is None  # expired
     assert len(store.list_events()) == 1 and len(store.list_audit()) == 2
 
 

@@ -1,11 +1,10 @@
-"""The controller's quota round against a real store: the ledger follows the allocator's
-loans, a reclaim marks its loan and closes it with a latency once the units are back, and an
-unchanged refusal is emitted once, not every tick."""
+"""The controller's quota round against a real store (SQLite, then PostgreSQL): the ledger
+follows the allocator's loans, a reclaim marks its loan and closes it with a latency once
+the units are back, and an unchanged refusal is emitted once, not every tick."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from sluice.control.events import EventLog
 from sluice.control.quota import LiveQuota
@@ -13,7 +12,7 @@ from sluice.core import InstanceState, InstanceStatus, ManualClock
 from sluice.policy.quota import Allocation
 from sluice.policy.tick import TickDecision, TickInput, decide
 from sluice.spec import PlatformSpec, load_spec_text
-from sluice.store import Store
+from tests.databases import Database
 
 SPEC = """
 pools:
@@ -59,10 +58,10 @@ async def round_(
     return await quota.record(spec, tick, now), tick
 
 
-def test_loan_reclaim_and_return_are_in_the_ledger(tmp_path: Path) -> None:
+def test_loan_reclaim_and_return_are_in_the_ledger(database: Database) -> None:
     spec = load_spec_text(SPEC).spec
     clock = ManualClock(1_800_000_000.0)
-    with Store.for_home(tmp_path) as store:
+    with database.open() as store:
         quota = LiveQuota(store, EventLog(store, clock))
 
         async def scenario() -> None:

@@ -1,10 +1,8 @@
-"""The observer on a real SQLite store (O3, S12): minutes stored as they end, hours merged
-from them, a restart loses at most the minute in progress, and a scale-up that buys nothing
-is followed up as `no_gain` with a hold the next tick's decision obeys."""
+"""The observer on a real store (SQLite, then PostgreSQL; O3, S12): minutes stored as they end,
+hours merged from them, a restart loses at most the minute in progress, and a scale-up that
+buys nothing is followed up as `no_gain` with a hold the next tick's decision obeys."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
@@ -86,8 +84,7 @@ class Fleet:
 
 
 @pytest.fixture
-def parts(tmp_path: Path) -> tuple[Store, ManualClock, EventLog, Traffic, Fleet]:
-    store = Store.for_home(tmp_path)
+def parts(store: Store) -> tuple[Store, ManualClock, EventLog, Traffic, Fleet]:
     clock = ManualClock(T0)
     return store, clock, EventLog(store, clock), Traffic(clock), Fleet(load_spec_text(SPEC).spec)
 

@@ -1,10 +1,11 @@
-"""The store against real SQLite files: behaviour, persistence, concurrency, migration parity."""
+"""The store against real databases, each test on a SQLite file and on a fresh PostgreSQL
+database (the `database` and `store` fixtures of conftest.py): behaviour, persistence,
+concurrency, migration parity."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,25 +14,21 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import create_engine, delete, inspect, text
 
 import sluice.store
 from sluice.core import Conflict, InstanceState, NotFound
-from sluice.store import AuditEntry, Event, InstanceRecord, Revision, Store
+from sluice.store import AuditEntry, Event, InstanceRecord, Revision, Store, schema
 from sluice.store.schema import metadata
+from tests.databases import Database
 
 HEAD = ScriptDirectory(str(Path(sluice.store.__file__).parent / "migrations")).get_current_head()
 
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
+    """A state directory, for what only the SQLite file under one does."""
     return tmp_path / "home"
-
-
-@pytest.fixture
-def store(home: Path) -> Iterator[Store]:
-    with Store.for_home(home) as s:
-        yield s
 
 
 def _rev(store: Store, n: int) -> Revision:
@@ -73,25 +70,25 @@ def test_for_home_creates_home_and_migrates(home: Path) -> None:
     assert mode == "wal"
 
 
-def test_every_connection_gets_the_sqlite_pragmas(store: Store) -> None:
-    with store._engine.connect() as conn:
+def test_every_connection_gets_the_sqlite_pragmas(home: Path) -> None:
+    with Store.for_home(home) as store, store._engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
-def test_reopening_is_a_noop_upgrade(home: Path) -> None:
-    Store.for_home(home).close()
-    Store.for_home(home).close()
-    engine = create_engine(f"sqlite:///{home / 'state.db'}")
+def test_reopening_is_a_noop_upgrade(database: Database) -> None:
+    database.open().close()
+    database.open().close()
+    engine = create_engine(database.url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [(HEAD,)]
     engine.dispose()
 
 
-def test_migrations_match_schema_exactly(home: Path) -> None:
-    Store.for_home(home).close()
-    engine = create_engine(f"sqlite:///{home / 'state.db'}")
+def test_migrations_match_schema_exactly(database: Database) -> None:
+    database.open().close()
+    engine = create_engine(database.url)
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []
         tables = set(inspect(conn).get_table_names())
@@ -139,19 +136,28 @@ def test_limits_must_be_positive(store: Store) -> None:
             call(0)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.text(max_size=20), st.text(max_size=200)), max_size=12))
+# PostgreSQL's text holds no NUL character (SQLite's does); nothing Sluice stores has one.
+TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=200)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(st.lists(st.tuples(TEXT.map(lambda t: t[:20]), TEXT), max_size=12))
 def test_any_sequence_of_revisions_is_numbered_consecutively_from_one(
-    tmp_path_factory: pytest.TempPathFactory, calls: list[tuple[str, str]]
+    store: Store, calls: list[tuple[str, str]]
 ) -> None:
-    with Store.for_home(tmp_path_factory.mktemp("prop")) as store:
-        revs = [
-            store.add_revision(yaml_text=y, author=a, reason="", diff="", now=float(i))
-            for i, (a, y) in enumerate(calls)
-        ]
-        assert [r.number for r in revs] == list(range(1, len(calls) + 1))
-        assert store.list_revisions(limit=100) == revs[::-1]
-        assert store.latest_revision() == (revs[-1] if revs else None)
+    # One database for every example, emptied first (a fresh one each would be slow).
+    store._write(lambda conn: conn.execute(delete(schema.revisions)))
+    revs = [
+        store.add_revision(yaml_text=y, author=a, reason="", diff="", now=float(i))
+        for i, (a, y) in enumerate(calls)
+    ]
+    assert [r.number for r in revs] == list(range(1, len(calls) + 1))
+    assert store.list_revisions(limit=100) == revs[::-1]
+    assert store.latest_revision() == (revs[-1] if revs else None)
 
 
 # -- audit log ---------------------------------------------------------------------------
@@ -281,30 +287,30 @@ def test_replica_overrides_set_replace_clear(store: Store) -> None:
         store.set_replicas_override(group="chat", replicas=-1, actor="a", reason="", now=3.0)
 
 
-def test_failovers_set_replace_clear_and_persist(home: Path) -> None:
-    with Store.for_home(home) as s:
+def test_failovers_set_replace_clear_and_persist(database: Database) -> None:
+    with database.open() as s:
         assert s.failovers() == {}
         s.set_failover(group="chat", backup="chat-b", actor="ana", reason="outage", now=1.0)
         s.set_failover(group="chat", backup="chat-c", actor="ana", reason="b is down", now=2.0)
         s.set_failover(group="embed", backup="embed-b", actor="bo", reason="x", now=3.0)
         s.clear_failover("embed")
         s.clear_failover("never-set")
-    with Store.for_home(home) as s:
+    with database.open() as s:
         assert s.failovers() == {"chat": "chat-c"}
 
 
 # -- persistence and sharing ---------------------------------------------------------------
 
 
-def test_reopen_persists_everything(home: Path) -> None:
-    with Store.for_home(home) as s:
+def test_reopen_persists_everything(database: Database) -> None:
+    with database.open() as s:
         rev = _rev(s, 1)
         audit = s.append_audit(actor="a", action="b", target="c", reason="d", detail={}, now=1)
         event = s.append_event(group="g", instance=None, kind="k", message="m", detail={}, now=2)
         inst = _inst("i-1")
         s.upsert_instance(inst)
         s.set_replicas_override(group="g", replicas=2, actor="a", reason="", now=3)
-    with Store.for_home(home) as s:
+    with database.open() as s:
         assert s.list_revisions() == [rev]
         assert s.list_audit() == [audit]
         assert s.list_events() == [event]
@@ -313,8 +319,8 @@ def test_reopen_persists_everything(home: Path) -> None:
         assert _rev(s, 2).number == 2
 
 
-def test_two_stores_on_one_file_see_each_others_writes(home: Path) -> None:
-    with Store.for_home(home) as one, Store.for_home(home) as two:
+def test_two_stores_on_one_database_see_each_others_writes(database: Database) -> None:
+    with database.open() as one, database.open() as two:
         r1 = _rev(one, 1)
         assert two.latest_revision() == r1
         r2 = _rev(two, 2)
@@ -326,9 +332,9 @@ def test_two_stores_on_one_file_see_each_others_writes(home: Path) -> None:
         assert two.list_instances() == [_inst("i-1")]
 
 
-def test_concurrent_writers_get_unique_consecutive_numbers(home: Path) -> None:
+def test_concurrent_writers_get_unique_consecutive_numbers(database: Database) -> None:
     per_thread = 15
-    with Store.for_home(home) as one, Store.for_home(home) as two:
+    with database.open() as one, database.open() as two:
         numbers: list[int] = []
         lock = threading.Lock()
 
@@ -347,8 +353,8 @@ def test_concurrent_writers_get_unique_consecutive_numbers(home: Path) -> None:
         assert [r.number for r in two.list_revisions(limit=100)] == sorted(numbers, reverse=True)
 
 
-def test_scaling_decisions_are_journaled_newest_first(tmp_path: Path) -> None:
-    with Store.for_home(tmp_path) as store:
+def test_scaling_decisions_are_journaled_newest_first(database: Database) -> None:
+    with database.open() as store:
         for i, desired in enumerate((2, 4, 3)):
             store.append_decision(
                 group="chat",
@@ -421,13 +427,13 @@ def test_loan_errors(store: Store) -> None:
         store.close_loan(404, now=1.0, end_reason="")
 
 
-def test_loans_persist_and_feed_ledger_changes(home: Path) -> None:
+def test_loans_persist_and_feed_ledger_changes(database: Database) -> None:
     from sluice.policy.quota import Loan as PolicyLoan
     from sluice.policy.quota import ledger_changes
 
-    with Store.for_home(home) as store:
+    with database.open() as store:
         lid = store.open_loan(lender="a", borrower="b", pool="p", units=3, reason="", now=1.0)
-    with Store.for_home(home) as store:
+    with database.open() as store:
         rows = store.list_loans(open_only=True)
         assert [r.id for r in rows] == [lid]
         changes = ledger_changes(rows, [PolicyLoan("a", "b", "p", 1)])
@@ -435,17 +441,17 @@ def test_loans_persist_and_feed_ledger_changes(home: Path) -> None:
     assert changes.open == (PolicyLoan("a", "b", "p", 1),)
 
 
-def test_controller_state_round_trips_and_overwrites(tmp_path: Path) -> None:
-    with Store.for_home(tmp_path) as store:
+def test_controller_state_round_trips_and_overwrites(database: Database) -> None:
+    with database.open() as store:
         assert store.get_state("quota") is None
         store.put_state("quota", {"spent": {"a": 1.5}}, now=1.0)
         store.put_state("quota", {"spent": {"a": 2.5}}, now=2.0)
-    with Store.for_home(tmp_path) as store:  # survives a restart
+    with database.open() as store:  # survives a restart
         assert store.get_state("quota") == {"spent": {"a": 2.5}}
 
 
-def test_rollout_runs_are_archived_and_updated(tmp_path: Path) -> None:
-    with Store.for_home(tmp_path) as store:
+def test_rollout_runs_are_archived_and_updated(database: Database) -> None:
+    with database.open() as store:
         rid = store.add_rollout(
             name="chat-v2",
             baseline="chat",
@@ -474,12 +480,12 @@ def test_rollout_runs_are_archived_and_updated(tmp_path: Path) -> None:
         "rolled back: error rate",
     )
     assert run.state == {"step": 1} and run.compare == {"exact_match_rate": 0.5}
-    with Store.for_home(tmp_path) as store, pytest.raises(NotFound):
+    with database.open() as store, pytest.raises(NotFound):
         store.update_rollout(99, phase="x", state={}, now=1.0)
 
 
-def test_proposals_are_reviewed_once_and_persist(tmp_path: Path) -> None:
-    with Store.for_home(tmp_path) as store:
+def test_proposals_are_reviewed_once_and_persist(database: Database) -> None:
+    with database.open() as store:
         kw = {"base_revision": 3, "yaml_text": "pools: []\n", "diff": "-a\n+b\n", "now": 10.0}
         p1 = store.add_proposal(author="alice", reason="vip", preview={"moved": 5}, **kw)
         p2 = store.add_proposal(author="carol", reason="typo", preview={}, **kw)
@@ -502,7 +508,7 @@ def test_proposals_are_reviewed_once_and_persist(tmp_path: Path) -> None:
         with pytest.raises(ValueError):
             store.review_proposal(1, state="pending", reviewer="x", reason="y", now=1.0)
         assert store.list_proposals() == []
-    with Store.for_home(tmp_path) as store:
+    with database.open() as store:
         assert [p.state for p in store.list_proposals(state=None)] == ["rejected", "approved"]
         assert store.get_proposal(1).review_reason == "ok"
         with pytest.raises(NotFound):

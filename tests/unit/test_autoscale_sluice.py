@@ -469,6 +469,20 @@ def test_the_last_instance_waits_only_for_its_idle_delay() -> None:
     assert set(w.counts[-30:]) == {0}  # stays at zero while nothing arrives
 
 
+def test_panic_compares_the_burst_with_capacity_before_rounding_to_instances() -> None:
+    """One instance with a target of 2: 3 requests at once (1.5x) is no 2x burst, 5 (2.5x)
+    is. Rounded up to instances first, 3 asked for 2 = "2x" and a single Poisson cluster at
+    half load panicked the group (Knative compares the unrounded ratio)."""
+    w = World(SluicePolicy(spec(targets={"utilization": 0.5})))  # target 2/instance
+    w.run(20, 0)
+    dec = w.tick(3)
+    assert dec.signals["burst"] == 3.0 and not dec.signals["panicking"]
+    w = World(SluicePolicy(spec(targets={"utilization": 0.5})))
+    w.run(20, 0)
+    dec = w.tick(5)
+    assert dec.signals["panicking"] and dec.desired >= 3
+
+
 # -- burst reserve and the service-time estimate ------------------------------------------
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-HEAVY = ("scipy", "numpy", "matplotlib", "sluice.control", "sluice.gateway", "sluice.policy")
+HEAVY = ("scipy", "numpy", "matplotlib", "ray", "sluice.control", "sluice.gateway", "sluice.policy")
 
 
 def test_importing_the_cli_imports_nothing_heavy() -> None:

@@ -70,3 +70,27 @@ def test_throughput_is_what_finished_not_what_arrived() -> None:
     after = window(25.0, 900.0, 3, 6)
     after["completed_per_s"] = 25.0
     assert judge(scale(busy, 1, 3), after).verdict == "helped"
+
+
+def test_a_change_while_the_demand_rose_is_not_judged_by_throughput_that_followed_it() -> None:
+    # the scale-up came as the load began: the window before it saw a trickle
+    trickle = window(1.4, 240.0, 1, 0.3)
+    flood = window(25.0, 4900.0, 3, 12, queue=30)
+    flood["completed_per_s"] = 9.7
+    f = judge(scale(trickle, 1, 3), flood)
+    assert f.verdict == "unknown" and "rose 1.40 -> 25.00 req/s" in f.text
+
+
+def test_a_scale_up_that_served_more_of_a_rising_demand_helped() -> None:
+    busy = window(10.0, 900.0, 2, 8, queue=10)
+    busy["completed_per_s"] = 6.0
+    after = window(15.0, 950.0, 4, 8)
+    assert judge(scale(busy), after).verdict == "helped"
+
+
+def test_when_the_demand_fell_nothing_that_followed_is_the_changes_doing() -> None:
+    busy = window(10.0, 800.0, 2, 8, queue=20)
+    quieter = window(4.0, 100.0, 4, 1)
+    assert judge(scale(busy), quieter).verdict == "unknown"
+    down = Change("db", "scale", 100.0, 4, 2, "", busy, slots_per_instance=4)
+    assert judge(down, quieter).verdict == "unknown"

@@ -449,7 +449,10 @@ class SluicePolicy:
         p = self.spec.panic
         if not p.enabled:
             return False
-        over = proposals["panic"] >= p.threshold * max(load.current, 1) and signals["burst"] > 0
+        # the burst's own ratio to capacity, as Knative compares it: rounded up to instances
+        # first, a 1-instance group read any burst just over its target as 2x
+        capacity = signals["target_per_instance"] * max(load.current, 1)
+        over = signals["burst"] >= p.threshold * capacity and signals["burst"] > 0
         if over:
             self._panic_over_at = load.at
         elif (

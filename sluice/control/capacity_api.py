@@ -1,0 +1,156 @@
+"""The capacity routes on the control API (O4, O5): pins that hold a group at a count while
+`sluice loadtest` measures it, the stored reports of load tests and drills, per group and
+model version, and the scheduled drills. The tests themselves run in the CLI
+(`sluice.tools`), outside the control plane: it records what they found, with the caller
+as the actor, and starts scheduled drills as CLI processes (`control.drill_schedule`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, HTTPException, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sluice.control.api import Limit, Me, RowId
+from sluice.control.auth import Role
+from sluice.control.controller import Controller
+from sluice.control.drill_schedule import DrillScheduler, drill_named
+from sluice.control.pins import MAX_PIN_S
+from sluice.core import NotFound, SpecError, SpecIssue
+from sluice.store import Store
+
+__all__ = ["MAX_REPORT_BYTES", "capacity_routes"]
+
+MAX_REPORT_BYTES = 4 << 20
+"""A drill's report is about a kilobyte a minute of timeline; 4 MiB is hours of it."""
+
+
+class PinRequest(BaseModel):
+    model_config = ConfigDict(str_max_length=4096)
+    replicas: int = Field(ge=0, le=1000)
+    for_s: float = Field(gt=0, le=MAX_PIN_S, description="the pin ends by itself after this")
+    reason: str = Field(min_length=1)
+
+
+class UnpinRequest(BaseModel):
+    model_config = ConfigDict(str_max_length=4096)
+    reason: str = Field(min_length=1)
+
+
+class RunReport(BaseModel):
+    model_config = ConfigDict(str_max_length=1 << 20)
+    kind: Literal["loadtest", "drill"]
+    mode: Literal["live", "simulated"]
+    verdict: str = Field(min_length=1, max_length=32)
+    report: dict[str, Any]
+
+
+def capacity_routes(
+    api: APIRouter,
+    controller: Controller,
+    store: Store,
+    now: Callable[[], float],
+    drills: DrillScheduler | None = None,
+) -> None:
+    """Add the pin, capacity-report and scheduled-drill routes to `api` (before the app
+    includes it); without `drills` the schedules are listed but never run."""
+
+    @api.post("/v1/groups/{group}/pin")
+    async def pin(group: str, body: PinRequest, me: Me) -> dict[str, Any]:
+        """Hold the group at `replicas` for `for_s` seconds, whatever its autoscaler says."""
+        me.require(Role.OPERATOR, f"pinning {group}", groups=(group,))
+        held = await controller.pin(group, body.replicas, body.for_s, me.name, body.reason)
+        return held.to_json()
+
+    @api.post("/v1/groups/{group}/unpin")
+    async def unpin(group: str, body: UnpinRequest, me: Me) -> dict[str, Any]:
+        me.require(Role.OPERATOR, f"unpinning {group}", groups=(group,))
+        controller.group(group)
+        lifted = await controller.pins.lift(group, me.name, body.reason)
+        return {"group": group, "lifted": lifted.to_json() if lifted else None}
+
+    @api.post("/v1/groups/{group}/capacity")
+    async def record(group: str, request: Request, me: Me) -> dict[str, Any]:
+        """Keep a load test's or drill's report under the group's current model version."""
+        me.require(Role.OPERATOR, f"recording a capacity run of {group}", groups=(group,))
+        g = controller.group(group)
+        try:
+            body = RunReport.model_validate(await _json_body(request))
+        except ValidationError as exc:
+            issues = [
+                SpecIssue(".".join(str(p) for p in e["loc"]) or "body", e["msg"])
+                for e in exc.errors()
+            ]
+            raise SpecError(issues) from None
+        run_id = await asyncio.to_thread(
+            store.add_capacity_run,
+            kind=body.kind,
+            group=group,
+            version=g.version_label(),
+            mode=body.mode,
+            verdict=body.verdict,
+            actor=me.name,
+            now=now(),
+            report=body.report,
+        )
+        return (await asyncio.to_thread(store.get_capacity_run, run_id)).to_json(False)
+
+    @api.get("/v1/groups/{group}/capacity")
+    async def runs(
+        group: str,
+        kind: Annotated[Literal["loadtest", "drill"] | None, Query()] = None,
+        limit: Limit = 20,
+        reports: bool = False,
+    ) -> list[dict[str, Any]]:
+        """The group's load tests and drills, newest first (`reports`: with each report)."""
+        controller.group(group)
+        found = await asyncio.to_thread(
+            store.list_capacity_runs, group=group, kind=kind, limit=limit
+        )
+        return [r.to_json(reports) for r in found]
+
+    @api.get("/v1/capacity/{run_id}")
+    async def run(run_id: RowId) -> dict[str, Any]:
+        return (await asyncio.to_thread(store.get_capacity_run, run_id)).to_json()
+
+    @api.get("/v1/drills")
+    async def schedules() -> list[dict[str, Any]]:
+        """The spec's scheduled drills: next firing, the one running, the last one's end."""
+        spec = controller.spec
+        found = drills.schedules(spec, now()) if drills is not None else []
+        for entry in found:
+            last = await asyncio.to_thread(store.list_drill_fires, schedule=entry["name"], limit=1)
+            entry["last"] = last[0].to_json() if last else None
+        return found
+
+    @api.get("/v1/drills/fires")
+    async def fires(schedule: str | None = None, limit: Limit = 20) -> list[dict[str, Any]]:
+        found = await asyncio.to_thread(store.list_drill_fires, schedule=schedule, limit=limit)
+        return [f.to_json() for f in found]
+
+    @api.post("/v1/drills/{name}/run")
+    async def run_now(name: str, me: Me) -> dict[str, Any]:
+        """Fire a scheduled drill now (as `kubectl create job --from=cronjob/...`)."""
+        spec = controller.spec
+        d = drill_named(spec, name)
+        if drills is None:
+            raise NotFound("this control API runs no drill schedules", drill=name)
+        me.require(Role.OPERATOR, f"running drill {name} on {d.group}", groups=(d.group,))
+        return await drills.fire(spec, name, "manual", me.name, now())
+
+
+async def _json_body(request: Request) -> Any:
+    """The body, read up to MAX_REPORT_BYTES (a 413-worthy one is refused as it arrives)."""
+    size, chunks = 0, []
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_REPORT_BYTES:
+            raise HTTPException(413, f"a capacity report is at most {MAX_REPORT_BYTES} bytes")
+        chunks.append(chunk)
+    try:
+        return orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError as exc:
+        raise SpecError([SpecIssue("body", f"not JSON: {exc}")]) from None
