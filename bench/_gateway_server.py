@@ -32,7 +32,7 @@ async def serve(args: argparse.Namespace, log: TextIO | None) -> None:
     snapshot = make_snapshot(spec, args.backend_port)
     gateway = Gateway("127.0.0.1", args.port, rng=random.Random(1), access_log=log)
     gateway.update(snapshot)
-    await gateway.start()
+    await gateway.start(reuse_port=args.reuse_port)
     print(f"PORT {gateway.port}", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -47,6 +47,9 @@ def main() -> None:
     ap.add_argument("--backend-port", type=int, required=True)
     ap.add_argument("--access-log", required=True, help="file; empty: no access log")
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument(
+        "--reuse-port", action="store_true", help="SO_REUSEPORT: share --port with other workers"
+    )
     ap.add_argument("--groups", type=int, default=100)
     ap.add_argument("--routes", type=int, default=1000)
     ap.add_argument("--tenants", type=int, default=20)

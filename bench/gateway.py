@@ -1,6 +1,7 @@
 """Gateway benchmark: Sluice vs nginx as a reverse proxy, side by side, on one core each.
 
     python bench/gateway.py [--json] [--rounds 3] [--duration 5] [--connections 64]
+                            [--workers N]
 
 Starts on 127.0.0.1, pinned with `taskset`:
   * the fast backend: nginx answering `return 200 '<chat completion JSON>'` (load core);
@@ -10,7 +11,8 @@ Starts on 127.0.0.1, pinned with `taskset`:
 Throughput: `wrk -t1 -c64` POSTs with a valid API key matching a late rule, interleaved
 rounds nginx, sluice, ...; medians. Added latency: `_openloop.py` at 500 req/s against a
 20 ms backend (`_backend.py`), directly, through nginx (a control) and through the gateway.
-Route lookup: in-process.
+Route lookup: in-process. `--workers N`: also 1..N gateway processes sharing one port
+(SO_REUSEPORT, as `sluice gateway --workers N`), interleaved rounds (`workers_bench`).
 
 `--json` prints one JSON line on stdout; progress goes to stderr. See bench/README.md.
 """
@@ -602,6 +604,11 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
     procs.stop(proxy)
     procs.stop(gateway)  # SIGTERM: the gateway drains and flushes its access log
     log_lines = count_lines(gw_log) if gw_log.exists() else 0
+    workers = (
+        workers_bench(args, procs, tmp, wrk, script, backend_port, load, cpus)
+        if args.workers > 1
+        else {}
+    )
     with contextlib.suppress(FileNotFoundError):
         gw_log.unlink()  # can be large; the temp dir goes anyway
 
@@ -713,6 +720,7 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
         },
         wrk_socket_errors=sum(int(x["socket_errors"]) for v in rounds.values() for x in v),
         latency=latency,
+        workers=workers,
         rounds=args.rounds,
         duration_s=args.duration,
         connections=conns,
@@ -742,6 +750,66 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
     return result
+
+
+def workers_bench(
+    args: argparse.Namespace,
+    procs: Procs,
+    tmp: Path,
+    wrk: str,
+    script: Path,
+    backend_port: int,
+    load: int | None,
+    cpus: list[int],
+) -> dict[str, Any]:
+    """Throughput of 1, 2, ... N gateway processes sharing one port (SO_REUSEPORT, as
+    `sluice gateway --workers N` runs them), measured in interleaved rounds against the same
+    backend. Worker k runs on the k-th CPU after the server core: with fewer CPUs than
+    workers + 1, the workers share cores with wrk and the backend, and the ratio shows what
+    is left of a core, not what a process adds on a larger machine."""
+    order = (
+        cpus[cpus.index(args.server_core) :] + cpus[: cpus.index(args.server_core)]
+        if (args.server_core in cpus)
+        else cpus
+    )
+    counts = list(range(1, args.workers + 1))
+    rps: dict[int, list[float]] = {k: [] for k in counts}
+    for r in range(args.rounds):
+        for k in counts:
+            port = free_port()
+            started = []
+            for j in range(k):
+                core = order[j % len(order)] if order else None
+                cmd = [
+                    sys.executable,
+                    str(HERE / "_gateway_server.py"),
+                    f"--backend-port={backend_port}",
+                    f"--access-log={tmp / f'workers-{k}-{j}.log'}",
+                    f"--port={port}",
+                    "--reuse-port",
+                    *spec_argv(args),
+                ]
+                proc = procs.start(
+                    f"sluice-worker-{k}-{j}", pinned(core, cmd), stdout=subprocess.PIPE
+                )
+                read_port(proc, f"gateway worker {j + 1} of {k}")
+                started.append(proc)
+            cores = sorted({c for c in (load, *order[:k]) if c is not None})
+            run_wrk(procs, wrk, load, port, script, args.warmup, args.connections, cores)
+            res = run_wrk(procs, wrk, load, port, script, args.duration, args.connections, cores)
+            log(f"round {r + 1}/{args.rounds} {k} gateway process(es): {res['rps']:>9.0f} req/s")
+            rps[k].append(res["rps"])
+            for proc in started:
+                procs.stop(proc)
+            for f in tmp.glob(f"workers-{k}-*.log"):
+                f.unlink()
+    med = {k: statistics.median(v) for k, v in rps.items()}
+    return {
+        "rps": {str(k): round(v) for k, v in med.items()},
+        "rounds": {str(k): [round(x) for x in v] for k, v in rps.items()},
+        "ratio_vs_one": {str(k): round(v / med[1], 3) for k, v in med.items()},
+        "cpus": len(cpus),
+    }
 
 
 def print_table(r: dict[str, Any]) -> None:
@@ -789,6 +857,13 @@ def print_table(r: dict[str, Any]) -> None:
                 f"{r['added_p50_ms_nginx']:+.2f} / {r['added_p99_ms_nginx']:+.2f} ms",
             ),
         ]
+    if r.get("workers"):
+        w = r["workers"]
+        rows.append((f"gateway processes on one port ({w['cpus']} CPUs in all)", ""))
+        rows += [
+            (f"  {k} process(es)", f"{v:>10,} req/s   x{w['ratio_vs_one'][k]:.2f} of one")
+            for k, v in w["rps"].items()
+        ]
     rows += [
         (f"route lookup ({r['rules']} rules, matched #{r['rule_matched']})", ""),
         ("  routes.lookup", f"{r['route_lookup_us']:.3f} us"),
@@ -822,6 +897,9 @@ def main() -> None:
     ap.add_argument("--access-log-off", action="store_true", help="experiment: no access log")
     ap.add_argument("--load-core", type=int, default=None, help="wrk and backends (default 0)")
     ap.add_argument("--server-core", type=int, default=None, help="the proxies (default 1)")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="also measure 1..N gateway processes on one port"
+    )
     args = ap.parse_args()
 
     def terminate(signum: int, frame: object) -> None:

@@ -126,16 +126,7 @@ def loadtest(
         body = read_profile(profile, _model(info), stream)
         say = (lambda _: None) if as_json else err.print
         result = loadtest(client, target, info, body, opts, err, say)
-        stored = client.post(
-            f"/v1/groups/{group}/capacity",
-            {
-                "kind": "loadtest",
-                "mode": "live",
-                "verdict": stored_verdict(result),
-                "report": result,
-            },
-        )
-        result["stored"] = stored
+        _record(client, group, "loadtest", "live", stored_verdict(result), result)
         if report is not None:
             result["plot"] = str(write_loadtest_plot(result, report))
         rec = result.get("recommendation")
@@ -253,11 +244,7 @@ def drill(
         else:
             target = _target(home, endpoint, api_key, allow_host or [], group)
             result = live_drill(client, target, setup, read_profile(profile, _model(info)), err)
-        verdict = result["judgement"]["verdict"]
-        result["stored"] = client.post(
-            f"/v1/groups/{group}/capacity",
-            {"kind": "drill", "mode": result["mode"], "verdict": verdict, "report": result},
-        )
+        _record(client, group, "drill", result["mode"], result["judgement"]["verdict"], result)
         if report is not None:
             result["plot"] = str(write_drill_plot(result, report))
         return result
@@ -307,6 +294,14 @@ def capacity(
         out.print(table)
 
     run(as_json, do, render)
+
+
+def _record(
+    client: Any, group: str, kind: str, mode: str, verdict: str, result: dict[str, Any]
+) -> None:
+    """Store the run in the group's capacity history; `result` gains the stored row."""
+    row = {"kind": kind, "mode": mode, "verdict": verdict, "report": result}
+    result["stored"] = client.post(f"/v1/groups/{group}/capacity", row)
 
 
 def _group_info(client: Any, group: str) -> dict[str, Any]:

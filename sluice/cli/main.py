@@ -36,6 +36,7 @@ from sluice.cli.compare import compare
 from sluice.cli.drills import drills_app
 from sluice.cli.estimate import estimate
 from sluice.cli.explain import explain
+from sluice.cli.gateway import gateway
 from sluice.cli.history import history
 from sluice.cli.report import groups_app, report_app
 from sluice.cli.review import approve, proposal_app, proposals, propose, reject
@@ -65,6 +66,7 @@ app.add_typer(alerts_app, name="alerts")
 app.add_typer(report_app, name="report")
 app.add_typer(groups_app, name="groups")
 app.add_typer(drills_app, name="drills")
+app.command("gateway")(gateway)
 
 
 @app.callback()
@@ -461,7 +463,7 @@ def quota(
 @token_app.command("create")
 def token_create(
     name: Annotated[str, typer.Argument(help="who holds it; the audit log's actor")],
-    role: Annotated[str, typer.Option(help="viewer | operator | admin")] = "viewer",
+    role: Annotated[str, typer.Option(help="viewer | operator | admin | gateway")] = "viewer",
     groups: Annotated[
         str | None, typer.Option(help="comma-separated: act only on these groups")
     ] = None,

@@ -39,6 +39,7 @@ from sluice.control.alerting import Alerting
 from sluice.control.alerts_api import alert_routes
 from sluice.control.capacity_api import capacity_routes
 from sluice.control.drill_schedule import DrillScheduler
+from sluice.control.gateways import GatewayFleet, LocalGateway, gateway_routes
 from sluice.control.leadership import FencedRuntime, Leadership, new_holder
 from sluice.core import Conflict, InstanceState, NotFound, SystemClock
 from sluice.core.urls import is_loopback_host
@@ -208,13 +209,16 @@ class _Up:
             limits=first.gateway.limits,
         )
         self.gateway = gateway
+        fleet = GatewayFleet(
+            self.clock, LocalGateway(gateway.update, gateway.traffic, gateway.status)
+        )
         controller = Controller(
             store,
             self.supervisor,
             self.events,
             self.clock,
-            publish=gateway.update,
-            traffic=gateway.traffic,
+            publish=fleet.publish,
+            traffic=fleet.traffic,
             samples=gateway,
         )
         await controller.load_state()
@@ -225,7 +229,7 @@ class _Up:
         )
         await alerting.load()
         observer = Observer(
-            store, self.events, self.clock, gateway.traffic, controller.observation, alerting
+            store, self.events, self.clock, fleet.traffic, controller.observation, alerting
         )
         await observer.load()
         controller.hold_scale_up(observer.holds)
@@ -277,6 +281,7 @@ class _Up:
         def more_routes(api: APIRouter) -> None:
             alert_routes(api, alerting, lambda: controller.spec, DURATION_BUCKETS_S)
             capacity_routes(api, controller, store, self.clock.now, drills)
+            gateway_routes(api, fleet)
 
         api = build_control_api(
             controller,
@@ -284,7 +289,7 @@ class _Up:
             store,
             tokens,
             allowed_hosts=_allowed_hosts(spec.control),
-            data_plane=gateway.status,
+            data_plane=fleet.status,
             review=review,
             metrics=lambda: _with_alerts(gateway.metrics_text(), alerting),
             housekeeping=lambda: keeper.run_once(

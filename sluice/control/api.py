@@ -152,6 +152,7 @@ def build_control_api(
         if path != "/healthz" and not is_console_path(path):  # the console logs in itself
             try:
                 request.state.principal = await _caller(request, authenticator)
+                _gateway_only_syncs(request.state.principal, path)
             except SluiceError as exc:
                 return JSONResponse(exc.to_json(), status_code=exc.http_status)
         response: Response = await call_next(request)
@@ -554,6 +555,18 @@ async def _caller(request: Request, authenticator: Authenticator) -> Principal:
     ):
         raise Forbidden(f"a change made with the console's session needs its {CSRF_HEADER}")
     return principal
+
+
+def _gateway_only_syncs(me: Principal, path: str) -> None:
+    """A gateway token may sync its gateway (`sluice.control.gateways`) and read nothing:
+    refused here, before any route, since most reads need only a valid token."""
+    if me.role is Role.GATEWAY and not path.startswith("/v1/gateways/"):
+        raise Forbidden(
+            f"token {me.name!r} is a gateway token: it may only sync a gateway "
+            "(POST /v1/gateways/ID/sync)",
+            needs=Role.VIEWER.value,
+            role=me.role.value,
+        )
 
 
 def _host_name(host: str) -> str:

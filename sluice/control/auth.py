@@ -56,6 +56,9 @@ CSRF_HEADER = "x-csrf-token"
 
 
 class Role(StrEnum):
+    GATEWAY = "gateway"
+    """a `sluice gateway` process: it may sync with the controller and nothing else (below
+    viewer, so every other route refuses it)"""
     VIEWER = "viewer"
     OPERATOR = "operator"
     ADMIN = "admin"
@@ -65,7 +68,7 @@ class Role(StrEnum):
         return _RANKS[self]
 
 
-_RANKS = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.ADMIN: 2}
+_RANKS = {Role.GATEWAY: -1, Role.VIEWER: 0, Role.OPERATOR: 1, Role.ADMIN: 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,8 @@ class Authenticator:
     async def log_in(self, token: str) -> tuple[str, Principal]:
         """A new console session for a valid token: (cookie value, who it is). Audited."""
         record = await self._live_token(f"Bearer {token.strip()}")
+        if record.role == Role.GATEWAY.value:
+            raise Forbidden(f"token {record.name!r} is a gateway token: it cannot log in")
         now = self._clock.now()
         ends = now + SESSION_TTL_S
         if record.expires_at is not None:

@@ -10,16 +10,16 @@ import asyncio
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-import orjson
-from fastapi import APIRouter, HTTPException, Query, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
 
 from sluice.control.api import Limit, Me, RowId
 from sluice.control.auth import Role
+from sluice.control.bodies import model_body
 from sluice.control.controller import Controller
 from sluice.control.drill_schedule import DrillScheduler, drill_named
 from sluice.control.pins import MAX_PIN_S
-from sluice.core import NotFound, SpecError, SpecIssue
+from sluice.core import NotFound
 from sluice.store import Store
 
 __all__ = ["MAX_REPORT_BYTES", "capacity_routes"]
@@ -77,14 +77,7 @@ def capacity_routes(
         """Keep a load test's or drill's report under the group's current model version."""
         me.require(Role.OPERATOR, f"recording a capacity run of {group}", groups=(group,))
         g = controller.group(group)
-        try:
-            body = RunReport.model_validate(await _json_body(request))
-        except ValidationError as exc:
-            issues = [
-                SpecIssue(".".join(str(p) for p in e["loc"]) or "body", e["msg"])
-                for e in exc.errors()
-            ]
-            raise SpecError(issues) from None
+        body = await model_body(request, RunReport, MAX_REPORT_BYTES, "a capacity report")
         run_id = await asyncio.to_thread(
             store.add_capacity_run,
             kind=body.kind,
@@ -140,17 +133,3 @@ def capacity_routes(
             raise NotFound("this control API runs no drill schedules", drill=name)
         me.require(Role.OPERATOR, f"running drill {name} on {d.group}", groups=(d.group,))
         return await drills.fire(spec, name, "manual", me.name, now())
-
-
-async def _json_body(request: Request) -> Any:
-    """The body, read up to MAX_REPORT_BYTES (a 413-worthy one is refused as it arrives)."""
-    size, chunks = 0, []
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_REPORT_BYTES:
-            raise HTTPException(413, f"a capacity report is at most {MAX_REPORT_BYTES} bytes")
-        chunks.append(chunk)
-    try:
-        return orjson.loads(b"".join(chunks))
-    except orjson.JSONDecodeError as exc:
-        raise SpecError([SpecIssue("body", f"not JSON: {exc}")]) from None

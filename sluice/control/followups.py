@@ -164,7 +164,8 @@ class Followups:
             rate = after.get("requests_per_s") or 0.0
             hold = NoGainHold(
                 group=change.group,
-                count=change.after_count,
+                # the count in force now: the climb may have gone on since its last move
+                count=max(change.after_count, self._counts.get(change.group, 0)),
                 rate=rate,
                 since=now,
                 until=now + fw.hold_s if fw.hold_s > 0 else None,

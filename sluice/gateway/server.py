@@ -113,13 +113,16 @@ class Gateway:
         API to serve behind authentication; the public port has no `/metrics`."""
         return self._state.metrics.render(), CONTENT_TYPE
 
-    async def start(self) -> None:
+    async def start(self, *, reuse_port: bool = False) -> None:
+        """Listen. `reuse_port`: SO_REUSEPORT, so several gateway processes (`sluice gateway
+        --workers N`) share the port and the kernel spreads connections across them."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ClientProtocol(self._state, self._conns, self._connection_lost),
             self.host,
             self.port,
             backlog=1024,
+            reuse_port=reuse_port or None,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep_clients())

@@ -5,6 +5,8 @@ compared: latency, errors, queue and throughput. Only like with like: when the d
 by more than DEMAND_MOVED between the windows, a change is judged only where the after
 window is better despite more demand (a scale-up that kept latency down or served a larger
 share of a rising load, or that bought nothing while it rose); otherwise it is `unknown`.
+More throughput counts as help only when latency did not grow with it: at an open-loop
+client's steady demand, more finishing while each waits longer is a backlog draining.
 A scale-up that bought nothing (the group was busy, throughput did not grow, throughput per
 instance fell, and latency did not improve) means the requests wait on something the
 instances share outside the group (a common backend, the host, a rate limit upstream): more
@@ -154,13 +156,20 @@ def judge(change: Change, after: Values, host_load: float | None = None) -> Foll
             "so more instances will not help: scale-up stops until the demand changes"
         )
         return Followup("no_gain", text, where, before, after)
-    if demand is None and (latency_better or rps_a > GROWTH * rps_b):
-        return Followup("helped", f"scale {moved} helped: {facts}", None, before, after)
-    if demand is not None:  # it rose: faster, or more of it served, is the change's doing
+    if demand is None:
+        served_more = rps_a > GROWTH * rps_b
+    else:  # it rose: faster, or a larger share of it served, is the change's doing
         dem_b, dem_a = _num(before, "requests_per_s") or 0.0, _num(after, "requests_per_s") or 0.0
         served_more = rps_a / dem_a > GROWTH * rps_b / dem_b if dem_a and dem_b else False
-        if latency_better or served_more:
-            return Followup("helped", f"scale {moved} helped: {facts}", None, before, after)
+    if latency_better or (served_more and not worse):
+        return Followup("helped", f"scale {moved} helped: {facts}", None, before, after)
+    if served_more:  # more finished, but each waited longer: a backlog was still draining
+        text = (
+            f"scale {moved}: not judged, more finished but latency grew, so a backlog from "
+            f"before it was still draining or the demand outgrew it ({facts})"
+        )
+        return Followup("unknown", text, None, before, after)
+    if demand is not None:
         return _not_comparable(change, moved, demand, facts, after)
     verdict = "worse" if worse else "no_change"
     note = "" if busy else " (the group was not busy before: it was not short of instances)"

@@ -7,8 +7,10 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, Table, update
+from sqlalchemy import ColumnElement, Connection, Engine, Row, Table, select, update
 from sqlalchemy.exc import IntegrityError
+
+from sluice.core import NotFound
 
 __all__ = ["WRITER", "StoreBase", "check_limit", "dump", "load"]
 
@@ -52,6 +54,24 @@ class StoreBase:
         assert key is not None  # single-row INSERT without RETURNING always reports it
         new_id: int = key[0]
         return new_id
+
+    def _newest(
+        self, table: Table, limit: int, *where: ColumnElement[bool], **equal: Any
+    ) -> list[Row[Any]]:
+        """The latest `limit` rows (highest id first) meeting every condition in `where` and
+        with each column in `equal` equal to its value; a value of None filters nothing."""
+        conditions = [*where, *(table.c[k] == v for k, v in equal.items() if v is not None)]
+        query = select(table).where(*conditions).order_by(table.c.id.desc())
+        with self._engine.connect() as conn:
+            return list(conn.execute(query.limit(check_limit(limit))))
+
+    def _by_id(self, table: Table, row_id: int, missing: str) -> Row[Any]:
+        """The row of `row_id`, or NotFound saying `missing`."""
+        with self._engine.connect() as conn:
+            row = conn.execute(select(table).where(table.c.id == row_id)).first()
+        if row is None:
+            raise NotFound(missing)
+        return row
 
 
 def check_limit(limit: int) -> int:

@@ -9,9 +9,8 @@ from typing import Any
 
 from sqlalchemy import delete, func, select, update
 
-from sluice.core import NotFound
 from sluice.store import schema
-from sluice.store.base import StoreBase, check_limit, dump, load
+from sluice.store.base import StoreBase, dump, load
 
 __all__ = ["CapacityRun", "CapacityStore", "DrillFire", "Pin"]
 
@@ -135,22 +134,11 @@ class CapacityStore(StoreBase):
         self, *, group: str | None = None, kind: str | None = None, limit: int = 20
     ) -> list[CapacityRun]:
         """Newest first."""
-        t = schema.capacity_runs
-        query = select(t).order_by(t.c.id.desc()).limit(check_limit(limit))
-        if group is not None:
-            query = query.where(t.c.group_name == group)
-        if kind is not None:
-            query = query.where(t.c.kind == kind)
-        with self._engine.connect() as conn:
-            return [_run(row) for row in conn.execute(query)]
+        rows = self._newest(schema.capacity_runs, limit, group_name=group, kind=kind)
+        return [_run(row) for row in rows]
 
     def get_capacity_run(self, run_id: int) -> CapacityRun:
-        t = schema.capacity_runs
-        with self._engine.connect() as conn:
-            row = conn.execute(select(t).where(t.c.id == run_id)).first()
-        if row is None:
-            raise NotFound(f"no capacity run {run_id}")
-        return _run(row)
+        return _run(self._by_id(schema.capacity_runs, run_id, f"no capacity run {run_id}"))
 
     def set_pin(self, pin: Pin) -> None:
         values = {
@@ -216,22 +204,11 @@ class CapacityStore(StoreBase):
         self, *, schedule: str | None = None, status: str | None = None, limit: int = 20
     ) -> list[DrillFire]:
         """Newest first."""
-        t = schema.drill_fires
-        query = select(t).order_by(t.c.id.desc()).limit(check_limit(limit))
-        if schedule is not None:
-            query = query.where(t.c.schedule == schedule)
-        if status is not None:
-            query = query.where(t.c.status == status)
-        with self._engine.connect() as conn:
-            return [_fire(row) for row in conn.execute(query)]
+        rows = self._newest(schema.drill_fires, limit, schedule=schedule, status=status)
+        return [_fire(row) for row in rows]
 
     def get_drill_fire(self, fire_id: int) -> DrillFire:
-        t = schema.drill_fires
-        with self._engine.connect() as conn:
-            row = conn.execute(select(t).where(t.c.id == fire_id)).first()
-        if row is None:
-            raise NotFound(f"no drill firing {fire_id}")
-        return _fire(row)
+        return _fire(self._by_id(schema.drill_fires, fire_id, f"no drill firing {fire_id}"))
 
     def last_cron_firings(self) -> dict[str, float]:
         """Schedule -> the latest cron firing handled (run, missed or skipped): where the

@@ -141,14 +141,8 @@ class HistoryStore(StoreBase):
     ) -> list[AlertDelivery]:
         """Newest first; `undelivered`: only those waiting or dead-lettered."""
         t = schema.alert_deliveries
-        q = select(t)
-        if group is not None:
-            q = q.where(t.c.group_name == group)
-        if undelivered:
-            q = q.where(t.c.delivered_at.is_(None))
-        with self._engine.connect() as conn:
-            found = conn.execute(q.order_by(t.c.id.desc()).limit(check_limit(limit))).all()
-        return [_delivery(r) for r in found]
+        waiting = [t.c.delivered_at.is_(None)] if undelivered else []
+        return [_delivery(r) for r in self._newest(t, limit, *waiting, group_name=group)]
 
     def record_attempt(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import ColumnElement, Connection, select, update
 
 from sluice.core import Conflict, NotFound
 from sluice.store import schema
@@ -75,13 +75,8 @@ class JournalStore(StoreBase):
     ) -> list[RolloutRecord]:
         """Newest first."""
         t = schema.rollouts
-        query = select(t).order_by(t.c.id.desc()).limit(check_limit(limit))
-        if name is not None:
-            query = query.where(t.c.name == name)
-        if active_only:
-            query = query.where(t.c.ended_at.is_(None))
-        with self._engine.connect() as conn:
-            return [_rollout(row._mapping) for row in conn.execute(query)]
+        active = [t.c.ended_at.is_(None)] if active_only else []
+        return [_rollout(row._mapping) for row in self._newest(t, limit, *active, name=name)]
 
     # -- the autoscaler's journal -------------------------------------------------------------
 
@@ -194,13 +189,10 @@ class JournalStore(StoreBase):
     ) -> list[Loan]:
         """Newest first; `group` matches the lender or the borrower."""
         t = schema.quota_loans
-        query = select(t).order_by(t.c.id.desc()).limit(check_limit(limit))
-        if open_only:
-            query = query.where(t.c.ended_at.is_(None))
+        where: list[ColumnElement[bool]] = [t.c.ended_at.is_(None)] if open_only else []
         if group is not None:
-            query = query.where((t.c.lender == group) | (t.c.borrower == group))
-        with self._engine.connect() as conn:
-            return [Loan(**row._mapping) for row in conn.execute(query)]
+            where.append((t.c.lender == group) | (t.c.borrower == group))
+        return [Loan(**row._mapping) for row in self._newest(t, limit, *where)]
 
     # -- proposals (R5: reviewed spec changes) -----------------------------------------------
 
@@ -239,12 +231,8 @@ class JournalStore(StoreBase):
 
     def list_proposals(self, *, state: str | None = "pending", limit: int = 50) -> list[Proposal]:
         """Newest first; `state` None lists every state."""
-        t = schema.proposals
-        query = select(t).order_by(t.c.id.desc()).limit(check_limit(limit))
-        if state is not None:
-            query = query.where(t.c.state == state)
-        with self._engine.connect() as conn:
-            return [_proposal(row._mapping) for row in conn.execute(query)]
+        rows = self._newest(schema.proposals, limit, state=state)
+        return [_proposal(row._mapping) for row in rows]
 
     def review_proposal(
         self,

@@ -216,19 +216,12 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore, CapacityStor
     ) -> list[AuditEntry]:
         """Newest first; each filter given narrows it (`since` <= at < `until`)."""
         t = schema.audit_log
-        query = select(t).order_by(t.c.id.desc()).limit(check_limit(limit))
-        if target is not None:
-            query = query.where(t.c.target == target)
-        if actor is not None:
-            query = query.where(t.c.actor == actor)
-        if action is not None:
-            query = query.where(t.c.action == action)
-        if since is not None:
-            query = query.where(t.c.at >= since)
-        if until is not None:
-            query = query.where(t.c.at < until)
-        with self._engine.connect() as conn:
-            return [_audit(row) for row in conn.execute(query)]
+        span = [
+            *([] if since is None else [t.c.at >= since]),
+            *([] if until is None else [t.c.at < until]),
+        ]
+        rows = self._newest(t, limit, *span, target=target, actor=actor, action=action)
+        return [_audit(row) for row in rows]
 
     # -- controller events ----------------------------------------------------------------
 
@@ -265,13 +258,8 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore, CapacityStor
     ) -> list[Event]:
         """Newest first: the latest `limit` events with id above `since_id` (of `kinds`)."""
         t = schema.events
-        query = select(t).where(t.c.id > since_id).order_by(t.c.id.desc()).limit(check_limit(limit))
-        if group is not None:
-            query = query.where(t.c.group_name == group)
-        if kinds is not None:
-            query = query.where(t.c.kind.in_(list(kinds)))
-        with self._engine.connect() as conn:
-            return [_event(row) for row in conn.execute(query)]
+        where = [t.c.id > since_id, *([] if kinds is None else [t.c.kind.in_(list(kinds))])]
+        return [_event(row) for row in self._newest(t, limit, *where, group_name=group)]
 
     # -- controller state ---------------------------------------------------------------------
 

@@ -185,7 +185,10 @@ def test_more_instances_on_a_shared_backend_do_not_help_and_scaling_stops(
         sender.join()
     assert explain["no_gain_hold"]["count"] == held
     assert explain["followups"][0]["detail"]["verdict"] == "no_gain"
-    assert any("no_gain" in d["detail"]["clipped_by"] for d in explain["decisions"])
+    assert any("no_gain" in d["detail"]["clipped_by"] for d in explain["decisions"]), [
+        (d.get("current"), d.get("desired"), d["detail"]["clipped_by"], d.get("reason"))
+        for d in explain["decisions"][:8]
+    ]
     assert explain["desired"] <= held < 8
     text = platform.show("explain", "db")
     assert "did it help?" in text and "scale-up held at" in text

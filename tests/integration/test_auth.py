@@ -160,3 +160,15 @@ def test_revoking_the_token_ends_its_console_sessions(store: Store) -> None:
     for bad in (None, "", "short", "x" * 43):
         with pytest.raises(Unauthorized):
             run(auth.from_session(bad))
+
+
+def test_a_gateway_token_ranks_below_a_viewer_and_cannot_log_in(store: Store) -> None:
+    clock = ManualClock(0.0)
+    tokens = TokenAdmin(store, clock)
+    auth = Authenticator(store, clock)
+    token, _ = run(tokens.create("gw-1", Role.GATEWAY, None, None, by="admin"))
+    me = run(auth.authenticate(f"Bearer {token}"))
+    with pytest.raises(Forbidden, match="needs the viewer role"):
+        me.require(Role.VIEWER, "reading the groups")
+    with pytest.raises(Forbidden, match="gateway token: it cannot log in"):
+        run(auth.log_in(token))

@@ -94,3 +94,16 @@ def test_when_the_demand_fell_nothing_that_followed_is_the_changes_doing() -> No
     assert judge(scale(busy), quieter).verdict == "unknown"
     down = Change("db", "scale", 100.0, 4, 2, "", busy, slots_per_instance=4)
     assert judge(down, quieter).verdict == "unknown"
+
+
+def test_more_throughput_with_far_worse_latency_is_not_called_help() -> None:
+    # CI saw "scale 1 -> 5 helped: p95 469 -> 7875 ms, throughput 2.31 -> 9.70 req/s"
+    before = window(18.0, 469.0, 1, 2, queue=5)
+    before["completed_per_s"] = 2.31
+    after = window(25.0, 7875.0, 5, 10, queue=400)
+    after["completed_per_s"] = 9.7
+    f = judge(scale(before, 1, 5), after)
+    assert f.verdict == "unknown" and "latency grew" in f.text
+    steady = window(25.0, 469.0, 1, 2, queue=5)
+    steady["completed_per_s"] = 2.31
+    assert judge(scale(steady, 1, 5), after).verdict == "unknown"

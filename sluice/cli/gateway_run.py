@@ -1,0 +1,153 @@
+"""The processes of `sluice gateway` (`sluice.cli.gateway` is the command): one gateway with
+its sync loop, or, for `--workers N`, a parent that runs N of them on one port and starts
+again any that dies."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvloop
+
+from sluice.core import Conflict
+from sluice.gateway import Gateway
+from sluice.gateway.remote import ControlSync
+
+__all__ = ["GatewayOptions", "run_gateways"]
+
+log = logging.getLogger("sluice.gateway")
+
+_WORKER_ENV = "SLUICE_GATEWAY_WORKER"
+"""Set by the parent of `--workers N` in each worker's environment: its index (the worker
+then binds with SO_REUSEPORT)."""
+_RESTART_MAX_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayOptions:
+    controls: tuple[str, ...]
+    token: str
+    host: str
+    port: int
+    workers: int
+    gateway_id: str
+    access_log: Path | None
+    ca_file: Path | None
+    log_level: str
+
+
+def run_gateways(opts: GatewayOptions) -> None:
+    logging.basicConfig(
+        level=opts.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per sync otherwise
+    worker = os.environ.get(_WORKER_ENV)
+    if opts.workers > 1 and worker is None:
+        _supervise(opts)
+        return
+    gateway_id = opts.gateway_id if worker is None else f"{opts.gateway_id}-w{worker}"
+    access_log = opts.access_log
+    if access_log is not None and worker is not None:
+        access_log = access_log.with_name(f"{access_log.stem}.w{worker}{access_log.suffix}")
+    uvloop.run(_serve(opts, gateway_id, access_log, reuse_port=worker is not None))
+
+
+async def _serve(
+    opts: GatewayOptions, gateway_id: str, access_log: Path | None, *, reuse_port: bool
+) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    # Buffered: the gateway flushes every 0.1 s and on stop.
+    stream = access_log.open("a", buffering=1 << 16) if access_log is not None else None
+    gateway = Gateway(opts.host, opts.port, rng=random.Random(), access_log=stream)
+    verify: bool | str = str(opts.ca_file) if opts.ca_file is not None else True
+    sync = ControlSync(gateway, opts.controls, opts.token, gateway_id, verify=verify)
+    try:
+        await gateway.start(reuse_port=reuse_port)
+    except OSError as exc:
+        raise Conflict(
+            f"gateway {gateway_id} cannot listen on {opts.host}:{opts.port}: {exc.strerror}"
+        ) from None
+    host = f"[{opts.host}]" if ":" in opts.host else opts.host
+    print(f"gateway {gateway_id}: endpoint: http://{host}:{gateway.port}", flush=True)
+    syncing = asyncio.create_task(sync.run())
+
+    async def say_synced() -> None:
+        await sync.synced.wait()
+        print(f"gateway {gateway_id}: routing v{gateway.snapshot_version}", flush=True)
+
+    saying = asyncio.create_task(say_synced())
+    try:
+        await stop.wait()
+    finally:
+        for task in (syncing, saying):
+            task.cancel()
+        await gateway.stop()
+        if stream is not None:
+            stream.close()
+        print(f"gateway {gateway_id}: stopped", flush=True)
+
+
+def _supervise(opts: GatewayOptions) -> None:
+    """Run `opts.workers` worker processes on one port until SIGINT/SIGTERM; one that dies
+    is started again after a backoff (1 s, doubling to 30 s, reset once it ran a minute)."""
+    stopping = False
+
+    def stop(_sig: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    argv = [sys.executable, "-m", "sluice", *sys.argv[1:]]
+    env_base = {**os.environ, "SLUICE_GATEWAY_TOKEN": opts.token}
+    procs: dict[int, tuple[subprocess.Popen[bytes], float]] = {}
+    backoff = dict.fromkeys(range(opts.workers), 1.0)
+    due = dict.fromkeys(range(opts.workers), 0.0)
+
+    def start(i: int) -> None:
+        env = {**env_base, _WORKER_ENV: str(i)}
+        procs[i] = (subprocess.Popen(argv, env=env, start_new_session=False), time.monotonic())
+
+    try:
+        while not stopping:
+            now = time.monotonic()
+            for i in range(opts.workers):
+                entry = procs.get(i)
+                if entry is not None and entry[0].poll() is not None:
+                    proc, since = procs.pop(i)
+                    ran = now - since
+                    backoff[i] = 1.0 if ran > 60 else min(_RESTART_MAX_S, backoff[i] * 2)
+                    due[i] = now + backoff[i]
+                    log.warning(
+                        "worker %d exited (%s) after %.0f s; starting it again in %.0f s",
+                        i,
+                        proc.returncode,
+                        ran,
+                        backoff[i],
+                    )
+                if i not in procs and now >= due[i]:
+                    start(i)
+            time.sleep(0.2)
+    finally:
+        for proc, _ in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 35.0
+        for proc, _ in procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()

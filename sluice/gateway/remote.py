@@ -1,0 +1,144 @@
+"""A gateway that runs apart from the controller (`sluice gateway`, issue 21): once a second
+it syncs with the control API (`POST /v1/gateways/{id}/sync`), pushing its per-group
+counters and status, and swaps in the routing snapshot when the controller has a newer one
+or gives it a new share of the slots.
+
+When no controller answers (it is down, restarting, or a standby is taking over), the
+gateway keeps serving the last good snapshot: the instances it routes to outlive the
+controller, so requests keep flowing. It says so once per outage, and again when a
+controller answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from sluice.gateway.server import Gateway
+from sluice.policy.snapshot_wire import sample_to_json, snapshot_from_json
+
+__all__ = ["ControlSync"]
+
+log = logging.getLogger("sluice.gateway.sync")
+
+SYNC_PERIOD_S = 1.0
+SYNC_TIMEOUT_S = 2.0
+"""A controller that does not answer a sync within this is skipped for the next URL."""
+
+
+class ControlSync:
+    """The sync loop of one gateway process with the controllers at `controls` (the leader
+    answers; a standby serves no API, so the next URL is tried)."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        controls: Sequence[str],
+        token: str,
+        gateway_id: str,
+        *,
+        period_s: float = SYNC_PERIOD_S,
+        timeout_s: float = SYNC_TIMEOUT_S,
+        verify: bool | str = True,
+    ) -> None:
+        if not controls:
+            raise ValueError("a remote gateway needs at least one control URL")
+        self._gateway = gateway
+        self._controls = [c.rstrip("/") for c in controls]
+        self._headers = {"authorization": f"Bearer {token}"}
+        self.gateway_id = gateway_id
+        self._boot = secrets.token_hex(8)
+        """counts start from zero in each process: a new boot id tells the controller"""
+        self._period_s = period_s
+        self._timeout_s = timeout_s
+        self._verify = verify
+        self._have: int | None = None
+        self._share: tuple[int, int] | None = None
+        self._current = 0
+        self.last_ok: float | None = None
+        self.synced = asyncio.Event()
+        """set once the first snapshot is in: the gateway has something to route"""
+        self._down_since: float | None = None
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(timeout=self._timeout_s, verify=self._verify) as client:
+            while True:
+                started = time.monotonic()
+                await self.sync_once(client)
+                await asyncio.sleep(max(0.0, self._period_s - (time.monotonic() - started)))
+
+    async def sync_once(self, client: httpx.AsyncClient) -> bool:
+        """One sync with the first controller that answers; False: none did."""
+        body = self._body()
+        problems = []
+        for k in range(len(self._controls)):
+            i = (self._current + k) % len(self._controls)
+            url = f"{self._controls[i]}/v1/gateways/{self.gateway_id}/sync"
+            try:
+                r = await client.post(url, json=body, headers=self._headers)
+            except httpx.HTTPError as exc:
+                problems.append(f"{self._controls[i]}: {type(exc).__name__}")
+                continue
+            if r.status_code != 200:
+                problems.append(f"{self._controls[i]}: HTTP {r.status_code} {r.text[:200]}")
+                if r.status_code in (401, 403):
+                    log.error("the controller refused this gateway's token: %s", r.text[:300])
+                continue
+            try:
+                self._take(r.json())
+            except (ValueError, ValidationError, KeyError, TypeError) as exc:
+                problems.append(f"{self._controls[i]}: a sync answer it cannot read ({exc})")
+                continue
+            self._current = i
+            self._recovered()
+            return True
+        self._lost("; ".join(problems))
+        return False
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "boot": self._boot,
+            "have": self._have,
+            "have_share": list(self._share) if self._share else None,
+            "counters": {g: sample_to_json(s) for g, s in self._gateway.traffic().items()},
+            "status": self._gateway.status(),
+        }
+
+    def _take(self, answer: dict[str, Any]) -> None:
+        share = (int(answer["share"]["index"]), int(answer["share"]["count"]))
+        doc = answer.get("snapshot")
+        if doc is not None:
+            snapshot = snapshot_from_json(doc)
+            self._gateway.update(snapshot)
+            if self._have is None or share != self._share:
+                log.info(
+                    "routing snapshot v%d, share %d of %d gateways",
+                    snapshot.version,
+                    share[0] + 1,
+                    share[1],
+                )
+            self._have, self._share = snapshot.version, share
+            self.synced.set()
+        self.last_ok = time.monotonic()
+
+    def _lost(self, why: str) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            kept = "nothing yet" if self._have is None else f"snapshot v{self._have}"
+            log.warning("no controller answers (%s): serving the last good one, %s", why, kept)
+
+    def _recovered(self) -> None:
+        if self._down_since is not None:
+            log.warning(
+                "controller %s answers again after %.1f s",
+                self._controls[self._current],
+                time.monotonic() - self._down_since,
+            )
+            self._down_since = None

@@ -1,0 +1,227 @@
+"""End to end: gateways apart from the controller (`sluice gateway`, issue 21).
+
+Real processes on 127.0.0.1: `sluice up` (controller + its own gateway) and `sluice gateway
+--workers 2` (two processes on one port, SO_REUSEPORT). The remote gateway serves from the
+routes it syncs, its counters drive the autoscaler, the slots of every instance are split
+between the gateways, it keeps serving while the controller is paused, and its token may
+do nothing else. Then two controllers on one database: the leader is killed under load
+through the remote gateways, the standby takes over, and no request is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import OpenLoop, Sluice, kill_workers_of, running
+
+SPEC = """
+gateway: {{host: 127.0.0.1, port: 0}}
+control: {{port: {control_port},
+          leader_election: {{lease_duration_s: 3, renew_deadline_s: 2, retry_period_s: 0.5}}}}
+pools:
+  - {{name: local, count: 8, memory_gb: 8}}
+groups:
+  - name: chat
+    owner: ops@example.com
+    business: core
+    alert_channel: "#ops"
+    models:
+      m-chat:
+        runtime: sim
+        sim: {{startup_s: 0.3, service_time: {{kind: fixed, seconds: 0.2}}, memory_gb: 1}}
+    resources: {{pool: local, accelerators: 1, memory_gb: 1}}
+    max_concurrency: 4
+    slow_start_s: 0
+    autoscaling: {{min: {min}, max: 4, interval_s: 1}}
+tenants:
+  - {{name: search, api_keys: [sk-search]}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RemoteGateway:
+    """`sluice gateway` as a process, with its output kept."""
+
+    def __init__(self, controls: list[str], token: str, workers: int, home: Path) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "sluice", "gateway", "--port", str(self.port)]
+        cmd += ["--workers", str(workers), "--id", "gw", "--log-level", "warning"]
+        for c in controls:
+            cmd += ["--control", c]
+        env = {**os.environ, "SLUICE_GATEWAY_TOKEN": token, "SLUICE_HOME": str(home)}
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        self.output: list[str] = []
+        self._pump = threading.Thread(target=self._read, daemon=True)
+        self._pump.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+
+    def wait_routing(self, workers: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sum(": routing v" in line for line in self.output) >= workers:
+                return
+            time.sleep(0.2)
+        raise AssertionError("the gateway got no routes:\n" + "".join(self.output))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._pump.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@contextlib.contextmanager
+def remote_gateway(
+    controls: list[str], token: str, workers: int, home: Path
+) -> Iterator[RemoteGateway]:
+    gw = RemoteGateway(controls, token, workers, home)
+    try:
+        gw.wait_routing(workers)
+        yield gw
+    finally:
+        gw.stop()
+
+
+def dataplane(s: Sluice) -> dict:
+    doc: dict = s.cli("get", "dataplane")
+    return doc
+
+
+def test_a_gateway_apart_serves_the_controllers_routes_and_drives_its_autoscaler(
+    tmp_path: Path,
+) -> None:
+    spec = SPEC.format(control_port=0, min=1)
+    with running(tmp_path, spec, "chat ready", lambda s: len(s.ready("chat")) == 1) as s:
+        token = s.token("gw-1", "gateway")
+        with remote_gateway([s.control_url], token, 2, tmp_path) as gw:
+            # three gateways share the instance's 4 slots: the local one and two workers
+            def shared() -> bool:  # each gateway's status arrives with its next sync
+                live = dataplane(s)
+                return set(live["gateways"]) == {"local", "gw-w0", "gw-w1"} and (
+                    live["groups"]["chat"]["slots"] == 4
+                )
+
+            s.wait_for("three gateways holding the 4 slots between them", shared, timeout=10)
+            # the token may sync, and read nothing
+            r = httpx.get(
+                s.control_url + "/v1/groups", headers={"Authorization": f"Bearer {token}"}
+            )
+            assert r.status_code == 403 and "viewer" in r.text
+            auth = {"Authorization": f"Bearer {token}"}
+            for gw_id, body, why in (
+                ("local", {"boot": "b"}, "controller's own gateway"),
+                (
+                    "gw-x",
+                    {"boot": "b", "status": {"groups": {"chat": "x"}}},
+                    "not a data-plane status",
+                ),
+                ("gw-x", {"boot": "b", "counters": {"chat": {"at": "soon"}}}, "counters.chat"),
+            ):
+                r = httpx.post(f"{s.control_url}/v1/gateways/{gw_id}/sync", json=body, headers=auth)
+                assert r.status_code == 422 and why in r.text, r.text
+            # load through the remote gateway only: its counters reach the autoscaler
+            load = OpenLoop(gw.endpoint)
+            load.run(rate=30, seconds=12)
+            results = load.results()
+            assert all(code == 200 for code, _ in results), [c for c, _ in results if c != 200]
+            chat = next(g for g in s.cli("get", "groups") if g["name"] == "chat")
+            assert chat["desired"] >= 2, chat  # 30 rps x 0.2 s = 6 in flight > 4 slots
+            s.wait_for("the new instances routed", lambda: len(s.ready("chat")) >= 2)
+            served = dataplane(s)["served"]
+            assert sum(served.values()) >= len(results)
+            # the controller paused: the remote gateway serves on from its last routes
+            assert s.proc is not None
+            os.kill(s.proc.pid, signal.SIGSTOP)
+            try:
+                paused = OpenLoop(gw.endpoint)
+                paused.run(rate=10, seconds=4)
+                codes = [c for c, _ in paused.results()]
+            finally:
+                os.kill(s.proc.pid, signal.SIGCONT)
+            assert codes and all(c == 200 for c in codes), codes
+            assert any("no controller answers" in line for line in gw.output), gw.output
+
+
+@pytest.fixture
+def two_controllers(tmp_path: Path) -> Iterator[tuple[Sluice, Sluice, int]]:
+    """Two `sluice up` on one SQLite database and one control port: the standby binds it
+    once it leads, so gateways need one URL (as behind a Service)."""
+    control_port = free_port()
+    spec = tmp_path / "platform.yaml"
+    spec.write_text(SPEC.format(control_port=control_port, min=2))
+    environ = {"SLUICE_DATABASE_URL": f"sqlite:///{tmp_path / 'state.db'}"}
+    a = Sluice(tmp_path / "a", spec, environ=environ)
+    b = Sluice(tmp_path / "b", spec, environ=environ)
+    try:
+        a.start()
+        a.wait_for("a leads with 2 ready", lambda: len(a.ready("chat")) == 2)
+        b.start(wait_endpoint=False)
+        b.wait_for("b waits", lambda: any("standby:" in line for line in b.output), timeout=30)
+        yield a, b, control_port
+    finally:
+        for s in (a, b):
+            s.kill()
+            kill_workers_of(s.home)
+
+
+def test_the_leader_killed_under_load_loses_no_request_through_the_gateways(
+    two_controllers: tuple[Sluice, Sluice, int], tmp_path: Path
+) -> None:
+    a, b, control_port = two_controllers
+    token = a.token("gw-1", "gateway")
+    before = {i["id"] for i in a.ready("chat")}
+    with remote_gateway([f"http://127.0.0.1:{control_port}"], token, 2, tmp_path) as gw:
+        load = OpenLoop(gw.endpoint)
+        sender = threading.Thread(target=load.run, kwargs={"rate": 15, "seconds": 15})
+        sender.start()
+        time.sleep(4)
+        assert a.proc is not None
+        a.proc.kill()  # kill -9: no goodbye, its lease runs out
+        sender.join()
+        results = load.results()
+        b.wait_for("b leads", lambda: any(x.startswith("leader:") for x in b.output), timeout=30)
+        token_file = b.home / "admin.token"
+        token_file.write_text((a.home / "admin.token").read_text())
+        token_file.chmod(0o600)
+        # the gateways find the new leader on the same URL and sync with it
+        b.wait_for(
+            "the gateways sync with b", lambda: {"gw-w0", "gw-w1"} <= set(dataplane(b)["gateways"])
+        )
+    codes = [c for c, _ in results]
+    assert len(codes) == 225 and all(c == 200 for c in codes), [c for c in codes if c != 200]
+    # b adopted the same instances: none started twice, none lost
+    assert {i["id"] for i in b.ready("chat")} == before
+    launches = [e for e in b.cli("events", "chat", "--limit", "200") if e["kind"] == "launch"]
+    assert len(launches) == 2, launches
+    actions = [e["action"] for e in b.cli("audit", "--limit", "200")]
+    assert actions.count("lead") == 2 and "token-create" in actions

@@ -1,0 +1,132 @@
+"""Many gateways, one fleet: slot shares that add up, counters that never go down, and the
+routing snapshot's JSON round trip (sluice.policy.gateways, sluice.policy.snapshot_wire)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sluice.policy import build_routing_snapshot
+from sluice.policy.autoscale.base import TrafficSample
+from sluice.policy.gateways import GatewayBook, Share, merge_status, share_endpoints
+from sluice.policy.routing import Endpoint
+from sluice.policy.snapshot_wire import (
+    sample_from_json,
+    sample_to_json,
+    snapshot_from_json,
+    snapshot_to_json,
+)
+from sluice.spec import load_spec_text
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def sample(arrivals: int, in_flight: int = 0, at: float = 0.0) -> TrafficSample:
+    return TrafficSample(
+        at=at,
+        in_flight=in_flight,
+        queued=0,
+        arrivals=arrivals,
+        completions=arrivals,
+        latency_bounds=(0.1, 1.0),
+        latency_counts=(arrivals, 0, 0),
+    )
+
+
+@given(
+    slots=st.lists(st.integers(1, 64), min_size=1, max_size=6),
+    count=st.integers(1, 8),
+)
+def test_the_shares_of_every_instance_add_up_to_its_slots(slots: list[int], count: int) -> None:
+    eps = [Endpoint(f"i-{k}", "127.0.0.1", 9000 + k, c) for k, c in enumerate(slots)]
+    shares = [share_endpoints(eps, Share(i, count)) for i in range(count)]
+    for k, c in enumerate(slots):
+        mine = [s[k].max_concurrency for s in shares]
+        assert min(mine) >= 1  # every gateway can admit to every instance
+        if c >= count:
+            assert sum(mine) == c and max(mine) - min(mine) <= 1
+        else:
+            assert mine == [1] * count  # fewer slots than gateways: one each
+
+
+def test_one_gateway_keeps_every_slot() -> None:
+    eps = (Endpoint("i-0", "127.0.0.1", 9000, 8),)
+    assert share_endpoints(eps, Share()) == eps
+
+
+def test_the_fleet_adds_gateways_counters_and_a_gone_one_leaves_its_counts() -> None:
+    book = GatewayBook(ttl_s=5.0)
+    assert book.push("gw-a", "boot-1", {"chat": sample(10, 2)}, now=0.0) == Share(0, 1)
+    assert book.push("gw-b", "boot-1", {"chat": sample(5, 1)}, now=0.5) == Share(1, 2)
+    book.push("gw-a", "boot-1", {"chat": sample(20, 2)}, now=1.0)
+    book.push("gw-b", "boot-1", {"chat": sample(9, 1)}, now=1.0)
+    t = book.traffic(now=1.0)["chat"]  # what each counted since first seen: 10 + 4
+    assert (t.arrivals, t.in_flight, t.latency_counts) == (14, 3, (14, 0, 0))
+    # gw-b goes quiet: after the TTL it is gone, its 4 arrivals stay, its in-flight does not
+    book.push("gw-a", "boot-1", {"chat": sample(22, 2)}, now=6.5)
+    assert book.live() == ["gw-a"] and book.share_of("gw-a") == Share(0, 1)
+    t = book.traffic(now=6.5)["chat"]
+    assert (t.arrivals, t.in_flight) == (16, 2)
+
+
+def test_a_gateway_first_seen_late_brings_no_burst_of_old_counts() -> None:
+    # a controller that takes over meets gateways that counted for an hour
+    book = GatewayBook()
+    book.push("gw-a", "boot-1", {"chat": sample(50_000, 3)}, now=0.0)
+    first = book.traffic(now=0.0)["chat"]
+    assert (first.arrivals, first.in_flight) == (0, 3)
+    book.push("gw-a", "boot-1", {"chat": sample(50_012, 3)}, now=1.0)
+    assert book.traffic(now=1.0)["chat"].arrivals == 12
+
+
+def test_a_restarted_gateway_counting_from_zero_does_not_take_the_totals_down() -> None:
+    book = GatewayBook()
+    book.push("gw-a", "boot-1", {"chat": sample(100)}, now=0.0)
+    book.push("gw-a", "boot-1", {"chat": sample(140)}, now=1.0)
+    book.push("gw-a", "boot-2", {"chat": sample(3)}, now=2.0)  # a new process
+    assert book.traffic(now=2.0)["chat"].arrivals == 40  # 40 kept; the new one from here
+    book.push("gw-a", "boot-2", {"chat": sample(8)}, now=3.0)
+    assert book.traffic(now=3.0)["chat"].arrivals == 45
+
+
+def test_the_data_plane_of_several_gateways_reads_as_one() -> None:
+    def part(version: int, in_use: int) -> dict:
+        group = {"slots": 4, "in_use": in_use, "queued": {"normal": 1}, "instances": 2}
+        return {
+            "version": version,
+            "groups": {"chat": {**group, "unreachable": [], "ejected": []}},
+            "served": {"i-0": 3},
+            "routes": {"main": {"chat": 3}},
+        }
+
+    merged = merge_status({"local": part(7, 1), "gw-a": part(6, 2)})
+    chat = merged["groups"]["chat"]
+    assert (chat["slots"], chat["in_use"], chat["queued"], chat["instances"]) == (
+        8,
+        3,
+        {"normal": 2},
+        2,
+    )
+    assert merged["served"] == {"i-0": 6} and merged["routes"] == {"main": {"chat": 6}}
+    assert merged["gateways"] == {"local": 7, "gw-a": 6} and merged["version"] == 7
+
+
+def test_a_snapshot_survives_its_json_round_trip() -> None:
+    for name in ("quickstart.yaml", "traffic.yaml"):
+        spec = load_spec_text((EXAMPLES / name).read_text(), name).spec
+        ready = {g.name: [Endpoint(f"{g.name}-1", "127.0.0.1", 9000, 4, 1.0)] for g in spec.groups}
+        snap = build_routing_snapshot(spec, ready, 3, {spec.groups[0].name: spec.groups[-1].name})
+        back = snapshot_from_json(snapshot_to_json(snap))
+        assert back.routes.rules == snap.routes.rules
+        assert dict(back.tenants_by_key) == dict(snap.tenants_by_key)
+        assert dict(back.endpoints) == {g: tuple(e) for g, e in snap.endpoints.items()}
+        assert dict(back.traffic) == dict(snap.traffic) and back.limits == snap.limits
+        assert dict(back.redirects) == dict(snap.redirects) and back.version == 3
+        assert "sk-" not in str(snapshot_to_json(snap))  # keys travel as digests only
+
+
+def test_a_sample_survives_its_json_round_trip() -> None:
+    s = sample(7, 2, at=12.5)
+    assert sample_from_json(sample_to_json(s)) == s
