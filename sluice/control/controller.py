@@ -536,12 +536,14 @@ class Controller:
         )
         with self._loop.timing_decision():
             decision = decide(inputs)
+        # in force at once, before any await: whatever reads the counts from here on (the
+        # follow-ups setting a no-gain hold) sees this decision with the holds it obeyed
+        self._scaled.update(decision.counts)
         # 3. Keep what follows: quota memory and ledger, the decisions' journal.
         await self._quota.record(spec, decision, now)
         for scaled in decision.scaled:
             st = self._autoscaling.state(scaled.group.name)
             await self._decisions.record(scaled, st.server if st else None, now)
-        self._scaled.update(decision.counts)
         self._decisions.keep_only({g.name for g in spec.groups if is_advisory(g)})
         self._tiers = decision.tiers  # worked out when first read
         # 4. Apply (launches of a crash-looping group wait for its backoff).

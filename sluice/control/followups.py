@@ -85,10 +85,16 @@ class Followups:
         self._looked = True
         self._counts = dict(counts)
         self._failovers = dict(failovers)
-        for group, p in list(self._pending.items()):
-            if now >= p.due:
-                del self._pending[group]
-                await self._judge(spec, p.change, window, now, host_load)
+        # every verdict (and the hold it sets) before any await: a hold is then set at the
+        # counts this look was given, which no scale-up decided since can have outrun
+        due = [g for g, p in self._pending.items() if now >= p.due]
+        verdicts = [
+            self._judge(spec, self._pending.pop(g).change, window, now, host_load) for g in due
+        ]
+        if any("hold" in detail for _, _, detail in verdicts):
+            await self._keep_holds(now)
+        for group, text, detail in verdicts:
+            await self._events.emit(group, None, "followup", text, **detail)
         for group, hold in list(self.holds.items()):
             grp = spec.group(group)
             why = (
@@ -135,14 +141,16 @@ class Followups:
         change = Change(group, kind, now, old, new, note, before, slots)
         self._pending[group] = _Pending(change, now + self._fw.settle_s)
 
-    async def _judge(
+    def _judge(
         self,
         spec: PlatformSpec,
         change: Change,
         window: Window,
         now: float,
         host_load: float | None,
-    ) -> None:
+    ) -> tuple[str, str, dict[str, Any]]:
+        """The verdict as (group, text, detail) for its `followup` event; a no-gain verdict
+        of an autoscaled group sets its hold (kept by the caller)."""
         fw = spec.observability.followup
         watched = change.group
         if change.kind == "failover" and change.note.startswith("-> "):
@@ -173,8 +181,7 @@ class Followups:
             )
             self.holds[change.group] = hold
             detail["hold"] = hold.to_json()
-            await self._keep_holds(now)
-        await self._events.emit(change.group, None, "followup", result.text, **detail)
+        return change.group, result.text, detail
 
     async def _keep_holds(self, now: float) -> None:
         doc = {"holds": [h.to_json() for h in self.holds.values()]}

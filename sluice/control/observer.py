@@ -217,7 +217,12 @@ class Observer:
         def window(group: str, window_s: float) -> Mapping[str, float | None]:
             return self.values(spec.group(group), now, window_s, name=group)
 
-        await self.followups.step(spec, obs.counts, obs.failovers, window, now, self._host_load())
+        # the counts as they are now, read with no await before the follow-ups' look: a
+        # no-gain hold set there covers every scale-up the controller has decided so far
+        fresh = self._observe() or obs
+        await self.followups.step(
+            spec, fresh.counts, fresh.failovers, window, now, self._host_load()
+        )
 
     def _gather(
         self, obs: Observation, traffic: Mapping[str, TrafficSample], now: float
