@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -102,6 +103,55 @@ def up(
     `up -f FILE` starts from FILE on an empty state directory; later, FILE must match the
     live revision or come with --reason (it then becomes a new revision). `up` alone
     resumes the live revision."""
+    _serve(home, log_level, file, UpArgs(reason=reason, port=port, insecure=insecure))
+
+
+@app.command()
+def controller(
+    file: Annotated[Path | None, typer.Option("-f", "--file", help="spec YAML")] = None,
+    reason: Annotated[
+        str | None,
+        typer.Option(help="apply a FILE that differs from the live revision, saying why"),
+    ] = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="where clients reach the gateways, e.g. the load balancer's URL (drills "
+            "send their load there; default: the spec's gateway address)"
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="allow a non-loopback control API without TLS")
+    ] = False,
+    home: HomeOpt = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
+) -> None:
+    """Run the controller and control API without a gateway, until Ctrl-C: the data plane
+    is `sluice gateway --control URL` processes (any number, on any host) that sync with it.
+
+    On a shared database (`SLUICE_DATABASE_URL`) one controller leads and the others wait
+    as standbys. FILE is as for `sluice up`."""
+    _serve(
+        home,
+        log_level,
+        file,
+        UpArgs(reason=reason, insecure=insecure, gateway=False, endpoint=endpoint),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class UpArgs:
+    """What `up` and `controller` were asked besides the spec file (`UpOptions` less the
+    loaded spec: the heavy control-plane imports wait until the state dir is held)."""
+
+    reason: str | None = None
+    port: int | None = None
+    insecure: bool = False
+    gateway: bool = True
+    endpoint: str | None = None
+
+
+def _serve(home: str | None, log_level: str, file: Path | None, args: UpArgs) -> None:
     from sluice.cli.statedir import hold_state_dir
 
     logging.basicConfig(
@@ -118,7 +168,7 @@ def up(
         with hold_state_dir(settings.home, settings.control_file):
             from sluice.cli.up import UpOptions, serve
 
-            options = UpOptions(loaded=loaded, reason=reason, port=port, insecure=insecure)
+            options = UpOptions(loaded=loaded, **asdict(args))
             uvloop.run(serve(settings, options))
     except SluiceError as exc:
         print_error(exc)

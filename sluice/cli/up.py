@@ -1,5 +1,7 @@
-"""`sluice up`: the composition root. Picks the clock, store, runtime and wires controller,
-gateway and control API into one process (the embedded default)."""
+"""`sluice up` and `sluice controller`: the composition root. Picks the clock, store and
+runtime and wires controller, control API and (for `up`, the embedded default) the gateway
+into one process. `sluice controller` is the same without a gateway of its own: its data
+plane is `sluice gateway` processes that sync with it (issue 21)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from sluice.control.leadership import FencedRuntime, Leadership, new_holder
 from sluice.core import Conflict, InstanceState, NotFound, SystemClock
 from sluice.core.urls import is_loopback_host
 from sluice.gateway import Gateway
-from sluice.gateway.metrics import DURATION_BUCKETS_S
+from sluice.gateway.metrics import CONTENT_TYPE, DURATION_BUCKETS_S
 from sluice.policy.lease import LeaseTiming, takeover_bound_s
 from sluice.runtime import LocalRuntime, Runtime
 from sluice.spec import ControlSpec, LoadedSpec, PlatformSpec, load_spec_text, redact_secrets
@@ -70,12 +72,17 @@ class _ControlServer(uvicorn.Server):
 @dataclass(frozen=True, slots=True)
 class UpOptions:
     """What `sluice up` was asked: a spec file (and why it differs from the live one), a
-    gateway port override, and whether a non-loopback control API may run without TLS."""
+    gateway port override, and whether a non-loopback control API may run without TLS.
+    `gateway=False` is `sluice controller`: no gateway in process; `endpoint` is then where
+    clients reach the gateways (a drill sends its load there), by default the spec's
+    gateway address."""
 
     loaded: LoadedSpec | None = None
     reason: str | None = None
     port: int | None = None
     insecure: bool = False
+    gateway: bool = True
+    endpoint: str | None = None
 
 
 async def serve(settings: Settings, options: UpOptions) -> None:
@@ -116,24 +123,19 @@ class _Up:
         self.started = started
         self.clock = SystemClock()
         self.events = EventLog(store, self.clock)
-        self.gateway: Gateway | None = None
         election = first.control.leader_election
         self.leadership = Leadership(store, LeaseTiming(**election.model_dump()), new_holder())
         self.fenced = False
         """lost the leader lease: stop without touching the instances (the leader's now)"""
+        self.fleet = GatewayFleet(self.clock)
         self.supervisor = InstanceSupervisor(
             FencedRuntime(_runtime(first, settings.home), self.leadership),
             store,
             self.clock,
             self.events,
-            inflight=self._gateway_inflight,
+            inflight=self.fleet.in_flight,
         )
         self.stop = asyncio.Event()
-
-    def _gateway_inflight(self) -> dict[str, int]:
-        """What drains a server that is not Sluice's worker: the gateway's count of the
-        requests it has in flight to each instance (it proxies every one)."""
-        return {} if self.gateway is None else self.gateway.outstanding()
 
     async def run(self) -> None:
         self.access_log = _open_access_log(self.settings.access_log)
@@ -201,17 +203,23 @@ class _Up:
         loaded = options.loaded
         first = loaded.spec if loaded else await _latest_spec(store)
         control_sock = _control_socket(first.control, options.insecure)
-        gateway = Gateway(
-            host=first.gateway.host,
-            port=first.gateway.port if options.port is None else options.port,
-            rng=random.Random(),
-            access_log=access_log,
-            limits=first.gateway.limits,
-        )
-        self.gateway = gateway
-        fleet = GatewayFleet(
-            self.clock, LocalGateway(gateway.update, gateway.traffic, gateway.status)
-        )
+        gateway = None
+        if options.gateway:
+            gateway = Gateway(
+                host=first.gateway.host,
+                port=first.gateway.port if options.port is None else options.port,
+                rng=random.Random(),
+                access_log=access_log,
+                limits=first.gateway.limits,
+            )
+            self.fleet.local = LocalGateway(
+                gateway.update,
+                gateway.traffic,
+                gateway.status,
+                gateway.sample_groups,
+                gateway.samples,
+            )
+        fleet = self.fleet
         controller = Controller(
             store,
             self.supervisor,
@@ -219,7 +227,7 @@ class _Up:
             self.clock,
             publish=fleet.publish,
             traffic=fleet.traffic,
-            samples=gateway,
+            samples=fleet,
         )
         await controller.load_state()
         alerting = Alerting(
@@ -242,19 +250,23 @@ class _Up:
         await self.supervisor.recover(
             {g.name: g for g in spec.groups}, {p.name: p for p in spec.pools}
         )
-        try:
-            await gateway.start()
-        except OSError as exc:
-            control_sock.close()
-            raise Conflict(
-                f"the gateway cannot listen on {gateway.host}:{gateway.port}: {exc.strerror}; "
-                "free the port or pick another with --port"
-            ) from None
+        if gateway is not None:
+            try:
+                await gateway.start()
+            except OSError as exc:
+                control_sock.close()
+                raise Conflict(
+                    f"the gateway cannot listen on {gateway.host}:{gateway.port}: "
+                    f"{exc.strerror}; free the port or pick another with --port"
+                ) from None
         control_port = control_sock.getsockname()[1]
         tls = spec.control.tls
         scheme = "https" if tls else "http"
         control_url = f"{scheme}://{_url_host(spec.control.host)}:{control_port}"
-        endpoint = f"http://{_url_host(spec.gateway.host)}:{gateway.port}"
+        endpoint = options.endpoint or (
+            f"http://{_url_host(spec.gateway.host)}:"
+            f"{spec.gateway.port if gateway is None else gateway.port}"
+        )
         review = ReviewBoard(controller, store, self.clock, access_log=settings.access_log)
         keeper = Housekeeper(
             store,
@@ -262,7 +274,7 @@ class _Up:
             settings.access_log,
             settings.home / "instances",
             running=lambda: {s.id for s in self.supervisor.statuses()},
-            reopen_access_log=lambda: self._reopen_access_log(gateway),
+            reopen_access_log=(lambda: self._reopen_access_log(gateway)) if gateway else None,
             copy_truncate=self.supervisor.command_instances,
         )
 
@@ -291,7 +303,9 @@ class _Up:
             allowed_hosts=_allowed_hosts(spec.control),
             data_plane=fleet.status,
             review=review,
-            metrics=lambda: _with_alerts(gateway.metrics_text(), alerting),
+            metrics=lambda: _with_alerts(
+                gateway.metrics_text() if gateway is not None else (b"", CONTENT_TYPE), alerting
+            ),
             housekeeping=lambda: keeper.run_once(
                 controller.spec.retention, controller.spec.observability.history
             ),
@@ -360,7 +374,14 @@ class _Up:
             ),
             asyncio.create_task(self._keep_leading(), name="leadership"),
         ]
-        print(f"endpoint: {endpoint}", flush=True)
+        if gateway is not None:
+            print(f"endpoint: {endpoint}", flush=True)
+        else:
+            print(
+                f"no gateway in this process: `sluice gateway --control {control_url}` "
+                f"serves the endpoint ({endpoint})",
+                flush=True,
+            )
         print(f"control: {control_url}  console: {control_url}/ui/", flush=True)
         print(f"state: {settings.home}  revision: {controller.revision}", flush=True)
         if (lease := self.leadership.lease) is not None:
@@ -373,7 +394,8 @@ class _Up:
         print("stopping: gateway first, then draining instances", file=sys.stderr, flush=True)
         current.should_exit = True
         await drills.close()  # a drill cut short by the stop is closed as such, not judged
-        await gateway.stop()
+        if gateway is not None:
+            await gateway.stop()
         for task in [announcer, stopper, *tasks]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -2,23 +2,27 @@
 number of `sluice gateway` processes that sync with it over the control API.
 
 `POST /v1/gateways/{id}/sync`, about once a second from each gateway: the gateway pushes
-its cumulative per-group counters and its data-plane status, and gets back its share of
-the fleet's slots and, when it is not on the newest one, the routing snapshot. The
-autoscaler and the observer read `traffic()`, the fleet's counters merged
-(`sluice.policy.gateways.GatewayBook`); `GET /v1/dataplane` reads `status()`.
+its cumulative per-group counters, its data-plane status and the answers it recorded of the
+groups under canary analysis, and gets back its share of the fleet's slots, which groups to
+record and, when it is not on the newest one, the routing snapshot. The autoscaler and the
+observer read `traffic()`, the fleet's counters merged (`sluice.policy.gateways.GatewayBook`);
+`GET /v1/dataplane` reads `status()`; the drain of a command server reads `in_flight()`; the
+canary analysis reads every gateway's answers through `samples()`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.control.auth import Principal, Role
 from sluice.control.bodies import model_body
+from sluice.control.servers import ProbeFailed
 from sluice.core import Clock, Forbidden, SpecError, SpecIssue
 from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.gateways import GatewayBook, Share, add_samples, merge_status, share_snapshot
@@ -30,9 +34,16 @@ __all__ = ["GatewayFleet", "LocalGateway", "gateway_routes"]
 
 LOCAL = "local"
 """The id of the controller's own in-process gateway in the book."""
-MAX_SYNC_BYTES = 4 << 20
-"""A sync carries one counter set and one status per group: far less for any real spec."""
+MAX_SYNC_BYTES = 8 << 20
+"""A sync carries one counter set and one status per group, and at most MAX_SYNC_ROWS
+answers (about 100 bytes each)."""
+MAX_SYNC_ROWS = 20_000
+"""Answers one sync may carry: 20,000 a second per gateway process, more than one serves."""
+RING_ROWS = 8192
+"""Answers the fleet keeps per instance for the canary analysis (it reads once a second)."""
+MAX_SAMPLED_INSTANCES = 1000
 GatewayId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$")]
+InstanceId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +53,8 @@ class LocalGateway:
     update: Callable[[RoutingSnapshot], None]
     traffic: Callable[[], Mapping[str, TrafficSample]]
     status: Callable[[], dict[str, Any]]
+    sample_groups: Callable[[Iterable[str]], None]
+    samples: Callable[[str, int, int], tuple[list[dict[str, Any]], int]]
 
 
 class GatewayFleet:
@@ -50,18 +63,25 @@ class GatewayFleet:
 
     def __init__(self, clock: Clock, local: LocalGateway | None = None) -> None:
         self._clock = clock
-        self._local = local
+        self.local = local
+        """the in-process gateway (`sluice up`), set before the first publish; None:
+        `sluice controller`, whose gateways all sync over the API"""
         self.book = GatewayBook()
         self.snapshot: RoutingSnapshot | None = None
         self._statuses: dict[str, dict[str, Any]] = {}
         self._local_share = Share()
+        self._sampled: list[str] = []
+        self._rows: dict[str, deque[dict[str, Any]]] = {}
+        """instance -> the answers the gateways recorded of it, numbered by `_seq`"""
+        self._seq = 0
+        self._local_cursor: dict[str, int] = {}
 
     def publish(self, snapshot: RoutingSnapshot) -> None:
         """The controller's newest snapshot: to the local gateway at once (its share), to
         the others at their next sync."""
         self.snapshot = snapshot
-        if self._local is not None:
-            self._local.update(share_snapshot(snapshot, self._local_share))
+        if self.local is not None:
+            self.local.update(share_snapshot(snapshot, self._local_share))
 
     def sync(
         self,
@@ -71,6 +91,7 @@ class GatewayFleet:
         status: dict[str, Any],
         have: int | None,
         have_share: tuple[int, int] | None = None,
+        samples: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     ) -> dict[str, Any]:
         """Record one gateway's sync; the snapshot goes back when the gateway has another
         version or another share than the one it would now get."""
@@ -78,22 +99,58 @@ class GatewayFleet:
         share = self.book.push(gateway, boot, counters, now)
         self._statuses[gateway] = status
         self._reshare_local(now)
+        for instance, rows in (samples or {}).items():
+            self._keep_rows(instance, rows)
         snap = self.snapshot
         fresh = snap is not None and (snap.version != have or have_share != tuple(share))
         return {
             "share": {"index": share.index, "count": share.count},
             "version": None if snap is None else snap.version,
             "snapshot": snapshot_to_json(share_snapshot(snap, share)) if fresh and snap else None,
+            "sample_groups": self._sampled,
         }
+
+    def sample_groups(self, groups: Iterable[str]) -> None:
+        """Record the answers of exactly `groups` (those under canary analysis whose servers
+        keep no samples), in every gateway: the local one at once, the others at their
+        next sync."""
+        self._sampled = sorted(set(groups))
+        if not self._sampled:
+            self._rows.clear()
+        if self.local is not None:
+            self.local.sample_groups(self._sampled)
+
+    def samples(self, instance: str, after: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """Up to `limit` answers of `instance` recorded by any gateway after cursor `after`,
+        oldest first, and the cursor for the next read."""
+        if self.local is not None:
+            rows, self._local_cursor[instance] = self.local.samples(
+                instance, self._local_cursor.get(instance, 0), RING_ROWS
+            )
+            self._keep_rows(instance, rows)
+        picked = [r for r in self._rows.get(instance, ()) if r["seq"] > after][:limit]
+        return picked, picked[-1]["seq"] if picked else after
+
+    def _keep_rows(self, instance: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        if not rows or not self._sampled:
+            return
+        ring = self._rows.get(instance)
+        if ring is None:
+            if len(self._rows) >= MAX_SAMPLED_INSTANCES:  # the longest-kept goes first
+                del self._rows[next(iter(self._rows))]
+            ring = self._rows[instance] = deque(maxlen=RING_ROWS)
+        for row in rows:
+            self._seq += 1
+            ring.append({**row, "seq": self._seq})
 
     def traffic(self) -> dict[str, TrafficSample]:
         """Per group: every gateway's counters added up (the autoscaler's input)."""
         now = self._clock.now()
         self._reshare_local(now)
         merged = self.book.traffic(now)
-        if self._local is None:
+        if self.local is None:
             return merged
-        for group, sample in self._local.traffic().items():
+        for group, sample in self.local.traffic().items():
             other = merged.get(group)
             merged[group] = sample if other is None else add_samples([sample, other], now)
         return merged
@@ -104,21 +161,47 @@ class GatewayFleet:
         live = set(self.book.live())
         self._statuses = {g: s for g, s in self._statuses.items() if g in live}
         parts = dict(self._statuses)
-        if self._local is not None:
-            parts[LOCAL] = self._local.status()
+        if self.local is not None:
+            parts[LOCAL] = self.local.status()
         return merge_status(parts)
+
+    def in_flight(self) -> dict[str, int]:
+        """Requests in flight per instance, every gateway's added up: what drains a server
+        that is not Sluice's worker. Not known (`ProbeFailed`, the drain asks again) while a
+        live gateway's last status is of an older snapshot than the newest: it may still be
+        routing to the instance that left rotation."""
+        merged = self.status()
+        newest = None if self.snapshot is None else self.snapshot.version
+        behind = sorted(g for g, v in merged["gateways"].items() if g != LOCAL and v != newest)
+        if behind:
+            raise ProbeFailed(
+                f"gateway(s) {', '.join(behind)} not yet on routing snapshot v{newest}"
+            )
+        return dict(merged["in_flight"])
 
     def _reshare_local(self, now: float) -> None:
         """The local gateway is one of the fleet too: its share changes as others come and
         go, and its snapshot is re-applied with the new share."""
-        if self._local is None:
+        if self.local is None:
             return
         self.book.push(LOCAL, LOCAL, {}, now)  # the local counters are read directly
         share = self.book.share_of(LOCAL)
         if share != self._local_share:
             self._local_share = share
             if self.snapshot is not None:
-                self._local.update(share_snapshot(self.snapshot, share))
+                self.local.update(share_snapshot(self.snapshot, share))
+
+
+class _Answer(BaseModel):
+    """What a gateway saw of one answer (`sluice.gateway.samples`): never the text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: float
+    status: int = Field(ge=0, le=999)
+    latency_s: float = Field(ge=0)
+    ttft_s: float | None = Field(default=None, ge=0)
+    output_bytes: int = Field(ge=0)
 
 
 class _Sync(BaseModel):
@@ -129,6 +212,13 @@ class _Sync(BaseModel):
     have_share: tuple[int, int] | None = None
     counters: dict[Name, TrafficSample] = Field(default_factory=dict, max_length=10_000)
     status: dict[str, Any] = Field(default_factory=dict)
+    samples: dict[InstanceId, list[_Answer]] = Field(default_factory=dict, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _rows_bounded(self) -> _Sync:
+        if sum(len(rows) for rows in self.samples.values()) > MAX_SYNC_ROWS:
+            raise ValueError(f"samples: at most {MAX_SYNC_ROWS} answers in one sync")
+        return self
 
 
 def gateway_routes(api: APIRouter, fleet: GatewayFleet) -> None:
@@ -152,6 +242,7 @@ def gateway_routes(api: APIRouter, fleet: GatewayFleet) -> None:
             merge_status({gateway: body.status})
         except (TypeError, ValueError, AttributeError) as exc:
             raise SpecError([SpecIssue("status", f"not a data-plane status: {exc}")]) from None
+        samples = {i: [a.model_dump() for a in rows] for i, rows in body.samples.items()}
         return fleet.sync(
-            gateway, body.boot, body.counters, body.status, body.have, body.have_share
+            gateway, body.boot, body.counters, body.status, body.have, body.have_share, samples
         )

@@ -3,6 +3,10 @@ it syncs with the control API (`POST /v1/gateways/{id}/sync`), pushing its per-g
 counters and status, and swaps in the routing snapshot when the controller has a newer one
 or gives it a new share of the slots.
 
+For the groups under canary analysis whose servers keep no samples, the controller names
+the groups to record in its answer; the gateway records their answers and sends the new
+ones with each sync (status, latency, time to the first byte, size: never the text).
+
 When no controller answers (it is down, restarting, or a standby is taking over), the
 gateway keeps serving the last good snapshot: the instances it routes to outlive the
 controller, so requests keep flowing. It says so once per outage, and again when a
@@ -31,6 +35,10 @@ log = logging.getLogger("sluice.gateway.sync")
 SYNC_PERIOD_S = 1.0
 SYNC_TIMEOUT_S = 2.0
 """A controller that does not answer a sync within this is skipped for the next URL."""
+MAX_SYNC_ROWS = 20_000
+"""Recorded answers one sync carries at most (the controller refuses more); the rest go
+with the next one."""
+_ROW_FIELDS = ("at", "status", "latency_s", "ttft_s", "output_bytes")
 
 
 class ControlSync:
@@ -66,6 +74,8 @@ class ControlSync:
         self.synced = asyncio.Event()
         """set once the first snapshot is in: the gateway has something to route"""
         self._down_since: float | None = None
+        self._sent: dict[str, int] = {}
+        """per instance: the cursor of the last recorded answer a controller took"""
 
     async def run(self) -> None:
         async with httpx.AsyncClient(timeout=self._timeout_s, verify=self._verify) as client:
@@ -76,7 +86,7 @@ class ControlSync:
 
     async def sync_once(self, client: httpx.AsyncClient) -> bool:
         """One sync with the first controller that answers; False: none did."""
-        body = self._body()
+        body, cursors = self._body()
         problems = []
         for k in range(len(self._controls)):
             i = (self._current + k) % len(self._controls)
@@ -97,22 +107,42 @@ class ControlSync:
                 problems.append(f"{self._controls[i]}: a sync answer it cannot read ({exc})")
                 continue
             self._current = i
+            self._sent.update(cursors)
             self._recovered()
             return True
         self._lost("; ".join(problems))
         return False
 
-    def _body(self) -> dict[str, Any]:
-        return {
+    def _body(self) -> tuple[dict[str, Any], dict[str, int]]:
+        """The sync's body, and the answer cursors that hold once a controller takes it."""
+        samples, cursors = self._new_answers()
+        body = {
             "boot": self._boot,
             "have": self._have,
             "have_share": list(self._share) if self._share else None,
             "counters": {g: sample_to_json(s) for g, s in self._gateway.traffic().items()},
             "status": self._gateway.status(),
+            "samples": samples,
         }
+        return body, cursors
+
+    def _new_answers(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        cursors: dict[str, int] = {}
+        room = MAX_SYNC_ROWS
+        for instance in self._gateway.sampled_instances():
+            if room <= 0:
+                break
+            rows, cursor = self._gateway.samples(instance, self._sent.get(instance, 0), room)
+            if rows:
+                out[instance] = [{k: r[k] for k in _ROW_FIELDS} for r in rows]
+                cursors[instance] = cursor
+                room -= len(rows)
+        return out, cursors
 
     def _take(self, answer: dict[str, Any]) -> None:
         share = (int(answer["share"]["index"]), int(answer["share"]["count"]))
+        self._gateway.sample_groups(str(g) for g in answer.get("sample_groups") or ())
         doc = answer.get("snapshot")
         if doc is not None:
             snapshot = snapshot_from_json(doc)

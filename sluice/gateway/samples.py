@@ -75,6 +75,10 @@ class GatewaySampling:
         }
         return True
 
+    def instances(self) -> list[str]:
+        """The instances with recorded rows."""
+        return [i for ring in self.groups.values() for i in ring.rings]
+
     def read(self, instance: str, after: int, limit: int) -> tuple[list[dict[str, Any]], int]:
         """Up to `limit` rows of `instance` after sequence number `after`, oldest first, as
         a worker's `/sluice/samples` rows; and the cursor for the next read."""

@@ -96,11 +96,15 @@ class Gateway:
         `output_bytes`), and the cursor for the next read."""
         return self._state.sampling.read(instance, after, limit)
 
+    def sampled_instances(self) -> list[str]:
+        """The instances whose answers are being recorded (see `samples`)."""
+        return self._state.sampling.instances()
+
     def status(self) -> dict[str, Any]:
         """The data plane now, JSON-able: `{"version": n, "groups": {name: {"slots",
         "in_use", "queued": {"high", "normal", "low"}, "instances", "ejected": [{"instance",
         "until_s" (seconds left), "times", "reason"}]}}, "served": {instance: n},
-        "routes": {rule tag: {group: requests answered}}}`."""
+        "in_flight": {instance: n > 0}, "routes": {rule tag: {group: requests answered}}}`."""
         return self._state.status()
 
     def traffic(self) -> dict[str, TrafficSample]:

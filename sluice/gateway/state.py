@@ -301,6 +301,7 @@ class GatewayState:
             "version": self.snapshot.version,
             "groups": {name: g.status(now) for name, g in sorted(self.groups.items())},
             "served": dict(self.served),
+            "in_flight": {i: n for i, n in self.outstanding.items() if n},
             "routes": self.metrics.route_counts(),
         }
 

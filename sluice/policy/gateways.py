@@ -198,9 +198,11 @@ def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The data plane of several gateways as one (`GET /v1/dataplane`): per group, slots,
     in use and queued add up, `instances` is what the most up-to-date gateway routes to,
     unreachable and ejected instances are each gateway's, named; served and per-route
-    counts add up. `gateways[id]` is the snapshot version each one serves."""
+    counts add up, and so do the requests in flight per instance. `gateways[id]` is the
+    snapshot version each one serves."""
     groups: dict[str, dict[str, Any]] = {}
     served: dict[str, int] = {}
+    in_flight: dict[str, int] = {}
     routes: dict[str, dict[str, int]] = {}
     for gw, part in sorted(parts.items()):
         for name, g in (part.get("groups") or {}).items():
@@ -224,6 +226,8 @@ def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             into["ejected"] += [{**e, "gateway": gw} for e in g.get("ejected", ())]
         for instance, n in (part.get("served") or {}).items():
             served[instance] = served.get(instance, 0) + int(n)
+        for instance, n in (part.get("in_flight") or {}).items():
+            in_flight[instance] = in_flight.get(instance, 0) + int(n)
         for tag, by_group in (part.get("routes") or {}).items():
             into_route = routes.setdefault(tag, {})
             for group, n in by_group.items():
@@ -233,6 +237,7 @@ def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "version": max((v for v in versions.values() if isinstance(v, int)), default=0),
         "groups": dict(sorted(groups.items())),
         "served": served,
+        "in_flight": in_flight,
         "routes": routes,
         "gateways": versions,
     }

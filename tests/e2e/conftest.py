@@ -25,7 +25,8 @@ from sluice.runtime.local import pid_runs_instance
 
 @dataclass
 class Sluice:
-    """One `sluice up` process on a state directory, plus CLI helpers against it."""
+    """One `sluice up` (or `sluice controller`) process on a state directory, plus CLI
+    helpers against it."""
 
     home: Path
     spec: Path
@@ -39,6 +40,8 @@ class Sluice:
     """The gateway's port: 0 picks a free one at each start (so a restart may move it)."""
     environ: dict[str, str] = field(default_factory=dict)
     """Set for `sluice up` and the CLI on top of this process's environment."""
+    command: str = "up"
+    """`controller`: no gateway in the process (`endpoint` stays empty)"""
 
     def env(self) -> dict[str, str]:
         """The CLI's environment: it finds the admin token `sluice up` wrote in the home."""
@@ -74,9 +77,10 @@ class Sluice:
 
     def start(self, with_spec: bool = True, wait_endpoint: bool = True) -> None:
         """Start `sluice up`; unless told not to (a standby prints its endpoint only once
-        it leads), wait until it prints its endpoint."""
-        cmd = [sys.executable, "-m", "sluice", "up", "--port", str(self.port)]
-        cmd += ["--log-level", "warning"]
+        it leads), wait until it prints its endpoint (`sluice controller`: its control URL)."""
+        cmd = [sys.executable, "-m", "sluice", self.command, "--log-level", "warning"]
+        if self.command == "up":
+            cmd += ["--port", str(self.port)]
         if with_spec:
             cmd += ["-f", str(self.spec)]
         self.proc = subprocess.Popen(
@@ -91,6 +95,8 @@ class Sluice:
                 self.output.append(line)
                 if line.startswith("endpoint: "):
                     self.endpoint = line.split(" ", 1)[1].strip()
+                    ready.set()
+                elif line.startswith("control: ") and self.command == "controller":
                     ready.set()
 
         self._pump = threading.Thread(target=pump, daemon=True)

@@ -4,8 +4,9 @@ Real processes on 127.0.0.1: `sluice up` (controller + its own gateway) and `slu
 --workers 2` (two processes on one port, SO_REUSEPORT). The remote gateway serves from the
 routes it syncs, its counters drive the autoscaler, the slots of every instance are split
 between the gateways, it keeps serving while the controller is paused, and its token may
-do nothing else. Then two controllers on one database: the leader is killed under load
-through the remote gateways, the standby takes over, and no request is lost.
+do nothing else. Then two `sluice controller` (no gateway of their own) on one database:
+the leader is killed under load through the remote gateways, the standby takes over, and
+no request, instance or audit row is lost, none started twice.
 """
 
 from __future__ import annotations
@@ -174,16 +175,17 @@ def test_a_gateway_apart_serves_the_controllers_routes_and_drives_its_autoscaler
 
 @pytest.fixture
 def two_controllers(tmp_path: Path) -> Iterator[tuple[Sluice, Sluice, int]]:
-    """Two `sluice up` on one SQLite database and one control port: the standby binds it
-    once it leads, so gateways need one URL (as behind a Service)."""
+    """Two `sluice controller` on one SQLite database and one control port: the standby
+    binds it once it leads, so gateways need one URL (as behind a Service)."""
     control_port = free_port()
     spec = tmp_path / "platform.yaml"
     spec.write_text(SPEC.format(control_port=control_port, min=2))
     environ = {"SLUICE_DATABASE_URL": f"sqlite:///{tmp_path / 'state.db'}"}
-    a = Sluice(tmp_path / "a", spec, environ=environ)
-    b = Sluice(tmp_path / "b", spec, environ=environ)
+    a = Sluice(tmp_path / "a", spec, environ=environ, command="controller")
+    b = Sluice(tmp_path / "b", spec, environ=environ, command="controller")
     try:
         a.start()
+        assert any("no gateway in this process" in line for line in a.output), a.output
         a.wait_for("a leads with 2 ready", lambda: len(a.ready("chat")) == 2)
         b.start(wait_endpoint=False)
         b.wait_for("b waits", lambda: any("standby:" in line for line in b.output), timeout=30)
@@ -201,10 +203,20 @@ def test_the_leader_killed_under_load_loses_no_request_through_the_gateways(
     token = a.token("gw-1", "gateway")
     before = {i["id"] for i in a.ready("chat")}
     with remote_gateway([f"http://127.0.0.1:{control_port}"], token, 2, tmp_path) as gw:
+        # the two gateway processes are the whole data plane: they hold all 4 slots
+        a.wait_for(
+            "the two gateways holding each instance's slots",
+            lambda: (
+                set(dataplane(a)["gateways"]) == {"gw-w0", "gw-w1"}
+                and dataplane(a)["groups"]["chat"]["slots"] == 8
+            ),
+            timeout=15,
+        )
         load = OpenLoop(gw.endpoint)
         sender = threading.Thread(target=load.run, kwargs={"rate": 15, "seconds": 15})
         sender.start()
         time.sleep(4)
+        audited = a.cli("audit", "--limit", "200")
         assert a.proc is not None
         a.proc.kill()  # kill -9: no goodbye, its lease runs out
         sender.join()
@@ -223,5 +235,7 @@ def test_the_leader_killed_under_load_loses_no_request_through_the_gateways(
     assert {i["id"] for i in b.ready("chat")} == before
     launches = [e for e in b.cli("events", "chat", "--limit", "200") if e["kind"] == "launch"]
     assert len(launches) == 2, launches
-    actions = [e["action"] for e in b.cli("audit", "--limit", "200")]
+    audit_after = b.cli("audit", "--limit", "200")
+    actions = [e["action"] for e in audit_after]
     assert actions.count("lead") == 2 and "token-create" in actions
+    assert {e["id"] for e in audited} <= {e["id"] for e in audit_after}  # no audit row lost

@@ -1,13 +1,20 @@
-"""Many gateways, one fleet: slot shares that add up, counters that never go down, and the
-routing snapshot's JSON round trip (sluice.policy.gateways, sluice.policy.snapshot_wire)."""
+"""Many gateways, one fleet: slot shares that add up, counters that never go down, the
+routing snapshot's JSON round trip (sluice.policy.gateways, sluice.policy.snapshot_wire),
+and the controller's view of its gateways: their answers for the canary analysis and their
+requests in flight for a drain (sluice.control.gateways)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluice.control.gateways import GatewayFleet, LocalGateway
+from sluice.control.servers import ProbeFailed
+from sluice.core import ManualClock
 from sluice.policy import build_routing_snapshot
 from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.gateways import GatewayBook, Share, merge_status, share_endpoints
@@ -130,3 +137,73 @@ def test_a_snapshot_survives_its_json_round_trip() -> None:
 def test_a_sample_survives_its_json_round_trip() -> None:
     s = sample(7, 2, at=12.5)
     assert sample_from_json(sample_to_json(s)) == s
+
+
+def _fleet_with_local() -> tuple[GatewayFleet, dict[str, list[dict[str, Any]]]]:
+    """A fleet whose in-process gateway recorded two answers of `i-1`."""
+    local_rows = {
+        "i-1": [
+            {
+                "seq": 1,
+                "at": 1.0,
+                "status": 200,
+                "latency_s": 0.1,
+                "ttft_s": None,
+                "output_bytes": 9,
+            },
+            {
+                "seq": 2,
+                "at": 2.0,
+                "status": 500,
+                "latency_s": 0.2,
+                "ttft_s": None,
+                "output_bytes": 0,
+            },
+        ]
+    }
+    watched: dict[str, list[dict[str, Any]]] = {"groups": []}
+
+    def samples(instance: str, after: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        rows = [r for r in local_rows.get(instance, []) if r["seq"] > after][:limit]
+        return rows, rows[-1]["seq"] if rows else after
+
+    local = LocalGateway(
+        update=lambda snap: None,
+        traffic=dict,
+        status=lambda: {"version": 3, "groups": {}, "in_flight": {"i-1": 1}},
+        sample_groups=lambda groups: watched.__setitem__("groups", list(groups)),
+        samples=samples,
+    )
+    return GatewayFleet(ManualClock(100.0), local), watched
+
+
+def test_the_canary_reads_every_gateways_answers_through_one_cursor() -> None:
+    fleet, watched = _fleet_with_local()
+    fleet.sample_groups(["chat"])
+    assert watched["groups"] == ["chat"]  # the local gateway records at once
+    remote = {"at": 3.0, "status": 200, "latency_s": 0.3, "ttft_s": 0.05, "output_bytes": 7}
+    answer = fleet.sync("gw-a", "boot", {}, {}, None, None, {"i-1": [remote]})
+    assert answer["sample_groups"] == ["chat"]  # the remote gateway learns it at its sync
+    rows, cursor = fleet.samples("i-1", 0, 100)
+    assert sorted(r["latency_s"] for r in rows) == [0.1, 0.2, 0.3]
+    assert fleet.samples("i-1", cursor, 100) == ([], cursor)  # each answer read once
+    fleet.sync("gw-a", "boot", {}, {}, None, None, {"i-1": [remote]})
+    more, after = fleet.samples("i-1", cursor, 100)
+    assert len(more) == 1 and after > cursor
+    fleet.sample_groups([])  # no canary: nothing is kept
+    fleet.sync("gw-a", "boot", {}, {}, None, None, {"i-1": [remote]})
+    assert fleet.samples("i-1", after, 100) == ([], after)
+
+
+def test_in_flight_is_unknown_while_a_gateway_may_still_route_to_a_drained_instance() -> None:
+    fleet, _ = _fleet_with_local()
+    snap = build_routing_snapshot(
+        load_spec_text((EXAMPLES / "quickstart.yaml").read_text(), "quickstart.yaml").spec, {}, 4
+    )
+    fleet.publish(snap)
+    # gw-a's last status is of snapshot v3: it may still send to the instance being drained
+    fleet.sync("gw-a", "boot", {}, {"version": 3, "in_flight": {"i-1": 2}}, 3)
+    with pytest.raises(ProbeFailed, match="gw-a"):
+        fleet.in_flight()
+    fleet.sync("gw-a", "boot", {}, {"version": 4, "in_flight": {"i-1": 2}}, 4)
+    assert fleet.in_flight() == {"i-1": 3}  # the local gateway's one and gw-a's two
