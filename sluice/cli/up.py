@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -128,8 +128,9 @@ class _Up:
         self.fenced = False
         """lost the leader lease: stop without touching the instances (the leader's now)"""
         self.fleet = GatewayFleet(self.clock)
+        runtime, self.inventory = _runtime(first, settings.home)
         self.supervisor = InstanceSupervisor(
-            FencedRuntime(_runtime(first, settings.home), self.leadership),
+            FencedRuntime(runtime, self.leadership),
             store,
             self.clock,
             self.events,
@@ -228,6 +229,7 @@ class _Up:
             publish=fleet.publish,
             traffic=fleet.traffic,
             samples=fleet,
+            inventory=self.inventory,
         )
         await controller.load_state()
         alerting = Alerting(
@@ -523,13 +525,18 @@ def _refuse_silent_revert(loaded: LoadedSpec, latest: Revision | None) -> None:
     )
 
 
-def _runtime(spec: PlatformSpec, home: Path) -> Runtime:
-    """Where instances run (`instances.runtime`, read at start); Ray is imported only here."""
+def _runtime(
+    spec: PlatformSpec, home: Path
+) -> tuple[Runtime, Callable[[], Mapping[str, int]] | None]:
+    """Where instances run (`instances.runtime`, read at start), and for a cluster the call
+    that reads its accelerators per type (pools with `inventory: cluster`). Ray is imported
+    only here."""
     if spec.instances.runtime == "ray":
         from sluice.runtime.ray import RayRuntime
 
-        return RayRuntime(spec.instances.ray.address, spec.instances.ray.namespace)
-    return LocalRuntime(home)
+        ray = RayRuntime(spec.instances.ray.address, spec.instances.ray.namespace)
+        return ray, ray.inventory
+    return LocalRuntime(home), None
 
 
 async def _latest_spec(store: Store) -> PlatformSpec:

@@ -21,6 +21,7 @@ from sluice.control.decisions import DecisionJournal
 from sluice.control.events import EventLog, store_error_text, store_outage
 from sluice.control.explain import tier_counts
 from sluice.control.fleet_metrics import FleetView, fleet_metrics
+from sluice.control.inventory import ClusterPools
 from sluice.control.keysources import spec_with_key_sources
 from sluice.control.observer import Observation
 from sluice.control.pins import Pins
@@ -76,10 +77,13 @@ class Controller:
         publish: Callable[[RoutingSnapshot], None],
         traffic: TrafficSource | None = None,
         samples: GatewaySampleSource | None = None,
+        inventory: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         """`samples`: the gateway's per-request rows, which stand in for the samples of
         servers that keep none (command, external) under a rollout (None: such a rollout's
-        analysis has no answers of them)."""
+        analysis has no answers of them). `inventory`: the cluster's accelerators per type
+        now (`RayRuntime.inventory`, a blocking call), which size `inventory: cluster`
+        pools."""
         self._store = store
         self._supervisor = supervisor
         self._events = events
@@ -96,6 +100,7 @@ class Controller:
         self._servers = ServerScraper(clock.now)
         self._autoscaling = LiveAutoscaling(traffic, self._servers.load)
         self._tiers: Mapping[str, str] = {}
+        self._cluster_pools = ClusterPools(inventory, events)
         self._holds: Callable[[], Mapping[str, NoGainHold]] = dict
         self._scaled: dict[str, int] = {}
         """The autoscaler's instance count per actively autoscaled group (journaled, so it
@@ -233,7 +238,8 @@ class Controller:
     async def quota_report(self, window_s: float, below: float) -> dict[str, Any]:
         """`sluice quota`: pools, guarantees, use, loans, spend, under-used groups."""
         loans = await asyncio.to_thread(self._store.list_loans, limit=200)
-        return self._quota.report(self.spec, loans, self._clock.now(), window_s, below)
+        spec = self._cluster_pools.with_counts(self.spec)
+        return self._quota.report(spec, loans, self._clock.now(), window_s, below)
 
     def explain_state(self, group: str) -> dict[str, Any]:
         """What explain shows besides the journal: the policy and its mode, the count it
@@ -511,10 +517,10 @@ class Controller:
     async def tick(self) -> None:
         if self._spec is None:
             return
-        spec = self._spec
+        now = self._clock.now()
+        spec = await self._cluster_pools.sized(self._spec, now)
         # 1. Snapshot: desired state (spec + overrides) and what the instances report.
         observed = self._supervisor.statuses()
-        now = self._clock.now()
         await self.pins.expire(now, {g.name for g in spec.groups})
         loads = self._autoscaling.due(spec, observed, self.desired_replicas, now)
         self._servers.watch(scrape_targets(spec, observed))  # read in their own task

@@ -8,31 +8,13 @@ from collections.abc import Mapping
 
 from sluice.core.errors import SpecError, SpecIssue
 from sluice.policy.autoscale import Autoscaler, build_autoscaler
+from sluice.policy.inventory import with_pool_counts
 from sluice.sim.engine import Workload, prepare
 from sluice.sim.model import InstanceModel
 from sluice.sim.trace import trace_from_rows
 from sluice.spec import PlatformSpec
 
 __all__ = ["scalers_for", "with_pool_counts", "workloads_for"]
-
-
-def with_pool_counts(spec: PlatformSpec, counts: Mapping[str, int]) -> PlatformSpec:
-    """The spec with some pools' counts replaced; an unknown pool is a `SpecError`."""
-    names = {p.name for p in spec.pools}
-    bad = [
-        SpecIssue("--pool", f"no pool named {n!r}; pools: {', '.join(sorted(names))}")
-        for n in counts
-        if n not in names
-    ]
-    bad += [
-        SpecIssue("--pool", f"{n}={c}: a count must be >= 0") for n, c in counts.items() if c < 0
-    ]
-    if bad:
-        raise SpecError(bad)
-    if not counts:
-        return spec
-    pools = [p.model_copy(update={"count": counts.get(p.name, p.count)}) for p in spec.pools]
-    return spec.model_copy(update={"pools": pools})
 
 
 def workloads_for(spec: PlatformSpec, given: Mapping[str, Workload]) -> dict[str, Workload]:

@@ -147,6 +147,8 @@ def _group_resources(spec: PlatformSpec) -> Iterator[Problem]:
 
 def _pool_capacity(spec: PlatformSpec) -> Iterator[Problem]:
     for i, pool in enumerate(spec.pools):
+        if pool.inventory == "cluster":  # the cluster's size, known only live
+            continue
         used = sum(
             g.replicas * g.resources.accelerators
             for g in spec.groups
@@ -162,7 +164,32 @@ def _pool_capacity(spec: PlatformSpec) -> Iterator[Problem]:
 
 def _cluster_pools(spec: PlatformSpec) -> Iterator[Problem]:
     """On Ray the cluster assigns each actor its GPUs; this machine's device ids mean
-    nothing on another node."""
+    nothing on another node. A pool sized by the cluster counts one accelerator type, which
+    no other such pool counts too."""
+    typed: dict[str, str] = {}
+    for i, pool in enumerate(spec.pools):
+        if pool.inventory != "cluster":
+            continue
+        if spec.instances.runtime != "ray":
+            yield (
+                ("pools", i, "inventory"),
+                "inventory: cluster reads the Ray cluster's nodes: set instances.runtime: ray, "
+                "or declare the pool's count (inventory: declared)",
+            )
+        elif pool.accelerator_type is None:
+            yield (
+                ("pools", i, "accelerator_type"),
+                "inventory: cluster counts the nodes' accelerator_type:<name> resource: name it "
+                "with accelerator_type (e.g. H200)",
+            )
+        elif pool.accelerator_type in typed:
+            yield (
+                ("pools", i, "accelerator_type"),
+                f"pool {typed[pool.accelerator_type]!r} already counts the cluster's "
+                f"{pool.accelerator_type}: one pool per accelerator type when the cluster sizes it",
+            )
+        else:
+            typed[pool.accelerator_type] = pool.name
     if spec.instances.runtime != "ray":
         return
     for i, pool in enumerate(spec.pools):

@@ -106,6 +106,14 @@ class PoolSpec(_Strict):
         "nodes that have them carry the resource `accelerator_type:<name>`, e.g. H200); an "
         "instance is placed only on such a node. Unset: any node",
     )
+    inventory: Literal["declared", "cluster"] = Field(
+        default="declared",
+        description="declared: the pool has `count` accelerators. cluster (`instances.runtime: "
+        "ray`): it has what the Ray cluster's nodes of `accelerator_type` have now, read every "
+        "few seconds, so a node joining grows it and a node leaving shrinks it (reserved "
+        "groups keep theirs first); `count` is then only what it is taken to have until the "
+        "cluster first answers",
+    )
 
     @model_validator(mode="after")
     def _devices_add_up(self) -> PoolSpec:

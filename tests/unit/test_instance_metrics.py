@@ -81,7 +81,9 @@ def test_an_instance_out_of_routing_is_dropped_after_the_retention() -> None:
 def test_prune_on_snapshot_changes_without_scrapes() -> None:
     metrics, _ = fleet("i1")
     gm = metrics.groups["g"]
-    t = time.monotonic()  # the stray's clock is monotonic: a fixed t fails on a fresh boot
+    # the stray's clock is monotonic: a fixed t fails on a fresh boot; a whole second, so
+    # t + RETENTION - t is exactly RETENTION (the boundary is what is tested)
+    t = float(int(time.monotonic()))
     metrics.request_done("g", "r", 200, 0.01, 0.01, "late", 200)  # never routed (a stray)
     gm.prune({"i1"}, t)  # seen unrouted: its clock starts (it started at its first answer)
     gm.instances["late"].unrouted_since = t
