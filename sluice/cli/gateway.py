@@ -48,6 +48,17 @@ def gateway(
         Path | None, typer.Option(help="CA bundle that signed the control API's TLS certificate")
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            help="serve each process's Prometheus /metrics on this port (worker i: port + i)",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option(help="address of the /metrics listener (no token asked)")
+    ] = "127.0.0.1",
 ) -> None:
     """Serve the inference endpoint from the controller's routes until Ctrl-C; keep the
     last good routes while no controller answers.
@@ -73,6 +84,8 @@ def gateway(
                 access_log=access_log,
                 ca_file=ca_file,
                 log_level=log_level,
+                metrics_host=metrics_host,
+                metrics_port=metrics_port,
             )
         )
     except SluiceError as exc:

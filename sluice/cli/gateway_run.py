@@ -5,18 +5,26 @@ again any that dies."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import uvicorn
 import uvloop
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
+from sluice.cli.serving import QuietServer
 from sluice.core import Conflict
 from sluice.gateway import Gateway
 from sluice.gateway.remote import ControlSync
@@ -42,6 +50,9 @@ class GatewayOptions:
     access_log: Path | None
     ca_file: Path | None
     log_level: str
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    """Prometheus `/metrics` of each process here (worker i: this port + i); None: none"""
 
 
 def run_gateways(opts: GatewayOptions) -> None:
@@ -82,6 +93,13 @@ async def _serve(
         ) from None
     host = f"[{opts.host}]" if ":" in opts.host else opts.host
     print(f"gateway {gateway_id}: endpoint: http://{host}:{gateway.port}", flush=True)
+    metrics = None
+    if opts.metrics_port is not None:
+        worker = int(os.environ.get(_WORKER_ENV, "0"))
+        metrics = _metrics_server(gateway, opts.metrics_host, opts.metrics_port + worker)
+        m_host = f"[{opts.metrics_host}]" if ":" in opts.metrics_host else opts.metrics_host
+        port = metrics.port
+        print(f"gateway {gateway_id}: metrics: http://{m_host}:{port}/metrics", flush=True)
     syncing = asyncio.create_task(sync.run())
 
     async def say_synced() -> None:
@@ -94,10 +112,44 @@ async def _serve(
     finally:
         for task in (syncing, saying):
             task.cancel()
+        if metrics is not None:
+            await metrics.stop()
         await gateway.stop()
         if stream is not None:
             stream.close()
         print(f"gateway {gateway_id}: stopped", flush=True)
+
+
+class _MetricsServer:
+    """`GET /metrics` of one gateway process (its Prometheus text), on its own listener:
+    the data-plane port serves the inference API only."""
+
+    def __init__(self, server: QuietServer, sock: socket.socket) -> None:
+        self._server = server
+        self.port = int(sock.getsockname()[1])
+        self._task = asyncio.create_task(server.serve(sockets=[sock]))
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError, SystemExit):
+            await asyncio.wait_for(self._task, 5)
+
+
+def _metrics_server(gateway: Gateway, host: str, port: int) -> _MetricsServer:
+    async def metrics(_request: Request) -> Response:
+        body, content_type = gateway.metrics_text()
+        return Response(body, media_type=content_type)
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise Conflict(f"the metrics port cannot listen on {host}:{port}: {exc.strerror}") from None
+    app = Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="off", access_log=False, server_header=False
+    )
+    return _MetricsServer(QuietServer(config), sock)
 
 
 def _supervise(opts: GatewayOptions) -> None:

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,6 +26,7 @@ import uvicorn
 from fastapi import APIRouter
 
 from sluice.cli.common import state_store
+from sluice.cli.serving import QuietServer
 from sluice.config import Settings
 from sluice.control import (
     Controller,
@@ -58,15 +59,6 @@ log = logging.getLogger("sluice.up")
 
 LOCAL_ACTOR = f"local:{getpass.getuser()}"
 """Who `sluice up -f` acts as: whoever runs it on this machine (it holds the state dir)."""
-
-
-class _ControlServer(uvicorn.Server):
-    """uvicorn without its own signal handling: `sluice up` owns SIGINT/SIGTERM and shuts
-    everything down in order (gateway, then instances), not just the API."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +305,7 @@ class _Up:
             ),
             more_routes=more_routes,
         )
-        server = _ControlServer(
+        server = QuietServer(
             uvicorn.Config(
                 api,
                 log_level="warning",
@@ -337,7 +329,7 @@ class _Up:
                     control_sock.close()
                 again = spec.control.model_copy(update={"port": control_port})
                 control_sock = _control_socket(again, options.insecure)
-                current = _ControlServer(server.config)
+                current = QuietServer(server.config)
             await current.serve(sockets=[control_sock])
 
         async def control_loop(_attempt: int) -> None:

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -25,6 +25,7 @@ from sluice.control.auth import (
     Role,
     csrf_matches,
 )
+from sluice.control.bodies import TextBody
 from sluice.control.console import is_console_path, mount_console
 from sluice.control.controller import Controller
 from sluice.control.events import store_error_text, store_outage
@@ -47,49 +48,43 @@ RowId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 GroupName = Name
 
 
-class _Body(BaseModel):
-    """A request body. Every `str` gets a (generous) length bound, which also makes pydantic
-    refuse text that is not Unicode (an unpaired surrogate, "\\ud800" in the JSON), so
-    nothing stored or echoed back fails to encode later."""
-
-    model_config = ConfigDict(str_max_length=1 << 24)
-
-
-class ScaleRequest(_Body):
+class ScaleRequest(TextBody):
     replicas: int = Field(ge=0, le=1000)
     reason: str = Field(min_length=1, description="why; recorded in the audit log")
 
 
-class FailoverRequest(_Body):
+class FailoverRequest(TextBody):
     to: str | None = Field(default=None, description="backup group; default: spec `backup`")
     reason: str = Field(min_length=1)
 
 
-class RestoreRequest(_Body):
+class RestoreRequest(TextBody):
     reason: str = Field(min_length=1)
 
 
-class RolloutRequest(_Body):
+class RolloutRequest(TextBody):
     reason: str = Field(min_length=1, description="why; recorded in the audit log")
 
 
-class ApplyRequest(_Body):
+class ApplyRequest(TextBody):
+    nul_read_by_its_parser = frozenset({"yaml"})
     yaml: str
     source: str = "<api>"
     reason: str = Field(min_length=1)
 
 
-class ProposeRequest(_Body):
+class ProposeRequest(TextBody):
+    nul_read_by_its_parser = frozenset({"yaml"})
     yaml: str
     source: str = "<api>"
     reason: str = Field(min_length=1, description="why; recorded with the proposal")
 
 
-class ReviewRequest(_Body):
+class ReviewRequest(TextBody):
     reason: str = Field(min_length=1, description="why; recorded in the audit log")
 
 
-class TokenRequest(_Body):
+class TokenRequest(TextBody):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
     role: Role
     groups: list[GroupName] | None = Field(

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from sluice.control.api import Limit, Me, RowId
 from sluice.control.auth import Role
-from sluice.control.bodies import model_body
+from sluice.control.bodies import TextBody, model_body
 from sluice.control.controller import Controller
 from sluice.control.drill_schedule import DrillScheduler, drill_named
 from sluice.control.pins import MAX_PIN_S
@@ -28,19 +28,19 @@ MAX_REPORT_BYTES = 4 << 20
 """A drill's report is about a kilobyte a minute of timeline; 4 MiB is hours of it."""
 
 
-class PinRequest(BaseModel):
+class PinRequest(TextBody):
     model_config = ConfigDict(str_max_length=4096)
     replicas: int = Field(ge=0, le=1000)
     for_s: float = Field(gt=0, le=MAX_PIN_S, description="the pin ends by itself after this")
     reason: str = Field(min_length=1)
 
 
-class UnpinRequest(BaseModel):
+class UnpinRequest(TextBody):
     model_config = ConfigDict(str_max_length=4096)
     reason: str = Field(min_length=1)
 
 
-class RunReport(BaseModel):
+class RunReport(TextBody):
     model_config = ConfigDict(str_max_length=1 << 20)
     kind: Literal["loadtest", "drill"]
     mode: Literal["live", "simulated"]

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.control.auth import Principal, Role
-from sluice.control.bodies import model_body
+from sluice.control.bodies import TextBody, model_body
 from sluice.control.servers import ProbeFailed
 from sluice.core import Clock, Forbidden, SpecError, SpecIssue
 from sluice.policy.autoscale.base import TrafficSample
@@ -204,7 +204,7 @@ class _Answer(BaseModel):
     output_bytes: int = Field(ge=0)
 
 
-class _Sync(BaseModel):
+class _Sync(TextBody):
     model_config = ConfigDict(extra="forbid", str_max_length=1000)
 
     boot: str = Field(min_length=1, max_length=64)

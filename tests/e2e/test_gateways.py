@@ -60,11 +60,20 @@ def free_port() -> int:
 class RemoteGateway:
     """`sluice gateway` as a process, with its output kept."""
 
-    def __init__(self, controls: list[str], token: str, workers: int, home: Path) -> None:
+    def __init__(
+        self,
+        controls: list[str],
+        token: str,
+        workers: int,
+        home: Path,
+        metrics_port: int | None = None,
+    ) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "sluice", "gateway", "--port", str(self.port)]
         cmd += ["--workers", str(workers), "--id", "gw", "--log-level", "warning"]
+        if metrics_port is not None:
+            cmd += ["--metrics-port", str(metrics_port)]
         for c in controls:
             cmd += ["--control", c]
         env = {**os.environ, "SLUICE_GATEWAY_TOKEN": token, "SLUICE_HOME": str(home)}
@@ -101,11 +110,25 @@ class RemoteGateway:
             self.proc.stdout.close()
 
 
+def free_ports(n: int) -> int:
+    """The first of `n` consecutive free ports."""
+    for _ in range(50):
+        first = free_port()
+        try:
+            for k in range(1, n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", first + k))
+        except OSError:
+            continue
+        return first
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
 @contextlib.contextmanager
 def remote_gateway(
-    controls: list[str], token: str, workers: int, home: Path
+    controls: list[str], token: str, workers: int, home: Path, metrics_port: int | None = None
 ) -> Iterator[RemoteGateway]:
-    gw = RemoteGateway(controls, token, workers, home)
+    gw = RemoteGateway(controls, token, workers, home, metrics_port)
     try:
         gw.wait_routing(workers)
         yield gw
@@ -124,7 +147,8 @@ def test_a_gateway_apart_serves_the_controllers_routes_and_drives_its_autoscaler
     spec = SPEC.format(control_port=0, min=1)
     with running(tmp_path, spec, "chat ready", lambda s: len(s.ready("chat")) == 1) as s:
         token = s.token("gw-1", "gateway")
-        with remote_gateway([s.control_url], token, 2, tmp_path) as gw:
+        metrics = free_ports(2)
+        with remote_gateway([s.control_url], token, 2, tmp_path, metrics) as gw:
             # three gateways share the instance's 4 slots: the local one and two workers
             def shared() -> bool:  # each gateway's status arrives with its next sync
                 live = dataplane(s)
@@ -160,6 +184,15 @@ def test_a_gateway_apart_serves_the_controllers_routes_and_drives_its_autoscaler
             s.wait_for("the new instances routed", lambda: len(s.ready("chat")) >= 2)
             served = dataplane(s)["served"]
             assert sum(served.values()) >= len(results)
+            # each worker's own /metrics, on its own port: together they counted every answer
+            counted = 0.0
+            for port in (metrics, metrics + 1):
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+                for line in text.splitlines():
+                    if line.startswith("sluice_gateway_requests_total{") and 'group="chat"' in line:
+                        counted += float(line.rsplit(" ", 1)[1])
+            assert counted >= len(results), counted
+            assert httpx.get(f"http://127.0.0.1:{metrics}/").status_code == 404
             # the controller paused: the remote gateway serves on from its last routes
             assert s.proc is not None
             os.kill(s.proc.pid, signal.SIGSTOP)

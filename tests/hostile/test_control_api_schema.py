@@ -269,6 +269,22 @@ def test_an_unpaired_surrogate_reason_is_422(platform: Sluice) -> None:
     assert_error(call(platform, "POST", "/v1/groups/chat/scale", content=body), 422)
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/groups/chat/scale", b'{"replicas": 1, "reason": "a\\u0000b"}'),
+        ("/v1/tokens", b'{"name": "nul", "role": "viewer", "groups": ["c\\u0000"]}'),
+        ("/v1/groups/chat/pin", b'{"replicas": 1, "for_s": 5, "reason": "\\u0000"}'),
+    ],
+)
+def test_a_nul_in_text_is_422_on_every_backend(platform: Sluice, path: str, body: bytes) -> None:
+    """PostgreSQL's text cannot hold NUL: it is refused before the store, on SQLite too."""
+    before = call(platform, "GET", "/v1/audit?limit=1").json()
+    r = call(platform, "POST", path, content=body)
+    assert "NUL" in assert_error(r, 422)["message"] + r.text
+    assert call(platform, "GET", "/v1/audit?limit=1").json() == before  # nothing done
+
+
 def apply(platform: Sluice, yaml_text: str) -> httpx.Response:
     body = json.dumps({"yaml": yaml_text, "reason": "hostile", "source": "hostile.yaml"})
     return call(platform, "POST", "/v1/revisions", content=body.encode())

@@ -396,10 +396,14 @@ async def test_a_lost_node_ends_its_instance_and_the_replacement_lands_elsewhere
     cluster: tuple[Cluster, str, str],
 ) -> None:
     """X: one on the head, one on a node added for this test. Its raylet killed, the
-    instance there is lost within a bound; a relaunch goes to the head."""
+    instance there is lost within a bound; a relaunch goes to the head. The cluster's
+    inventory (what sizes an `inventory: cluster` pool) grows with the node and shrinks
+    when it is lost."""
     c, head, _ = cluster
-    victim = c.add_node({"accelerator_type:X": 1})
     rt = runtime(c)
+    x_before = rt.inventory().get("X", 0)
+    victim = c.add_node({"accelerator_type:X": 1})
+    assert rt.inventory()["X"] == x_before + 1
     first = [await rt.launch(request(new_id(), "X")) for _ in range(2)]
     on_victim = next(h for h in first if rt.node_of(h.instance_id) == victim)
     on_head = next(h for h in first if rt.node_of(h.instance_id) == head)
@@ -414,6 +418,9 @@ async def test_a_lost_node_ends_its_instance_and_the_replacement_lands_elsewhere
         lost_after = time.monotonic() - killed
         assert code == LOST
         assert rt.exit_code(on_head) is None
+        while rt.inventory().get("X", 0) != x_before:  # the pool shrinks back
+            assert time.monotonic() - killed < LOST_WITHIN_S, rt.inventory()
+            await asyncio.sleep(0.2)
         print(f"instance lost {lost_after:.1f}s after its raylet was killed")
         await rt.stop(on_victim, grace_s=1)  # what the supervisor does with a failed one
         await rt.stop(on_head, grace_s=5)  # frees the head's X
@@ -478,3 +485,71 @@ def _runs(handle: InstanceHandle) -> bool:
     from sluice.runtime.local import pid_runs_instance
 
     return handle.pid is not None and pid_runs_instance(handle.pid, handle.instance_id)
+
+
+POOL_SPEC = """
+gateway: {{host: 127.0.0.1, port: 0}}
+instances: {{runtime: ray, ray: {{address: "{address}", namespace: sluice-pool}}}}
+pools:
+  - {{name: y, accelerator_type: Y, inventory: cluster, count: 0, memory_gb: 8}}
+groups:
+  - name: chat
+    owner: ops@example.com
+    business: core
+    alert_channel: "#ops"
+    models:
+      m:
+        runtime: sim
+        sim: {{startup_s: 0.2, service_time: {{kind: fixed, seconds: 0.01}}, memory_gb: 1}}
+    resources: {{pool: y, accelerators: 1, memory_gb: 1}}
+    replicas: 2
+tenants:
+  - {{name: search, api_keys: [sk-search]}}
+"""
+
+
+async def test_sluice_up_sizes_a_pool_by_the_cluster_as_nodes_join_and_leave(
+    cluster: tuple[Cluster, str, str], tmp_path: Path
+) -> None:
+    """`sluice up` on the cluster, with a pool of `inventory: cluster` whose type no node
+    has yet: nothing runs. A node with 2 Y joins: the pool has 2 and the group's 2
+    instances start on it. The node is lost: the pool has 0 again, and the lost instances
+    are not started anywhere else (quota refuses: the pool is empty)."""
+    from tests.e2e.conftest import Sluice, kill_workers_of
+
+    c, _, _ = cluster
+    spec = tmp_path / "platform.yaml"
+    spec.write_text(POOL_SPEC.format(address=c.address))
+    s = Sluice(tmp_path / "home", spec, environ={"PYTHONPATH": c.env["PYTHONPATH"]})
+    s.start()
+    node_pids: set[int] = set()
+    try:
+
+        def pool_sizes() -> list[tuple[int | None, int]]:
+            events = s.cli("events", "chat", "--limit", "100")
+            return [
+                (e["detail"]["before"], e["detail"]["after"])
+                for e in reversed(events)
+                if e["kind"] == "pool-size"
+            ]
+
+        s.wait_for("the pool read as empty", lambda: pool_sizes() == [(None, 0)], timeout=60)
+        assert s.ready("chat") == []
+        node = c.add_node({"accelerator_type:Y": 2})
+        s.wait_for("2 ready on the joined node", lambda: len(s.ready("chat")) == 2, timeout=120)
+        assert pool_sizes() == [(None, 0), (0, 2)]
+        node_pids = cluster_pids_of_raylet(raylet_pid(node))
+        os.kill(raylet_pid(node), signal.SIGKILL)
+        s.wait_for(
+            "the pool shrunk back to 0",
+            lambda: pool_sizes() == [(None, 0), (0, 2), (2, 0)],
+            timeout=LOST_WITHIN_S,
+        )
+        s.wait_for("no instance left", lambda: s.ready("chat") == [], timeout=LOST_WITHIN_S)
+        time.sleep(6)  # a few ticks: nothing is started on a pool with no accelerators
+        alive = [i for i in s.instances("chat") if i["state"] in ("starting", "ready")]
+        assert alive == [], alive
+    finally:
+        s.kill()
+        kill_workers_of(s.home)
+        kill_all(node_pids)

@@ -1,5 +1,6 @@
 """The KubeRay example (deploy/kuberay.yaml, docs/deploy.md) stays true to the code: its
-spec validates and its Deployment runs a leader and a standby on one database."""
+spec validates, the controllers run a leader and a standby on one database, and the
+gateways run apart, syncing with the control Service with a gateway token."""
 
 from __future__ import annotations
 
@@ -12,13 +13,26 @@ from sluice.spec import load_spec_text
 MANIFEST = Path(__file__).parents[2] / "deploy" / "kuberay.yaml"
 
 
-def test_the_kuberay_example_holds_a_valid_spec_and_a_leader_with_a_standby() -> None:
-    docs = {d["kind"]: d for d in yaml.safe_load_all(MANIFEST.read_text())}
-    assert set(docs) == {"RayCluster", "ConfigMap", "Deployment", "Service"}
-    spec = load_spec_text(docs["ConfigMap"]["data"]["platform.yaml"], "kuberay.yaml").spec
+def test_the_kuberay_example_runs_controllers_and_gateways_apart() -> None:
+    docs = list(yaml.safe_load_all(MANIFEST.read_text()))
+    kinds = {d["kind"] for d in docs}
+    assert kinds == {"RayCluster", "ConfigMap", "Deployment", "Service"}
+    [config] = [d for d in docs if d["kind"] == "ConfigMap"]
+    spec = load_spec_text(config["data"]["platform.yaml"], "kuberay.yaml").spec
     assert spec.instances.runtime == "ray" and spec.instances.ray.address.startswith("ray://")
-    deployment = docs["Deployment"]["spec"]
-    assert deployment["replicas"] >= 2
-    [container] = deployment["template"]["spec"]["containers"]
-    assert [e["name"] for e in container["env"]] == ["SLUICE_DATABASE_URL"]
-    assert container["readinessProbe"]["tcpSocket"]["port"] == "gateway"
+    assert [p.inventory for p in spec.pools] == ["cluster"]
+    deployments = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Deployment"}
+    controller, gateway = deployments["sluice-controller"], deployments["sluice-gateway"]
+    assert controller["replicas"] >= 2
+    [c] = controller["template"]["spec"]["containers"]
+    assert c["command"][:2] == ["sluice", "controller"]
+    assert [e["name"] for e in c["env"]] == ["SLUICE_DATABASE_URL"]
+    assert c["readinessProbe"]["tcpSocket"]["port"] == "control"
+    [g] = gateway["template"]["spec"]["containers"]
+    assert g["command"][:2] == ["sluice", "gateway"] and "--token-file" in g["command"]
+    control_url = g["command"][g["command"].index("--control") + 1]
+    services = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Service"}
+    assert control_url == f"https://sluice-control:{spec.control.port}"
+    assert services["sluice-control"]["selector"] == {"app": "sluice-controller"}
+    assert services["sluice-gateway"]["selector"] == {"app": "sluice-gateway"}
+    assert "sluice-control" in spec.control.allowed_hosts
