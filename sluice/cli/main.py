@@ -84,19 +84,25 @@ def _global_options(
     set_token(token)
 
 
+SpecFileOpt = Annotated[Path | None, typer.Option("-f", "--file", help="spec YAML")]
+FileReasonOpt = Annotated[
+    str | None,
+    typer.Option(help="apply a FILE that differs from the live revision, saying why"),
+]
+InsecureOpt = Annotated[
+    bool, typer.Option("--insecure", help="allow a non-loopback control API without TLS")
+]
+LogLevelOpt = Annotated[str, typer.Option(help="debug, info, warning")]
+
+
 @app.command()
 def up(
-    file: Annotated[Path | None, typer.Option("-f", "--file", help="spec YAML")] = None,
-    reason: Annotated[
-        str | None,
-        typer.Option(help="apply a FILE that differs from the live revision, saying why"),
-    ] = None,
+    file: SpecFileOpt = None,
+    reason: FileReasonOpt = None,
     port: Annotated[int | None, typer.Option(help="gateway port (overrides spec)")] = None,
-    insecure: Annotated[
-        bool, typer.Option("--insecure", help="allow a non-loopback control API without TLS")
-    ] = False,
+    insecure: InsecureOpt = False,
     home: HomeOpt = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
+    log_level: LogLevelOpt = "info",
 ) -> None:
     """Run controller, gateway and control API in one process until Ctrl-C.
 
@@ -108,11 +114,8 @@ def up(
 
 @app.command()
 def controller(
-    file: Annotated[Path | None, typer.Option("-f", "--file", help="spec YAML")] = None,
-    reason: Annotated[
-        str | None,
-        typer.Option(help="apply a FILE that differs from the live revision, saying why"),
-    ] = None,
+    file: SpecFileOpt = None,
+    reason: FileReasonOpt = None,
     endpoint: Annotated[
         str | None,
         typer.Option(
@@ -120,23 +123,17 @@ def controller(
             "send their load there; default: the spec's gateway address)"
         ),
     ] = None,
-    insecure: Annotated[
-        bool, typer.Option("--insecure", help="allow a non-loopback control API without TLS")
-    ] = False,
+    insecure: InsecureOpt = False,
     home: HomeOpt = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
+    log_level: LogLevelOpt = "info",
 ) -> None:
     """Run the controller and control API without a gateway, until Ctrl-C: the data plane
     is `sluice gateway --control URL` processes (any number, on any host) that sync with it.
 
-    On a shared database (`SLUICE_DATABASE_URL`) one controller leads and the others wait
-    as standbys. FILE is as for `sluice up`."""
-    _serve(
-        home,
-        log_level,
-        file,
-        UpArgs(reason=reason, insecure=insecure, gateway=False, endpoint=endpoint),
-    )
+    On a shared database (`SLUICE_DATABASE_URL`) one controller leads, the others wait as
+    standbys. FILE is as for `sluice up`."""
+    args = UpArgs(reason=reason, insecure=insecure, gateway=False, endpoint=endpoint)
+    _serve(home, log_level, file, args)
 
 
 @dataclass(frozen=True, slots=True)
