@@ -11,12 +11,8 @@ no request, instance or audit row is lost, none started twice.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +21,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import OpenLoop, Sluice, kill_workers_of, running
+from tests.e2e.conftest import (
+    OpenLoop,
+    Sluice,
+    free_port,
+    free_ports,
+    kill_workers_of,
+    remote_gateway,
+    running,
+)
 
 SPEC = """
 gateway: {{host: 127.0.0.1, port: 0}}
@@ -49,91 +53,6 @@ groups:
 tenants:
   - {{name: search, api_keys: [sk-search]}}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RemoteGateway:
-    """`sluice gateway` as a process, with its output kept."""
-
-    def __init__(
-        self,
-        controls: list[str],
-        token: str,
-        workers: int,
-        home: Path,
-        metrics_port: int | None = None,
-    ) -> None:
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "sluice", "gateway", "--port", str(self.port)]
-        cmd += ["--workers", str(workers), "--id", "gw", "--log-level", "warning"]
-        if metrics_port is not None:
-            cmd += ["--metrics-port", str(metrics_port)]
-        for c in controls:
-            cmd += ["--control", c]
-        env = {**os.environ, "SLUICE_GATEWAY_TOKEN": token, "SLUICE_HOME": str(home)}
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        self.output: list[str] = []
-        self._pump = threading.Thread(target=self._read, daemon=True)
-        self._pump.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
-
-    def wait_routing(self, workers: int, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if sum(": routing v" in line for line in self.output) >= workers:
-                return
-            time.sleep(0.2)
-        raise AssertionError("the gateway got no routes:\n" + "".join(self.output))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._pump.join(5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
-def free_ports(n: int) -> int:
-    """The first of `n` consecutive free ports."""
-    for _ in range(50):
-        first = free_port()
-        try:
-            for k in range(1, n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", first + k))
-        except OSError:
-            continue
-        return first
-    raise AssertionError(f"no {n} consecutive free ports")
-
-
-@contextlib.contextmanager
-def remote_gateway(
-    controls: list[str], token: str, workers: int, home: Path, metrics_port: int | None = None
-) -> Iterator[RemoteGateway]:
-    gw = RemoteGateway(controls, token, workers, home, metrics_port)
-    try:
-        gw.wait_routing(workers)
-        yield gw
-    finally:
-        gw.stop()
 
 
 def dataplane(s: Sluice) -> dict:

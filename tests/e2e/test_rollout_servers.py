@@ -1,5 +1,6 @@
 """End to end: canary rollouts between two `command` groups (`openai_stub.py`, a server
-that knows nothing of Sluice and keeps no per-request samples) through a real `sluice up`.
+that knows nothing of Sluice and keeps no per-request samples) through a real `sluice up`,
+and again through `sluice controller` with `sluice gateway --workers 2` as its data plane.
 
 Their answers are analysed on what the gateway saw of each (status, latency, time to the
 first body byte of a streamed answer): a good canary (the same server) is promoted through
@@ -10,6 +11,7 @@ report says which criteria and why.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections import Counter
@@ -21,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import Sluice, running
+from tests.e2e.conftest import Sluice, remote_gateway, running
 
 STUB = str(Path(__file__).with_name("openai_stub.py"))
 UNSEEN = {
@@ -88,16 +90,29 @@ rollouts:
 )
 
 
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
+@pytest.fixture(scope="module", params=["up", "controller"])
+def platform(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Sluice]:
+    """`sluice up`, whose own gateway records the answers; or `sluice controller` with two
+    `sluice gateway` processes as the whole data plane, which send what they recorded with
+    each sync (the analysis must see both processes' answers to reach its sample counts)."""
+    home = tmp_path_factory.mktemp(f"rollout-servers-{request.param}")
     with running(
-        tmp_path_factory.mktemp("rollout-servers"),
+        home,
         SPEC,
         "all four command groups ready",
         lambda s: len({i["group"] for i in s.instances() if i["state"] == "ready"}) == 4,
         timeout=90,
+        command=request.param,
     ) as s:
-        yield s
+        if request.param == "up":
+            yield s
+            return
+        control = json.loads((home / "control.json").read_text())["control_url"]
+        with remote_gateway([control], s.token("gw", "gateway"), 2, home) as gw:
+            s.endpoint = gw.endpoint
+            yield s
 
 
 class StreamLoop:
