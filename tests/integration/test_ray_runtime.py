@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -73,6 +74,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def worker_ports_low() -> int:
+    """The first of 100 ports for a node's workers, below the kernel's ephemeral range:
+    every other port of the node comes from `free_port`, which is in that range, so none can
+    fall among them (Ray refuses to start then); above Ray's own defaults (10001: its client
+    server). Random: parallel test workers' clusters."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    first = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    return random.randrange(11000, max(11100, first - 100), 100)
+
+
 @dataclass
 class Cluster:
     address: str
@@ -89,7 +100,7 @@ class Cluster:
             f"--runtime-env-agent-port={free_port()}",
             f"--dashboard-agent-listen-port={free_port()}",
             f"--dashboard-agent-grpc-port={free_port()}",
-            f"--min-worker-port={(low := free_port() // 100 * 100 % 50000 + 10000)}",
+            f"--min-worker-port={(low := worker_ports_low())}",
             f"--max-worker-port={low + 99}",
         ]
 
