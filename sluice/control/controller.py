@@ -28,6 +28,7 @@ from sluice.control.pins import Pins
 from sluice.control.quota import LiveQuota
 from sluice.control.review import gated_changes
 from sluice.control.rollouts import ACTIONS, RolloutRunner
+from sluice.control.routing_publisher import RoutingPublisher
 from sluice.control.samples import GatewaySampleSource, SampleCollector
 from sluice.control.scraper import ServerScraper, scrape_targets
 from sluice.control.supervisor import InstanceSupervisor
@@ -38,7 +39,6 @@ from sluice.policy import (
     Launch,
     Remove,
     RoutingSnapshot,
-    build_routing_snapshot,
     failover_problem,
     stranded_failovers,
 )
@@ -88,13 +88,11 @@ class Controller:
         self._supervisor = supervisor
         self._events = events
         self._clock = clock
-        self._publish = publish
+        self._routing = RoutingPublisher(publish)
         self._spec: PlatformSpec | None = None
         self._revision = 0
         self._overrides: dict[str, int] = {}
         self._failovers: dict[str, str] = {}
-        self._routing_version = 0
-        self._published_key: object = None
         self._wake = supervisor.changed
         self._crash_loops = CrashLoops(events)
         self._servers = ServerScraper(clock.now)
@@ -235,11 +233,15 @@ class Controller:
         """S12: where more instances did not help, the autoscaler stops adding."""
         self._holds = holds
 
+    def _sized_spec(self) -> PlatformSpec:
+        """The live spec with each cluster-sized pool at the cluster's count (what the ticks
+        decide on)."""
+        return self._cluster_pools.with_counts(self.spec)
+
     async def quota_report(self, window_s: float, below: float) -> dict[str, Any]:
         """`sluice quota`: pools, guarantees, use, loans, spend, under-used groups."""
         loans = await asyncio.to_thread(self._store.list_loans, limit=200)
-        spec = self._cluster_pools.with_counts(self.spec)
-        return self._quota.report(spec, loans, self._clock.now(), window_s, below)
+        return self._quota.report(self._sized_spec(), loans, self._clock.now(), window_s, below)
 
     def explain_state(self, group: str) -> dict[str, Any]:
         """What explain shows besides the journal: the policy and its mode, the count it
@@ -583,24 +585,11 @@ class Controller:
         )
 
     def _publish_routing(self, spec: PlatformSpec) -> None:
-        ready = self._supervisor.ready_endpoints()
-        splits = self._rollouts.splits(spec)
-        for g in spec.groups:  # warm standby: the newest ready instances stay out of rotation
-            if g.autoscaling is not None and g.autoscaling.warm_standby and g.name in ready:
-                by_age = sorted(ready[g.name], key=lambda e: e.ready_at)
-                ready[g.name] = by_age[: self.desired_replicas(g.name)]
-        key = (
+        self._routing.update(
+            spec,
             self._revision,
-            tuple(sorted(self._failovers.items())),
-            tuple(sorted((g, tuple(e)) for g, e in ready.items())),
-            tuple(splits),
+            self._failovers,
+            self._supervisor.ready_endpoints(),
+            self._rollouts.splits(spec),
+            self.desired_replicas,
         )
-        if key == self._published_key:
-            return
-        self._routing_version += 1
-        self._publish(
-            build_routing_snapshot(
-                spec, ready, self._routing_version, self._failovers, canaries=splits
-            )
-        )
-        self._published_key = key
