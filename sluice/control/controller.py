@@ -415,9 +415,10 @@ class Controller:
         """Refuse a count the group's servers or its pool cannot have."""
         if too_many := external_scale_problem(spec, replicas):
             raise Conflict(too_many, group=spec.name)
-        pool = self.spec.pool(spec.resources.pool)
+        sized = self._sized_spec()  # a cluster-sized pool has the cluster's count
+        pool = sized.pool(spec.resources.pool)
         assert pool is not None  # the spec checks guarantee it
-        others = self._pool_held_by_others(self.spec, spec)
+        others = self._pool_held_by_others(sized, spec)
         if others + replicas * spec.resources.accelerators > pool.count:
             raise Conflict(
                 f"pool {pool.name!r} has {pool.count} accelerators; other groups hold "
