@@ -16,17 +16,16 @@ import signal
 import socket
 import sys
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import uvicorn
 from fastapi import APIRouter
 
 from sluice.cli.common import state_store
-from sluice.cli.serving import QuietServer
+from sluice.cli.serving import QuietServer, keep_serving, until_stopped
 from sluice.config import Settings
 from sluice.control import (
     Controller,
@@ -350,21 +349,21 @@ class _Up:
         stopping = self.stop
         tasks = [
             asyncio.create_task(
-                _keep_serving("controller", control_loop, stopping), name="controller"
+                keep_serving("controller", control_loop, stopping), name="controller"
             ),
             asyncio.create_task(
-                _keep_serving("control API", control_api, stopping, lambda: current.started),
+                keep_serving("control API", control_api, stopping, lambda: current.started),
                 name="control-api",
             ),
             asyncio.create_task(
-                _keep_serving("housekeeping", housekeeping, stopping), name="housekeeping"
+                keep_serving("housekeeping", housekeeping, stopping), name="housekeeping"
             ),
-            asyncio.create_task(_keep_serving("observer", observing, stopping), name="observer"),
+            asyncio.create_task(keep_serving("observer", observing, stopping), name="observer"),
             asyncio.create_task(
-                _keep_serving("alert delivery", alert_delivery, stopping), name="alerts"
+                keep_serving("alert delivery", alert_delivery, stopping), name="alerts"
             ),
             asyncio.create_task(
-                _keep_serving("drill schedules", drill_schedules, stopping), name="drills"
+                keep_serving("drill schedules", drill_schedules, stopping), name="drills"
             ),
             asyncio.create_task(self._keep_leading(), name="leadership"),
         ]
@@ -384,7 +383,7 @@ class _Up:
             print(f"admin token: written to {admin_token} (the CLI here uses it)", flush=True)
         announcer = asyncio.create_task(_announce_ready(controller, self.supervisor, self.started))
         stopper = asyncio.create_task(stopping.wait())
-        failure = await _until_stopped(stopper, tasks)
+        failure = await until_stopped(stopper, tasks)
         print("stopping: gateway first, then draining instances", file=sys.stderr, flush=True)
         current.should_exit = True
         await drills.close()  # a drill cut short by the stop is closed as such, not judged
@@ -426,82 +425,6 @@ def _with_alerts(metrics: tuple[bytes, str], alerting: Alerting) -> tuple[bytes,
 def _open_access_log(path: Path) -> TextIO:
     # Buffered: the gateway flushes every 0.1 s and on stop (a line per syscall: ~10%).
     return open(path, "a", buffering=1 << 16, encoding="utf-8")
-
-
-RESTARTS = 5
-"""A part of `sluice up` that dies is started again at most this often per RESTART_WINDOW_S;
-then it stays down (logged) and the gateway serves on: only SIGINT/SIGTERM stop `sluice up`."""
-RESTART_WINDOW_S = 600.0
-RESTART_DELAY_S = (1.0, 30.0)
-"""The first restart waits 1 s, each next one twice as long, up to 30 s."""
-
-
-async def _keep_serving(
-    name: str,
-    run_once: Callable[[int], Awaitable[None]],
-    stopping: asyncio.Event,
-    started: Callable[[], bool] | None = None,
-) -> None:
-    """Run `run_once(attempt)` (attempt 0, 1, ...) and again whenever it ends or crashes
-    before `stopping` is set: logged with the traceback, after a backoff, at most RESTARTS
-    times in RESTART_WINDOW_S (then it stays down, logged, and this returns). If `started`
-    is given and the first run failed before `started()` held, that is a start-up error
-    (say a TLS key that cannot be read): it is raised, and `sluice up` stops with it."""
-    restarts: deque[float] = deque()
-    delay = RESTART_DELAY_S[0]
-    attempt = 0
-    while True:
-        try:
-            await run_once(attempt)
-            if stopping.is_set():
-                return
-            log.error("%s stopped by itself", name)
-        except asyncio.CancelledError:
-            raise
-        except (Exception, SystemExit) as exc:  # uvicorn exits (SystemExit) if it cannot start
-            if stopping.is_set():
-                return
-            if attempt == 0 and started is not None and not started():
-                if isinstance(exc, SystemExit):  # would end the event loop, not just this
-                    raise Conflict(f"{name} could not start (exit {exc.code}); see above") from None
-                raise
-            log.error("%s crashed", name, exc_info=exc)
-        now = time.monotonic()
-        while restarts and restarts[0] < now - RESTART_WINDOW_S:
-            restarts.popleft()
-        if len(restarts) >= RESTARTS:
-            log.error(
-                "%s died %d times in %.0f s: not restarting it again; the gateway keeps "
-                "serving, restart `sluice up` to get it back",
-                name,
-                len(restarts) + 1,
-                RESTART_WINDOW_S,
-            )
-            return
-        restarts.append(now)
-        log.warning("restarting %s in %g s", name, delay)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), delay)
-        if stopping.is_set():
-            return
-        delay = min(RESTART_DELAY_S[1], delay * 2)
-        attempt += 1
-
-
-async def _until_stopped(
-    stopper: asyncio.Task[Any], tasks: list[asyncio.Task[None]]
-) -> BaseException | None:
-    """Wait for SIGINT/SIGTERM (`stopper`); a task that gave up (it logged why) leaves the
-    rest serving. Only a start-up error ends the wait early: it is returned."""
-    pending = set(tasks)
-    while True:
-        done, _ = await asyncio.wait({stopper, *pending}, return_when=asyncio.FIRST_COMPLETED)
-        if stopper in done:
-            return None
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                return task.exception()
-        pending -= done
 
 
 def _refuse_silent_revert(loaded: LoadedSpec, latest: Revision | None) -> None:

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from sluice.cli import up
+from sluice.cli import serving as process_parts
 from sluice.control import Controller, EventLog, InstanceSupervisor, TokenAdmin, build_control_api
 from sluice.control import ticks as ticks_module
 from sluice.control.auth import Role
@@ -520,8 +520,8 @@ async def test_a_drain_whose_stats_never_answer_waits_its_whole_drain_timeout(
 async def test_a_part_of_sluice_up_that_dies_is_restarted_a_bounded_number_of_times(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(up, "RESTART_DELAY_S", (0.01, 0.02))
-    monkeypatch.setattr(up, "RESTARTS", 3)
+    monkeypatch.setattr(process_parts, "RESTART_DELAY_S", (0.01, 0.02))
+    monkeypatch.setattr(process_parts, "RESTARTS", 3)
     runs: list[int] = []
 
     async def crashing(attempt: int) -> None:
@@ -529,7 +529,9 @@ async def test_a_part_of_sluice_up_that_dies_is_restarted_a_bounded_number_of_ti
         raise RuntimeError("the server fell over")
 
     stop = asyncio.Event()
-    await asyncio.wait_for(up._keep_serving("control API", crashing, stop, lambda: True), 5)
+    await asyncio.wait_for(
+        process_parts.keep_serving("control API", crashing, stop, lambda: True), 5
+    )
     assert runs == [0, 1, 2, 3]  # the first run and 3 restarts, then it stays down
     assert "not restarting it again" in caplog.text and "the server fell over" in caplog.text
 
@@ -538,7 +540,7 @@ async def test_a_part_of_sluice_up_that_dies_is_restarted_a_bounded_number_of_ti
         await stop.wait()
 
     runs.clear()
-    task = asyncio.create_task(up._keep_serving("controller", serving, stop))
+    task = asyncio.create_task(process_parts.keep_serving("controller", serving, stop))
     await asyncio.sleep(0.05)
     stop.set()  # SIGTERM: it returns, no restart
     await asyncio.wait_for(task, 1)
@@ -548,4 +550,6 @@ async def test_a_part_of_sluice_up_that_dies_is_restarted_a_bounded_number_of_ti
         raise SystemExit(1)  # what uvicorn does when it cannot start
 
     with pytest.raises(Conflict, match="could not start"):
-        await up._keep_serving("control API", never_started, asyncio.Event(), lambda: False)
+        await process_parts.keep_serving(
+            "control API", never_started, asyncio.Event(), lambda: False
+        )
