@@ -185,7 +185,10 @@ def test_transformers_serve_behind_a_command_group(tmp_path: Path, tiny_lm: Tiny
         assert r.choices[0].message.content
         assert r.usage is not None and r.usage.completion_tokens == 5 and r.usage.prompt_tokens > 0
 
-        # streaming: one chunk per token, the last one with the finish reason
+        # streaming: what SSE promises is several events in order, text, then the finish
+        # reason last. How many deltas carry text is the server's choice (its detokenizer
+        # may hold a token back until a word ends) and how bytes are grouped is the
+        # network's, so neither is asserted.
         chunks = list(
             client.chat.completions.create(
                 model=model,
@@ -194,9 +197,10 @@ def test_transformers_serve_behind_a_command_group(tmp_path: Path, tiny_lm: Tiny
                 messages=[{"role": "user", "content": "hello world"}],
             )
         )
-        deltas = [c.choices[0].delta.content for c in chunks if c.choices]
-        assert sum(1 for d in deltas if d) == 8
+        assert len(chunks) >= 2, chunks
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert chunks[-1].choices[0].finish_reason == "length"
+        assert all(c.choices[0].finish_reason is None for c in chunks[:-1] if c.choices)
         # a model the server was not started with: its own 400 comes through the gateway
         bad = httpx.post(
             f"{s.endpoint}/v1/chat/completions",
