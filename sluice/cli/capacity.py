@@ -195,7 +195,7 @@ def drill(
 
     def do() -> dict[str, Any]:
         from sluice.policy.drill import DrillCriteria
-        from sluice.spec import load_spec_file, load_spec_text
+        from sluice.spec import GroupSpec, load_spec_file, load_spec_text
         from sluice.tools.capacity_report import write_drill_plot
         from sluice.tools.drill import DrillOptions, live_drill, plan_drill, simulated_drill
         from sluice.tools.loadtest import read_profile
@@ -233,13 +233,15 @@ def drill(
                     [SpecIssue("GROUP", f"no group named {group!r} in {file} ({known})")]
                 )
             info = _info_from_spec(g)
-            return simulated_drill(spec, plan_drill(None, info, spec, opts))
+            return simulated_drill(spec, plan_drill(None, info, g, opts))
         _, client = client_for(home, control)
         info = _group_info(client, group)
-        live = client.get("/v1/revisions", limit=1)[0]
-        spec = load_spec_text(live["yaml_text"], f"revision {live['number']}").spec
-        setup = plan_drill(client, info, spec, opts)
-        if simulate:
+        # the group's own spec: a token scoped to the group may read it (not the platform's)
+        g = GroupSpec.model_validate(client.get(f"/v1/groups/{group}/spec"))
+        setup = plan_drill(client, info, g, opts)
+        if simulate:  # the whole fleet is simulated: the platform's spec (an unscoped token)
+            live = client.get("/v1/revisions", limit=1)[0]
+            spec = load_spec_text(live["yaml_text"], f"revision {live['number']}").spec
             result = simulated_drill(spec, setup)
         else:
             target = _target(home, endpoint, api_key, allow_host or [], group)

@@ -9,7 +9,6 @@ module is the command; the processes' code is imported when it runs (`gateway_ru
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -39,7 +38,12 @@ def gateway(
     port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
     workers: Annotated[int, typer.Option(min=1, max=256, help="gateway processes")] = 1,
     name: Annotated[
-        str | None, typer.Option("--id", help="this gateway's id (default: HOST-PORT)")
+        str | None,
+        typer.Option(
+            "--id",
+            help="this gateway's id: the token's name N, or N-SUFFIX "
+            "(default: N-HOSTNAME-PORT; worker i of --workers adds -wI)",
+        ),
     ] = None,
     access_log: Annotated[
         Path | None, typer.Option(help="append a line per request here (a worker's id is added)")
@@ -64,7 +68,8 @@ def gateway(
     last good routes while no controller answers.
 
     Create its token once: `sluice token create gw-1 --role gateway` (the role may sync and
-    nothing else)."""
+    nothing else). A gateway token names its gateway: the token `gw-1` syncs only the ids
+    `gw-1` and `gw-1-SUFFIX`; another `--id` is refused at start."""
     try:
         token = _token(token_file)
         if workers > 1 and port == 0:
@@ -80,7 +85,7 @@ def gateway(
                 host=host,
                 port=port,
                 workers=workers,
-                gateway_id=name or f"{socket.gethostname()}-{port}",
+                gateway_id=name,
                 access_log=access_log,
                 ca_file=ca_file,
                 log_level=log_level,

@@ -1,6 +1,11 @@
 """The processes of `sluice gateway` (`sluice.cli.gateway` is the command): one gateway with
 its sync loop, or, for `--workers N`, a parent that runs N of them on one port and starts
-again any that dies."""
+again any that dies.
+
+A gateway token names its gateway (issue 31): first the process asks the control API the
+token's name (`GET /v1/whoami`); its id is then `--id` or `<token name>-<host>-<port>`, and
+an id the token may not sync (`sluice.policy.gateways.gateway_id_fits`) stops it at start.
+Worker i of `--workers N` is `<id>-w<i>`."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -25,17 +31,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sluice.cli.serving import QuietServer
-from sluice.core import Conflict
+from sluice.core import Conflict, Forbidden, SpecError, SpecIssue
 from sluice.gateway import Gateway
-from sluice.gateway.remote import ControlSync
+from sluice.gateway.remote import ControlSync, Identity, whoami
+from sluice.policy.gateways import GATEWAY_ID_PATTERN, gateway_id_fits, gateway_id_rule
 
-__all__ = ["GatewayOptions", "run_gateways"]
+__all__ = ["GatewayOptions", "choose_gateway_id", "run_gateways"]
 
 log = logging.getLogger("sluice.gateway")
 
 _WORKER_ENV = "SLUICE_GATEWAY_WORKER"
 """Set by the parent of `--workers N` in each worker's environment: its index (the worker
 then binds with SO_REUSEPORT)."""
+_ID_ENV = "SLUICE_GATEWAY_WORKER_ID"
+"""Set by the parent of `--workers N` with the id it chose: a worker takes it as it is."""
 _RESTART_MAX_S = 30.0
 
 
@@ -46,7 +55,8 @@ class GatewayOptions:
     host: str
     port: int
     workers: int
-    gateway_id: str
+    gateway_id: str | None
+    """`--id`; None: `<token name>-<host name>-<port>`"""
     access_log: Path | None
     ca_file: Path | None
     log_level: str
@@ -63,14 +73,60 @@ def run_gateways(opts: GatewayOptions) -> None:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per sync otherwise
     worker = os.environ.get(_WORKER_ENV)
+    chosen = os.environ.get(_ID_ENV) if worker is not None else None
+    if chosen is None:
+        verify: bool | str = str(opts.ca_file) if opts.ca_file is not None else True
+        me = whoami(opts.controls, opts.token, verify=verify)
+        chosen = choose_gateway_id(
+            me, opts.gateway_id, socket.gethostname(), opts.port, opts.workers
+        )
+        log.info("gateway %s: token %r (%s)", chosen, me.name, me.role)
     if opts.workers > 1 and worker is None:
-        _supervise(opts)
+        _supervise(opts, chosen)
         return
-    gateway_id = opts.gateway_id if worker is None else f"{opts.gateway_id}-w{worker}"
+    gateway_id = chosen if worker is None else f"{chosen}-w{worker}"
     access_log = opts.access_log
     if access_log is not None and worker is not None:
         access_log = access_log.with_name(f"{access_log.stem}.w{worker}{access_log.suffix}")
     uvloop.run(_serve(opts, gateway_id, access_log, reuse_port=worker is not None))
+
+
+def choose_gateway_id(
+    me: Identity, explicit: str | None, hostname: str, port: int, workers: int
+) -> str:
+    """This gateway's id for the token `me`: `explicit` (`--id`) or `<token name>-<hostname>-
+    <port>`; refused, with the reason, unless the token may sync it (and, for `--workers
+    N`, every `<id>-w<i>`)."""
+    if me.role not in ("gateway", "admin"):
+        raise Forbidden(
+            f"token {me.name!r} is a {me.role} token: a gateway syncs with a gateway token "
+            "(`sluice token create NAME --role gateway`)",
+            role=me.role,
+        )
+    gateway_id = explicit or f"{me.name}-{hostname}-{port}"
+    if not gateway_id_fits(me.name, gateway_id):
+        raise SpecError(
+            [
+                SpecIssue(
+                    "--id",
+                    f"{gateway_id!r} is not this token's gateway: a gateway token names its "
+                    f"gateway, and token {me.name!r} may sync only {gateway_id_rule(me.name)} "
+                    f"(leave --id out for '{me.name}-{hostname}-{port}')",
+                )
+            ]
+        )
+    longest = gateway_id if workers <= 1 else f"{gateway_id}-w{workers - 1}"
+    if not re.fullmatch(GATEWAY_ID_PATTERN, longest):
+        raise SpecError(
+            [
+                SpecIssue(
+                    "--id",
+                    f"{longest!r} is not a gateway id: at most 100 letters, digits and "
+                    "'._:@-', starting with a letter or digit (give a shorter --id)",
+                )
+            ]
+        )
+    return gateway_id
 
 
 async def _serve(
@@ -152,7 +208,7 @@ def _metrics_server(gateway: Gateway, host: str, port: int) -> _MetricsServer:
     return _MetricsServer(QuietServer(config), sock)
 
 
-def _supervise(opts: GatewayOptions) -> None:
+def _supervise(opts: GatewayOptions, gateway_id: str) -> None:
     """Run `opts.workers` worker processes on one port until SIGINT/SIGTERM; one that dies
     is started again after a backoff (1 s, doubling to 30 s, reset once it ran a minute)."""
     stopping = False
@@ -164,7 +220,7 @@ def _supervise(opts: GatewayOptions) -> None:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     argv = [sys.executable, "-m", "sluice", *sys.argv[1:]]
-    env_base = {**os.environ, "SLUICE_GATEWAY_TOKEN": opts.token}
+    env_base = {**os.environ, "SLUICE_GATEWAY_TOKEN": opts.token, _ID_ENV: gateway_id}
     procs: dict[int, tuple[subprocess.Popen[bytes], float]] = {}
     backoff = dict.fromkeys(range(opts.workers), 1.0)
     due = dict.fromkeys(range(opts.workers), 0.0)

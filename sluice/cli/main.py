@@ -306,14 +306,16 @@ def audit(
     home: HomeOpt = None,
     control: ControlOpt = None,
 ) -> None:
-    """Who changed what, when and why (newest first)."""
+    """Who changed what, when and why (newest first): ACTOR is the token, PERSON who holds
+    it (recorded for review, token and console actions)."""
 
     def render(items: list[dict[str, Any]]) -> None:
-        t = Table("WHEN", "ACTOR", "ACTION", "TARGET", "REASON", "DETAIL")
+        t = Table("WHEN", "ACTOR", "PERSON", "ACTION", "TARGET", "REASON", "DETAIL")
         for a in items:
             t.add_row(
                 ts(a["at"]),
                 a["actor"],
+                str(a["detail"].get("person") or "-"),  # the acting token's person, if known
                 a["action"],
                 a["target"],
                 a["reason"],
@@ -422,11 +424,21 @@ def token_create(
         str | None, typer.Option(help="comma-separated: act only on these groups")
     ] = None,
     expires: Annotated[str | None, typer.Option(help="lifetime, e.g. 90d, 12h")] = None,
+    owner: Annotated[
+        str | None,
+        typer.Option(
+            metavar="EMAIL-OR-NAME",
+            help="the person it belongs to; default: yours (the installation's admin "
+            "token: a person named like the token). Only the installation's admin token "
+            "may name another person",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     home: HomeOpt = None,
     control: ControlOpt = None,
 ) -> None:
-    """Issue a token. It is shown once: Sluice keeps only its sha256."""
+    """Issue a token. It is shown once: Sluice keeps only its sha256. Every token belongs to
+    a person, and review needs two persons, not two tokens."""
 
     def do() -> Any:
         body = {
@@ -434,12 +446,14 @@ def token_create(
             "role": role,
             "groups": [g.strip() for g in groups.split(",") if g.strip()] if groups else None,
             "expires_in_s": duration_s(expires) if expires else None,
+            **({"owner": owner} if owner is not None else {}),
         }
         return post(home, control, "/v1/tokens", body)
 
     def render(r: dict[str, Any]) -> None:
         scope = f" on {', '.join(r['groups'])}" if r["groups"] else ""
-        out.print(f"token {r['name']}: {r['role']}{scope}; shown once, keep it secret:")
+        who = f"token {r['name']} (person {r['person']})"
+        out.print(f"{who}: {r['role']}{scope}; shown once, keep it secret:")
         print(r["token"])
 
     run(as_json, do, render)
@@ -450,10 +464,11 @@ def token_list(as_json: JsonOpt = False, home: HomeOpt = None, control: ControlO
     """Every token ever issued (never the token itself)."""
 
     def render(items: list[dict[str, Any]]) -> None:
-        t = Table("NAME", "ROLE", "GROUPS", "CREATED", "BY", "EXPIRES", "REVOKED")
+        t = Table("NAME", "PERSON", "ROLE", "GROUPS", "CREATED", "BY", "EXPIRES", "REVOKED")
         for x in items:
             t.add_row(
                 x["name"],
+                x["person"],
                 x["role"],
                 ", ".join(x["groups"]) if x["groups"] else "*",
                 ts(x["created_at"]),

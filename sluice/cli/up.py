@@ -43,6 +43,7 @@ from sluice.control.capacity_api import capacity_routes
 from sluice.control.drill_schedule import DrillScheduler
 from sluice.control.gateways import GatewayFleet, LocalGateway, gateway_routes
 from sluice.control.leadership import FencedRuntime, Leadership, new_holder
+from sluice.control.spec_work import warm_up
 from sluice.core import Conflict, InstanceState, NotFound, SystemClock
 from sluice.core.urls import is_loopback_host
 from sluice.gateway import Gateway
@@ -164,6 +165,7 @@ class _Up:
                     flush=True,
                 )
 
+        warm_up()  # the spec worker starts while this one waits for the lease
         taking = asyncio.create_task(self.leadership.acquire(standby))
         stopping = asyncio.create_task(self.stop.wait())
         await asyncio.wait({taking, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -192,6 +194,8 @@ class _Up:
 
     async def _serve(self, access_log: TextIO) -> None:
         settings, options, store = self.settings, self.options, self.store
+        # renew the lease from the start: the set-up below awaits spec work and the store
+        leading = asyncio.create_task(self._keep_leading(), name="leadership")
         loaded = options.loaded
         first = loaded.spec if loaded else await _latest_spec(store)
         control_sock = _control_socket(first.control, options.insecure)
@@ -365,7 +369,7 @@ class _Up:
             asyncio.create_task(
                 keep_serving("drill schedules", drill_schedules, stopping), name="drills"
             ),
-            asyncio.create_task(self._keep_leading(), name="leadership"),
+            leading,
         ]
         if gateway is not None:
             print(f"endpoint: {endpoint}", flush=True)

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from sluice.control.alerting import Alerting
+from sluice.control.api import Me
 from sluice.core import NotFound
 from sluice.policy.alerts import prometheus_rules
 from sluice.spec import PlatformSpec
@@ -27,19 +28,39 @@ def alert_routes(
     PromQL needs (`sluice.gateway.metrics.DURATION_BUCKETS_S`)."""
 
     @api.get("/v1/alerts")
-    async def alerts(group: str | None = None) -> dict[str, Any]:
+    async def alerts(me: Me, group: str | None = None) -> dict[str, Any]:
         """Firing and pending alerts (group, owner, rule, severity, since, value), recent
-        transitions, and the messages not delivered yet or dead-lettered."""
+        transitions, and the messages not delivered yet or dead-lettered (a token scoped
+        to groups: its groups')."""
+        me.require_sees(group, "reading alerts")
         s = spec()
         # A group that left the spec keeps its alerts' history, as it keeps its events.
         if group is not None and s.group(group) is None and not alerting.knows(group):
             known = ", ".join(g.name for g in s.groups)
             raise NotFound(f"no group named {group!r} (groups: {known})", group=group)
-        return await alerting.report(s, group)
+        report = await alerting.report(s, group)
+        if me.scoped:
+            report = {
+                key: [a for a in found if me.sees(str(a.get("group", "")))]
+                if isinstance(found, list)
+                else found
+                for key, found in report.items()
+            }
+        return report
 
     @api.get("/v1/alerts/rules")
-    async def alert_rules() -> dict[str, Any]:
+    async def alert_rules(me: Me) -> dict[str, Any]:
         """The spec's alert rules as a Prometheus rules file (`rules`, for promtool and
-        Prometheus) and the rules it leaves out, with why (`skipped`)."""
+        Prometheus) and the rules it leaves out, with why (`skipped`); a token scoped to
+        groups: its groups' rules."""
         document, skipped = prometheus_rules(spec(), latency_bounds)
+        if me.scoped:
+            document = {
+                **document,
+                "groups": [
+                    {**g, "rules": [r for r in g["rules"] if me.sees(r["labels"]["group"])]}
+                    for g in document["groups"]
+                ],
+            }
+            skipped = [s for s in skipped if me.sees(s["group"])]
         return {"rules": document, "skipped": skipped}

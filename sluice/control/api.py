@@ -30,15 +30,17 @@ from sluice.control.console import is_console_path, mount_console
 from sluice.control.controller import Controller
 from sluice.control.events import store_error_text, store_outage
 from sluice.control.explain import advisory_view, explain_decisions
+from sluice.control.guard import SPEC_BODY, ControlGuard, guarded
 from sluice.control.observer import stored_history
 from sluice.control.review import ReviewBoard
+from sluice.control.spec_work import offload
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.tokens import TokenAdmin
 from sluice.core import Forbidden, InstanceState, NotFound, SluiceError, SpecError, SpecIssue
 from sluice.policy import route_rules
-from sluice.spec import load_spec_text
+from sluice.spec import parse_spec
 from sluice.spec.names import Name
-from sluice.store import Store
+from sluice.store import Proposal, Store
 
 __all__ = ["build_control_api"]
 
@@ -91,6 +93,14 @@ class TokenRequest(TextBody):
         default=None, min_length=1, description="scope: only these groups"
     )
     expires_in_s: float | None = Field(default=None, gt=0, le=10 * 365 * 86400)
+    owner: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=254,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$",
+        description="the person it belongs to (e-mail or name); default: the minter's "
+        "person (see sluice.control.tokens for who may mint for whom)",
+    )
 
 
 async def _principal(request: Request) -> Principal:
@@ -125,33 +135,21 @@ def build_control_api(
     app = FastAPI(
         title="Sluice control API", version="1", docs_url=None, redoc_url=None, openapi_url=None
     )
-    hosts = frozenset(h.lower() for h in allowed_hosts)
     authenticator = Authenticator(store, tokens.clock)
     api = APIRouter(dependencies=[Depends(_principal)])
 
-    @app.middleware("http")
-    async def _known_host_and_caller(request: Request, call_next: Any) -> Response:
-        host = _host_name(request.headers.get("host", ""))
-        if host not in hosts:
-            return JSONResponse(
-                {
-                    "error": {
-                        "code": "bad_host",
-                        "message": f"this control API does not serve host {host!r}; "
-                        f"it serves {', '.join(sorted(hosts))} (control.allowed_hosts)",
-                    }
-                },
-                status_code=421,
-            )
-        path = request.url.path
-        if path != "/healthz" and not is_console_path(path):  # the console logs in itself
-            try:
-                request.state.principal = await _caller(request, authenticator)
-                _gateway_only_syncs(request.state.principal, path)
-            except SluiceError as exc:
-                return JSONResponse(exc.to_json(), status_code=exc.http_status)
-        response: Response = await call_next(request)
-        return response
+    async def caller(request: Request) -> Principal:
+        principal = await _caller(request, authenticator)
+        _gateway_only_syncs(principal, request.url.path)
+        return principal
+
+    app.add_middleware(
+        ControlGuard,
+        hosts=allowed_hosts,
+        caller=caller,
+        exempt=lambda path: path == "/healthz" or is_console_path(path),  # the console logs in
+        routes=lambda: api.routes,  # every guarded route is on `api`
+    )
 
     @app.exception_handler(SluiceError)
     async def _sluice_error(_: Request, exc: SluiceError) -> JSONResponse:
@@ -192,6 +190,40 @@ def build_control_api(
             known = ", ".join(g.name for g in controller.spec.groups)
             raise NotFound(f"no group named {group!r} (groups: {known})", group=group)
 
+    async def visible_audit_targets(me: Principal) -> list[str]:
+        """The audit targets a token scoped to groups may read: its groups, the rollouts
+        of its groups (baseline or canary) and its own person's proposals."""
+        mine = sorted(me.groups or ())
+        targets = [f"group/{g}" for g in mine]
+        targets += [
+            f"rollout/{rs.name}"
+            for rs in controller.spec.rollouts
+            if me.sees(rs.baseline) or me.sees(rs.canary)
+        ]
+        if review is not None:
+            found = await review.proposals(True, 100_000)
+            targets += [f"proposal/{p.id}" for p in found if own_proposal(me, p)]
+        return targets
+
+    def scoped_data_plane(me: Principal, found: dict[str, Any]) -> dict[str, Any]:
+        """The data plane's state with only `me`'s groups and their instances (an instance
+        no longer supervised is nobody's)."""
+        mine = {s.id for s in supervisor.statuses() if me.sees(s.group)}
+        out = dict(found)
+        if isinstance(found.get("groups"), dict):
+            out["groups"] = {g: v for g, v in found["groups"].items() if me.sees(g)}
+        for key in ("served", "in_flight"):
+            if isinstance(found.get(key), dict):
+                out[key] = {i: n for i, n in found[key].items() if i in mine}
+        if isinstance(found.get("routes"), dict):
+            routes = {
+                tag: {g: n for g, n in by_group.items() if me.sees(g)}
+                for tag, by_group in found["routes"].items()
+                if isinstance(by_group, dict)
+            }
+            out["routes"] = {tag: by_group for tag, by_group in routes.items() if by_group}
+        return out
+
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         """Unauthenticated: ok or degraded, nothing more (why is in `/v1/status`)."""
@@ -201,16 +233,35 @@ def build_control_api(
         }
 
     @api.get("/v1/status")
-    async def status() -> dict[str, Any]:
+    async def status(me: Me) -> dict[str, Any]:
         """ok or degraded and why (the store refuses writes, ticks fail), the controller's
-        tick counters and last error, the store's state, the sample poller's."""
-        return {**controller.status(), "instances": len(supervisor.statuses())}
+        tick counters and last error, the store's state, the sample poller's (a token scoped
+        to groups sees only its groups' instances)."""
+        statuses = supervisor.statuses()
+        out = {**controller.status(), "instances": len(statuses)}
+        if me.scoped:
+            mine = {s.id for s in statuses if me.sees(s.group)}
+            out["instances"] = len(mine)
+            servers = dict(out.get("servers") or {})
+            if isinstance(servers.get("instances"), dict):
+                servers["instances"] = {
+                    k: v for k, v in servers["instances"].items() if me.sees(v.get("group", ""))
+                }
+                out["servers"] = servers
+            samples = dict(out.get("samples") or {})
+            if isinstance(samples.get("failing"), dict):
+                samples["failing"] = {k: v for k, v in samples["failing"].items() if k in mine}
+                out["samples"] = samples
+        return out
 
     @api.get("/v1/groups")
-    async def groups() -> list[dict[str, Any]]:
+    async def groups(me: Me) -> list[dict[str, Any]]:
+        """Every group (a token scoped to groups: its own)."""
         statuses = supervisor.statuses()
         out = []
         for g in controller.spec.groups:
+            if not me.sees(g.name):
+                continue
             mine = [s for s in statuses if s.group == g.name]
             out.append(
                 {
@@ -235,8 +286,15 @@ def build_control_api(
             )
         return out
 
+    @api.get("/v1/groups/{group}/spec")
+    async def group_spec(group: str) -> dict[str, Any]:
+        """The group's part of the live spec: what a token scoped to the group may read of
+        it (a drill plans from it); the whole spec is `/v1/revisions`, for unscoped tokens."""
+        return controller.group(group).model_dump(mode="json")
+
     @api.get("/v1/instances")
-    async def instances(group: str | None = None) -> list[dict[str, Any]]:
+    async def instances(me: Me, group: str | None = None) -> list[dict[str, Any]]:
+        me.require_sees(group, "reading instances")
         require_group(group)
         return [
             {
@@ -253,16 +311,18 @@ def build_control_api(
                 "tier": controller.tier(s.id),
             }
             for s in sorted(supervisor.statuses(), key=lambda s: (s.group, s.created_at))
-            if group is None or s.group == group
+            if (group is None or s.group == group) and me.sees(s.group)
         ]
 
     @api.post("/v1/groups/{group}/scale")
+    @guarded(Role.OPERATOR)
     async def scale(group: str, body: ScaleRequest, me: Me) -> dict[str, Any]:
         me.require(Role.OPERATOR, f"scaling {group}", groups=(group,))
         before = await controller.scale(group, body.replicas, me.name, body.reason)
         return {"group": group, "from": before, "to": body.replicas}
 
     @api.post("/v1/groups/{group}/failover")
+    @guarded(Role.OPERATOR)
     async def failover(group: str, body: FailoverRequest, me: Me) -> dict[str, Any]:
         source = controller.spec.group(group)
         to = body.to if body.to is not None else (source.backup if source else None)
@@ -273,13 +333,16 @@ def build_control_api(
         return {"group": group, "to": to}
 
     @api.post("/v1/groups/{group}/restore")
+    @guarded(Role.OPERATOR)
     async def restore(group: str, body: RestoreRequest, me: Me) -> dict[str, Any]:
         me.require(Role.OPERATOR, f"restoring {group}", groups=(group,))
         backup = await controller.restore(group, me.name, body.reason)
         return {"group": group, "from": backup, "changed": backup is not None}
 
     @api.get("/v1/routes")
-    async def routes() -> dict[str, Any]:
+    async def routes(me: Me) -> dict[str, Any]:
+        """The routing rules and live failovers (a token scoped to groups: the rules that
+        send to, fall back to or mirror one of its groups, and its groups' failovers)."""
         rules = [
             {
                 "tag": r.tag,
@@ -293,8 +356,17 @@ def build_control_api(
                 "mirror": {"group": r.mirror[0], "percent": r.mirror[1]} if r.mirror else None,
             }
             for r in route_rules(controller.spec)
+            if any(
+                me.sees(g)
+                for g in (
+                    *(g for g, _ in r.targets),
+                    *r.fallback,
+                    *((r.mirror[0],) if r.mirror else ()),
+                )
+            )
         ]
-        return {"rules": rules, "failovers": controller.failovers}
+        failovers = {g: to for g, to in controller.failovers.items() if me.sees(g)}
+        return {"rules": rules, "failovers": failovers}
 
     @api.get("/v1/groups/{group}/explain")
     async def explain(group: str, limit: Limit = 10) -> dict[str, Any]:
@@ -316,15 +388,20 @@ def build_control_api(
 
     @api.get("/v1/history")
     async def history(
+        me: Me,
         group: Annotated[list[str] | None, Query()] = None,
         since: Annotated[float | None, Query(ge=0)] = None,
         until: Annotated[float | None, Query(ge=0)] = None,
         step_s: Annotated[int, Query(ge=60, le=366 * 86_400)] = 60,
     ) -> dict[str, Any]:
         """O3: each group's series, `step_s` apart (default: the last hour, by minute);
-        quantiles are merged from the stored histograms."""
+        quantiles are merged from the stored histograms. A token scoped to groups reads
+        only its groups' (all of them when it names none)."""
         for g in group or ():
+            me.require_sees(g, "reading history")
             require_group(g)
+        if group is None and me.groups is not None:
+            group = sorted(me.groups)
         end = until if until is not None else tokens.clock.now()
         start = since if since is not None else end - 3600.0
         if end <= start:
@@ -336,6 +413,7 @@ def build_control_api(
         return await asyncio.to_thread(stored_history, store, spec, group, start, end, step_s)
 
     @api.post("/v1/rollouts/{name}/{action}")
+    @guarded(Role.OPERATOR)
     async def rollout_action(
         name: str, action: str, body: RolloutRequest, me: Me
     ) -> dict[str, Any]:
@@ -345,11 +423,27 @@ def build_control_api(
         me.require(Role.OPERATOR, f"rollout {action} of {name}", groups=groups)
         return await controller.rollout(name, action, me.name, body.reason)
 
+    def require_rollout_seen(me: Principal, name: str) -> None:
+        """Forbidden unless `me` sees the rollout's baseline or canary (a rollout not in
+        the spec: only an unscoped token reads what is left of it)."""
+        if not me.scoped:
+            return
+        rs = next((r for r in controller.spec.rollouts if r.name == name), None)
+        if rs is None or not (me.sees(rs.baseline) or me.sees(rs.canary)):
+            raise Forbidden(
+                f"reading rollout {name}: token {me.name!r} may read only group(s) "
+                f"{', '.join(sorted(me.groups or ()))}, and this rollout is of none of them",
+                rollout=name,
+            )
+
     @api.get("/v1/rollouts")
-    async def rollouts() -> list[dict[str, Any]]:
-        """Every rollout in the spec with its latest run (phase, step, percent)."""
+    async def rollouts(me: Me) -> list[dict[str, Any]]:
+        """Every rollout in the spec with its latest run (phase, step, percent); a token
+        scoped to groups: those whose baseline or canary is one of them."""
         out = []
         for rs in controller.spec.rollouts:
+            if not (me.sees(rs.baseline) or me.sees(rs.canary)):
+                continue
             runs = await asyncio.to_thread(store.list_rollouts, name=rs.name, limit=1)
             live = controller.rollout_live(rs.name)
             state = live if live is not None else (runs[0].state if runs else None)
@@ -367,16 +461,18 @@ def build_control_api(
         return out
 
     @api.get("/v1/rollouts/{name}/plan")
-    async def rollout_plan(name: str) -> dict[str, Any]:
+    async def rollout_plan(name: str, me: Me) -> dict[str, Any]:
         """The rollout's design (false-rollback budget, looks, answers each step needs and
         which criterion sets them) and, at the baseline's traffic of the last minute, how
         long each step and the whole rollout will take."""
+        require_rollout_seen(me, name)
         return controller.rollout_plan(name)
 
     @api.get("/v1/rollouts/{name}")
-    async def rollout_report(name: str, run: int | None = None) -> dict[str, Any]:
+    async def rollout_report(name: str, me: Me, run: int | None = None) -> dict[str, Any]:
         """The archived run (newest, or `run`), with the live state of a running one: its
         timeline, every step's analysis numbers, the compare report, the conclusion."""
+        require_rollout_seen(me, name)
         runs = await asyncio.to_thread(store.list_rollouts, name=name, limit=200)
         chosen = next((r for r in runs if run is None or r.id == run), None)
         if chosen is None:
@@ -394,57 +490,100 @@ def build_control_api(
         return review
 
     @api.post("/v1/proposals")
+    @guarded(Role.OPERATOR, SPEC_BODY)
     async def propose(body: ProposeRequest, me: Me) -> dict[str, Any]:
         """R5: record a spec change for review, with its diff and impact preview."""
         me.require(Role.OPERATOR, "proposing a spec change")
-        loaded = load_spec_text(body.yaml, body.source)
-        return (await board().propose(loaded, me.name, body.reason)).to_json()
+        loaded = await offload(parse_spec, body.yaml, body.source)
+        return (await board().propose(loaded, me.name, body.reason, person=me.person)).to_json()
 
     @api.get("/v1/proposals")
-    async def proposals(all: bool = False, limit: Limit = 50) -> list[dict[str, Any]]:
-        """Pending proposals (every one with `all`), newest first."""
-        return [p.to_json() for p in await board().proposals(all, limit)]
+    async def proposals(me: Me, all: bool = False, limit: Limit = 50) -> list[dict[str, Any]]:
+        """Pending proposals (every one with `all`), newest first. A proposal is a whole
+        platform's spec: a token scoped to groups sees only its own person's."""
+        if not me.scoped:
+            return [p.to_json() for p in await board().proposals(all, limit)]
+        found = await board().proposals(all, 100_000)
+        return [p.to_json() for p in found if own_proposal(me, p)][:limit]
 
     @api.get("/v1/proposals/{proposal_id}")
-    async def proposal(proposal_id: RowId) -> dict[str, Any]:
-        return (await board().get(proposal_id)).to_json()
+    async def proposal(proposal_id: RowId, me: Me) -> dict[str, Any]:
+        p = await board().get(proposal_id)
+        if me.scoped and not own_proposal(me, p):
+            raise Forbidden(
+                f"reading proposal {proposal_id}: a proposal is a whole platform's spec, other "
+                f"teams' included; token {me.name!r} is scoped to group(s) "
+                f"{', '.join(sorted(me.groups or ()))} and reads only its own person's proposals",
+                proposal=proposal_id,
+            )
+        return p.to_json()
 
     @api.post("/v1/proposals/{proposal_id}/approve")
+    @guarded(Role.ADMIN)
     async def approve(proposal_id: RowId, body: ReviewRequest, me: Me) -> dict[str, Any]:
-        """Apply it as a new revision; 409 for its author or if it is stale."""
+        """Apply it as a new revision; 403 for its author's person, 409 if it is stale."""
         me.require(Role.ADMIN, "approving a proposal")
-        return (await board().approve(proposal_id, me.name, body.reason)).to_json()
+        done = await board().approve(proposal_id, me.name, body.reason, person=me.person)
+        return done.to_json()
 
     @api.post("/v1/proposals/{proposal_id}/reject")
+    @guarded(Role.OPERATOR)
     async def reject(proposal_id: RowId, body: ReviewRequest, me: Me) -> dict[str, Any]:
-        """An admin rejects; the author may withdraw their own."""
-        if (await board().get(proposal_id)).author != me.name:
+        """An admin rejects; the author's person may withdraw their own."""
+        p = await board().get(proposal_id)
+        if me.name != p.author and me.person != p.author_person:
             me.require(Role.ADMIN, "rejecting another person's proposal")
-        return (await board().reject(proposal_id, me.name, body.reason)).to_json()
+        return (await board().reject(proposal_id, me.name, body.reason, person=me.person)).to_json()
 
     @api.get("/v1/quota")
     async def quota(
         window_s: Annotated[float, Query(gt=0, description="under-use window")] = 3600.0,
         below: Annotated[float, Query(gt=0, le=1, description="share of guarantee")] = 0.5,
+        *,
+        me: Me,
     ) -> dict[str, Any]:
-        """Pools, each group's quota and use, the loan ledger, spend, under-used groups."""
-        return await controller.quota_report(window_s, below)
+        """Pools, each group's quota and use, the loan ledger, spend, under-used groups (a
+        token scoped to groups: its groups' lines, loans and spend; pool totals stay)."""
+        report = await controller.quota_report(window_s, below)
+        if me.scoped:
+            report["groups"] = [g for g in report["groups"] if me.sees(g["name"])]
+            report["loans"] = [
+                loan
+                for loan in report["loans"]
+                if me.sees(loan["borrower"]) or (loan["lender"] and me.sees(loan["lender"]))
+            ]
+            report["underused"] = [u for u in report["underused"] if me.sees(u["group"])]
+        return report
 
     @api.get("/v1/dataplane")
-    async def dataplane() -> dict[str, Any]:
-        return data_plane() if data_plane is not None else {}
+    async def dataplane(me: Me) -> dict[str, Any]:
+        """The gateways' live state (a token scoped to groups: its groups' and instances')."""
+        found = data_plane() if data_plane is not None else {}
+        return scoped_data_plane(me, found) if me.scoped else found
 
     @api.post("/v1/revisions")
+    @guarded(Role.ADMIN, SPEC_BODY)
     async def apply(body: ApplyRequest, me: Me) -> dict[str, Any]:
         me.require(Role.ADMIN, "applying a spec")
-        loaded = load_spec_text(body.yaml, body.source)
+        loaded = await offload(parse_spec, body.yaml, body.source)
         rev = await controller.apply(loaded, me.name, body.reason)
         if rev is None:
             return {"revision": controller.revision, "changed": False}
         return {"revision": rev.number, "changed": True, "diff": rev.diff}
 
     @api.get("/v1/revisions")
-    async def revisions(limit: Limit = 20) -> list[dict[str, Any]]:
+    async def revisions(me: Me, limit: Limit = 20) -> list[dict[str, Any]]:
+        """The spec's revisions, newest first. Refused to a token scoped to groups: a
+        revision is the whole platform's spec, other teams' groups, tenants and routes
+        included."""
+        if me.scoped:
+            raise Forbidden(
+                f"reading revisions: token {me.name!r} is scoped to group(s) "
+                f"{', '.join(sorted(me.groups or ()))}, and a revision is the whole platform's "
+                "spec (other teams' groups, tenants and routes included); read your groups "
+                "with GET /v1/groups (`sluice get groups`)",
+                groups=sorted(me.groups or ()),
+            )
         revs = await asyncio.to_thread(store.list_revisions, limit)
         return [r.to_json() for r in revs]
 
@@ -456,10 +595,27 @@ def build_control_api(
         since: float | None = None,
         until: float | None = None,
         limit: Limit = 100,
+        *,
+        me: Me,
     ) -> list[dict[str, Any]]:
-        """Newest first; `since`/`until` are Unix times."""
+        """Newest first; `since`/`until` are Unix times. A token scoped to groups reads the
+        entries about its groups (`group/G`), their rollouts and its own proposals; never a
+        revision's, a token's or a console session's."""
+        targets = None
+        if me.scoped:
+            targets = await visible_audit_targets(me)
+            if target is not None and target not in targets:
+                kind, _, name = target.partition("/")
+                if kind == "group":
+                    me.require_sees(name, "reading the audit log")
+                raise Forbidden(
+                    f"reading the audit log of {target}: token {me.name!r} may read only "
+                    f"entries about group(s) {', '.join(sorted(me.groups or ()))}",
+                    target=target,
+                )
         entries = await asyncio.to_thread(
             store.list_audit,
+            targets=targets,
             target=target,
             actor=actor,
             action=action,
@@ -470,48 +626,65 @@ def build_control_api(
         return [e.to_json() for e in entries]
 
     @api.get("/v1/events")
-    async def events(group: str | None = None, limit: Limit = 100) -> list[dict[str, Any]]:
-        found = await asyncio.to_thread(store.list_events, group=group, limit=limit)
+    async def events(me: Me, group: str | None = None, limit: Limit = 100) -> list[dict[str, Any]]:
+        """Newest first (a token scoped to groups: its groups' only)."""
+        me.require_sees(group, "reading events")
+        scope = sorted(me.groups) if me.groups is not None and group is None else None
+        found = await asyncio.to_thread(store.list_events, group=group, groups=scope, limit=limit)
         if not found:  # a group removed from the spec keeps its history
             require_group(group)
         return [e.to_json() for e in found]
 
     @api.get("/metrics")
-    async def gateway_metrics() -> Response:
+    async def gateway_metrics(me: Me) -> Response:
         """The gateway's Prometheus metrics and the model servers' scraped signals
-        (`sluice_server_*` by group and instance); a scraper sends a viewer token."""
+        (`sluice_server_*` by group and instance); a scraper sends an unscoped viewer token
+        (the text has every group: a token scoped to groups is refused)."""
+        if me.scoped:
+            raise Forbidden(
+                f"reading /metrics: the Prometheus text has every group's series, and token "
+                f"{me.name!r} is scoped to group(s) {', '.join(sorted(me.groups or ()))}; a "
+                "scraper uses an unscoped viewer token (`sluice token create NAME --role "
+                "viewer`); read your groups with GET /v1/groups/GROUP/explain or /v1/history",
+                groups=sorted(me.groups or ()),
+            )
         if metrics is None:
             raise NotFound("this control API serves no gateway metrics")
         body, content_type = metrics()
         return Response(body + controller.server_metrics(), media_type=content_type)
 
     @api.post("/v1/tokens")
+    @guarded(Role.ADMIN)
     async def create_token(body: TokenRequest, me: Me) -> dict[str, Any]:
         """The token itself is in this answer only; the store keeps its digest."""
         me.require(Role.ADMIN, "creating a token")
         for name in body.groups or ():
             require_group(name)
-        token, record = await tokens.create(
-            body.name, body.role, body.groups, body.expires_in_s, by=me.name
+        token, record = await tokens.mint(
+            body.name, body.role, body.groups, body.expires_in_s, body.owner, by=me
         )
         return {**record.to_json(), "token": token}
 
     @api.get("/v1/tokens")
+    @guarded(Role.ADMIN)
     async def list_tokens(me: Me) -> list[dict[str, Any]]:
         me.require(Role.ADMIN, "listing tokens")
         return [t.to_json() for t in await tokens.list()]
 
     @api.post("/v1/tokens/{name}/revoke")
+    @guarded(Role.ADMIN)
     async def revoke_token(name: str, me: Me) -> dict[str, Any]:
         me.require(Role.ADMIN, "revoking a token")
         return (await tokens.revoke(name, by=me.name)).to_json()
 
     @api.get("/v1/whoami")
+    @guarded(Role.GATEWAY)
     async def whoami(me: Me) -> dict[str, Any]:
         groups = None if me.groups is None else sorted(me.groups)
         return {"name": me.name, "role": me.role.value, "groups": groups}
 
     @api.post("/v1/gc")
+    @guarded(Role.ADMIN)
     async def gc(me: Me) -> dict[str, Any]:
         """Apply the spec's retention now (it also runs every `retention.interval_s`)."""
         me.require(Role.ADMIN, "running retention")
@@ -536,6 +709,11 @@ def build_control_api(
     return app
 
 
+def own_proposal(me: Principal, p: Proposal) -> bool:
+    """Whether `p` was proposed by `me`'s token or person."""
+    return p.author == me.name or (bool(p.author_person) and p.author_person == me.person)
+
+
 async def _caller(request: Request, authenticator: Authenticator) -> Principal:
     """A bearer token, or else the console's session cookie; a change made with the cookie
     must carry the session's CSRF token in `X-CSRF-Token` (a form on another site cannot
@@ -553,20 +731,13 @@ async def _caller(request: Request, authenticator: Authenticator) -> Principal:
 
 
 def _gateway_only_syncs(me: Principal, path: str) -> None:
-    """A gateway token may sync its gateway (`sluice.control.gateways`) and read nothing:
-    refused here, before any route, since most reads need only a valid token."""
-    if me.role is Role.GATEWAY and not path.startswith("/v1/gateways/"):
+    """A gateway token may sync its gateway (`sluice.control.gateways`) and learn its own
+    name (`GET /v1/whoami`: `sluice gateway` names itself after its token), and read
+    nothing else: refused here, before any route, since most reads need only a valid token."""
+    if me.role is Role.GATEWAY and not (path.startswith("/v1/gateways/") or path == "/v1/whoami"):
         raise Forbidden(
             f"token {me.name!r} is a gateway token: it may only sync a gateway "
-            "(POST /v1/gateways/ID/sync)",
+            "(POST /v1/gateways/ID/sync) and ask its own name (GET /v1/whoami)",
             needs=Role.VIEWER.value,
             role=me.role.value,
         )
-
-
-def _host_name(host: str) -> str:
-    """`Host` without its port: `127.0.0.1:8081` -> `127.0.0.1`, `[::1]:80` -> `::1`."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

@@ -16,6 +16,9 @@ and scope) and ends when the token is revoked or expires, at logout, or after
 Roles nest: `viewer` reads; `operator` also scales, fails over, runs rollouts and
 proposes; `admin` also applies specs, approves and manages tokens. An operator (or viewer)
 token with `groups` acts only on those groups.
+
+Every token belongs to a person (`Principal.person`); who may mint a token for whom is
+`sluice.control.tokens`' rule. Two-person review compares persons, not token names.
 """
 
 from __future__ import annotations
@@ -73,11 +76,18 @@ _RANKS = {Role.GATEWAY: -1, Role.VIEWER: 0, Role.OPERATOR: 1, Role.ADMIN: 2}
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """The holder of a valid token: the audit log's actor is `name`."""
+    """The holder of a valid token: the audit log's actor is `name`, the token; `person`
+    is who holds it (default: a person named like the token, as for a token issued before
+    persons existed)."""
 
     name: str
     role: Role
     groups: frozenset[str] | None = None
+    person: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.person:
+            object.__setattr__(self, "person", self.name.lower())
 
     def require(self, role: Role, what: str, *, groups: tuple[str, ...] = ()) -> None:
         """Forbidden unless this token has `role` (or above) and, if scoped, every group of
@@ -94,6 +104,25 @@ class Principal:
                 f"{what}: token {self.name!r} may act only on group(s) "
                 f"{', '.join(sorted(self.groups or ()))}, not {', '.join(outside)}",
                 groups=outside,
+            )
+
+    @property
+    def scoped(self) -> bool:
+        """True for a token scoped to groups (it reads only those)."""
+        return self.groups is not None
+
+    def sees(self, group: str) -> bool:
+        """Whether this token may read `group` and what belongs to it (unscoped: every group)."""
+        return self.groups is None or group in self.groups
+
+    def require_sees(self, group: str | None, what: str) -> None:
+        """Forbidden if `group` (a query parameter; None: not given) is outside this token's
+        scope. `what` names the read for the message."""
+        if group is not None and not self.sees(group):
+            raise Forbidden(
+                f"{what}: token {self.name!r} may read only group(s) "
+                f"{', '.join(sorted(self.groups or ()))}, not {group}",
+                groups=[group],
             )
 
 
@@ -151,7 +180,7 @@ class Authenticator:
             now=now,
             expires_at=ends,
         )
-        await self._audit(record.name, "login", "console session")
+        await self._audit(record.name, record.person, "login", "console session")
         return session, _principal(record)
 
     async def from_session(self, session: str | None) -> Principal:
@@ -171,23 +200,23 @@ class Authenticator:
     async def log_out(self, session: str, principal: Principal) -> None:
         digest = token_digest(session)
         await asyncio.to_thread(self._store.end_session, digest, now=self._clock.now())
-        await self._audit(principal.name, "logout", "console session")
+        await self._audit(principal.name, principal.person, "logout", "console session")
 
-    async def _audit(self, actor: str, action: str, reason: str) -> None:
+    async def _audit(self, actor: str, person: str, action: str, reason: str) -> None:
         await asyncio.to_thread(
             self._store.append_audit,
             actor=actor,
             action=action,
             target="console",
             reason=reason,
-            detail={},
+            detail={"person": person},
             now=self._clock.now(),
         )
 
 
 def _principal(record: TokenRecord) -> Principal:
     groups = None if record.groups is None else frozenset(record.groups)
-    return Principal(record.name, Role(record.role), groups)
+    return Principal(record.name, Role(record.role), groups, record.person)
 
 
 def _bearer(authorization: str | None) -> str:

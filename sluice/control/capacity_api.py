@@ -18,8 +18,9 @@ from sluice.control.auth import Role
 from sluice.control.bodies import TextBody, model_body
 from sluice.control.controller import Controller
 from sluice.control.drill_schedule import DrillScheduler, drill_named
+from sluice.control.guard import guarded
 from sluice.control.pins import MAX_PIN_S
-from sluice.core import NotFound
+from sluice.core import Forbidden, NotFound
 from sluice.store import Store
 
 __all__ = ["MAX_REPORT_BYTES", "capacity_routes"]
@@ -59,6 +60,7 @@ def capacity_routes(
     includes it); without `drills` the schedules are listed but never run."""
 
     @api.post("/v1/groups/{group}/pin")
+    @guarded(Role.OPERATOR)
     async def pin(group: str, body: PinRequest, me: Me) -> dict[str, Any]:
         """Hold the group at `replicas` for `for_s` seconds, whatever its autoscaler says."""
         me.require(Role.OPERATOR, f"pinning {group}", groups=(group,))
@@ -66,6 +68,7 @@ def capacity_routes(
         return held.to_json()
 
     @api.post("/v1/groups/{group}/unpin")
+    @guarded(Role.OPERATOR)
     async def unpin(group: str, body: UnpinRequest, me: Me) -> dict[str, Any]:
         me.require(Role.OPERATOR, f"unpinning {group}", groups=(group,))
         controller.group(group)
@@ -73,6 +76,7 @@ def capacity_routes(
         return {"group": group, "lifted": lifted.to_json() if lifted else None}
 
     @api.post("/v1/groups/{group}/capacity")
+    @guarded(Role.OPERATOR, MAX_REPORT_BYTES)
     async def record(group: str, request: Request, me: Me) -> dict[str, Any]:
         """Keep a load test's or drill's report under the group's current model version."""
         me.require(Role.OPERATOR, f"recording a capacity run of {group}", groups=(group,))
@@ -106,25 +110,40 @@ def capacity_routes(
         return [r.to_json(reports) for r in found]
 
     @api.get("/v1/capacity/{run_id}")
-    async def run(run_id: RowId) -> dict[str, Any]:
-        return (await asyncio.to_thread(store.get_capacity_run, run_id)).to_json()
+    async def run(run_id: RowId, me: Me) -> dict[str, Any]:
+        """One load test's or drill's report (a token scoped to groups: of its groups)."""
+        found = await asyncio.to_thread(store.get_capacity_run, run_id)
+        if not me.sees(found.group):
+            raise Forbidden(
+                f"reading capacity run {run_id}: token {me.name!r} may read only group(s) "
+                f"{', '.join(sorted(me.groups or ()))}, and this run is of another group",
+                run=run_id,
+            )
+        return found.to_json()
 
     @api.get("/v1/drills")
-    async def schedules() -> list[dict[str, Any]]:
-        """The spec's scheduled drills: next firing, the one running, the last one's end."""
+    async def schedules(me: Me) -> list[dict[str, Any]]:
+        """The spec's scheduled drills: next firing, the one running, the last one's end (a
+        token scoped to groups: its groups' drills)."""
         spec = controller.spec
         found = drills.schedules(spec, now()) if drills is not None else []
+        found = [entry for entry in found if me.sees(entry["group"])]
         for entry in found:
             last = await asyncio.to_thread(store.list_drill_fires, schedule=entry["name"], limit=1)
             entry["last"] = last[0].to_json() if last else None
         return found
 
     @api.get("/v1/drills/fires")
-    async def fires(schedule: str | None = None, limit: Limit = 20) -> list[dict[str, Any]]:
-        found = await asyncio.to_thread(store.list_drill_fires, schedule=schedule, limit=limit)
+    async def fires(me: Me, schedule: str | None = None, limit: Limit = 20) -> list[dict[str, Any]]:
+        """Drill firings, newest first (a token scoped to groups: its groups')."""
+        scope = None if me.groups is None else sorted(me.groups)
+        found = await asyncio.to_thread(
+            store.list_drill_fires, schedule=schedule, limit=limit, groups=scope
+        )
         return [f.to_json() for f in found]
 
     @api.post("/v1/drills/{name}/run")
+    @guarded(Role.OPERATOR)
     async def run_now(name: str, me: Me) -> dict[str, Any]:
         """Fire a scheduled drill now (as `kubectl create job --from=cronjob/...`)."""
         spec = controller.spec

@@ -31,6 +31,7 @@ from sluice.control.rollouts import ACTIONS, RolloutRunner
 from sluice.control.routing_publisher import RoutingPublisher
 from sluice.control.samples import GatewaySampleSource, SampleCollector
 from sluice.control.scraper import ServerScraper, scrape_targets
+from sluice.control.spec_work import offload
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.ticks import TickLoop
 from sluice.core import Clock, Conflict, InstanceState, NotFound
@@ -50,14 +51,7 @@ from sluice.policy.tick import (
     spec_count,
     standby,
 )
-from sluice.spec import (
-    GroupSpec,
-    LoadedSpec,
-    PlatformSpec,
-    load_spec_text,
-    redact_secrets,
-    revision_diff,
-)
+from sluice.spec import GroupSpec, LoadedSpec, PlatformSpec, draft_revision, load_spec_text
 from sluice.spec.secrets import secret_env_names
 from sluice.spec.servers import external_scale_problem
 from sluice.store import Pin, Revision, Store
@@ -266,9 +260,8 @@ class Controller:
         """Resume from the store: the latest revision and live overrides."""
         latest = await asyncio.to_thread(self._store.latest_revision)
         if latest is not None:
-            self._spec = spec_with_key_sources(
-                load_spec_text(latest.yaml_text, f"revision {latest.number}")
-            )
+            loaded = await offload(load_spec_text, latest.yaml_text, f"revision {latest.number}")
+            self._spec = spec_with_key_sources(loaded)
             self._revision = latest.number
         self._overrides = await asyncio.to_thread(self._store.replicas_overrides)
         self._failovers = await asyncio.to_thread(self._store.failovers)
@@ -299,12 +292,15 @@ class Controller:
         `reviewed` (an approved proposal, `ReviewBoard.approve`).
         """
         latest = await asyncio.to_thread(self._store.latest_revision)
-        text = redact_secrets(loaded.text, loaded.source)  # no plain key is ever stored
-        if latest is not None and latest.yaml_text == text:
+        number = (latest.number if latest else 0) + 1
+        previous = latest.yaml_text if latest else None
+        # no plain key is ever stored; parsed, checked and diffed off the event loop
+        draft = await offload(draft_revision, loaded.text, loaded.source, previous, number)
+        if previous == draft.text:
             return None
         # The spec as it will read back from the store (keys as digests), so that comparing
         # it with the live spec after a restart sees the same tenants.
-        spec = spec_with_key_sources(load_spec_text(text, loaded.source))
+        spec = spec_with_key_sources(draft.loaded)
         stranded = stranded_failovers(spec, self._failovers)
         if stranded:
             raise Conflict(
@@ -320,11 +316,10 @@ class Controller:
                 f"{loaded.source} --reason ...` and have another person `sluice approve` it",
                 sections=gated,
             )
-        number = (latest.number if latest else 0) + 1
-        diff = revision_diff(latest.yaml_text if latest else None, text, number)
+        diff = draft.diff
         rev = await asyncio.to_thread(
             self._store.add_revision,
-            yaml_text=text,
+            yaml_text=draft.text,
             author=author,
             reason=reason,
             diff=diff,

@@ -30,6 +30,7 @@ import orjson
 
 from sluice.control.auth import Role
 from sluice.control.events import EventLog
+from sluice.control.keysources import read_secret_file
 from sluice.control.tokens import TokenAdmin
 from sluice.core import Clock, Conflict, NotFound
 from sluice.policy.drill_schedule import due_firing, next_firing
@@ -218,8 +219,10 @@ class DrillScheduler:
             key = self._environ.get(d.api_key_env, "").strip()
         else:
             assert d.api_key_file is not None
-            try:
-                key = Path(d.api_key_file).read_text(encoding="utf-8").strip()
+            try:  # bounded and non-blocking: this runs on the event loop
+                key = read_secret_file(d.api_key_file).strip()
+            except UnicodeDecodeError:
+                return None, f"the drill's key file {d.api_key_file} is not UTF-8 text"
             except OSError as exc:
                 return None, f"cannot read the drill's key from {where}: {exc.strerror}"
         if not key:

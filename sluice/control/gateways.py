@@ -8,11 +8,21 @@ record and, when it is not on the newest one, the routing snapshot. The autoscal
 observer read `traffic()`, the fleet's counters merged (`sluice.policy.gateways.GatewayBook`);
 `GET /v1/dataplane` reads `status()`; the drain of a command server reads `in_flight()`; the
 canary analysis reads every gateway's answers through `samples()`.
+
+A gateway token names its gateway (issue 31): the token named N syncs only the ids `N` and
+`N-<suffix>` (`sluice.policy.gateways.gateway_id_fits`), and a live id is held by the token
+that synced it; anything else is refused (403) before the body is parsed, and changes
+nothing. Counters of groups and answers of instances that are not in the routing the
+controller publishes (the newest snapshot or the one before) are dropped and counted per
+gateway (`dropped` in `status()`), never kept. At most `MAX_GATEWAYS` remote gateways are
+live at once: a new id over that is refused (503) until one falls silent, and one silent
+for `GATEWAY_TTL_S` is forgotten with all the controller kept of it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any
@@ -22,15 +32,28 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.control.auth import Principal, Role
 from sluice.control.bodies import TextBody, model_body
+from sluice.control.guard import guarded
 from sluice.control.servers import ProbeFailed
-from sluice.core import Clock, Forbidden, SpecError, SpecIssue
+from sluice.core import Clock, Forbidden, SpecError, SpecIssue, Unavailable
 from sluice.policy.autoscale.base import TrafficSample
-from sluice.policy.gateways import GatewayBook, Share, add_samples, merge_status, share_snapshot
+from sluice.policy.gateways import (
+    GATEWAY_ID_PATTERN,
+    GATEWAY_TTL_S,
+    GatewayBook,
+    Share,
+    add_samples,
+    gateway_id_fits,
+    gateway_id_rule,
+    merge_status,
+    share_snapshot,
+)
 from sluice.policy.routing import RoutingSnapshot
 from sluice.policy.snapshot_wire import snapshot_to_json
 from sluice.spec.names import Name
 
-__all__ = ["GatewayFleet", "LocalGateway", "gateway_routes"]
+__all__ = ["MAX_GATEWAYS", "GatewayFleet", "LocalGateway", "gateway_routes"]
+
+log = logging.getLogger("sluice.gateways")
 
 LOCAL = "local"
 """The id of the controller's own in-process gateway in the book."""
@@ -42,7 +65,13 @@ MAX_SYNC_ROWS = 20_000
 RING_ROWS = 8192
 """Answers the fleet keeps per instance for the canary analysis (it reads once a second)."""
 MAX_SAMPLED_INSTANCES = 1000
-GatewayId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$")]
+MAX_GATEWAYS = 256
+"""Remote gateways live at once: a fleet of 64 hosts of `--workers 4`. A sync from a new id
+over this is refused until one falls silent, so no number of made-up ids grows the
+controller's memory or cuts every instance's slots into slivers."""
+DROP_LOG_PERIOD_S = 60.0
+"""Dropped counters and answers are logged at most once a minute (they are counted always)."""
+GatewayId = Annotated[str, Path(pattern=GATEWAY_ID_PATTERN)]
 InstanceId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")]
 
 
@@ -75,13 +104,65 @@ class GatewayFleet:
         """instance -> the answers the gateways recorded of it, numbered by `_seq`"""
         self._seq = 0
         self._local_cursor: dict[str, int] = {}
+        self._owners: dict[str, str | None] = {}
+        """live remote gateway id -> the name of the token that syncs it"""
+        self._dropped: dict[str, dict[str, int]] = {}
+        """live gateway id -> counter sets and answers of it that were dropped"""
+        self._known: tuple[frozenset[str], frozenset[str]] | None = None
+        """the groups and the instances of the newest snapshot and the one before (a
+        gateway a version behind still counts for them); None: none published yet"""
+        self._newest: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+        self._drop_logged_at: float | None = None
+        self._drops_unlogged = 0
 
     def publish(self, snapshot: RoutingSnapshot) -> None:
         """The controller's newest snapshot: to the local gateway at once (its share), to
         the others at their next sync."""
+        if snapshot is not self.snapshot:
+            groups = frozenset({*snapshot.endpoints, *snapshot.group_models, *snapshot.traffic})
+            instances = frozenset(
+                ep.instance_id for eps in snapshot.endpoints.values() for ep in eps
+            )
+            before = self._newest
+            self._newest = (groups, instances)
+            self._known = (groups | before[0], instances | before[1])
         self.snapshot = snapshot
         if self.local is not None:
             self.local.update(share_snapshot(snapshot, self._local_share))
+
+    def admit(self, gateway: str, token: str | None) -> None:
+        """Refuse, changing nothing, a sync of `gateway` by the token named `token` (None:
+        not checked, for tests of the book) that it may not make: the id is not the token's
+        (403), the id is live under another token (403), or it is a new id while
+        `MAX_GATEWAYS` are live (503)."""
+        if gateway == LOCAL:
+            raise SpecError([SpecIssue("gateway", f"{LOCAL!r} is the controller's own gateway")])
+        if token is not None and not gateway_id_fits(token, gateway):
+            raise Forbidden(
+                f"token {token!r} may sync only gateway {gateway_id_rule(token)}, not "
+                f"{gateway!r}: a gateway token names its gateway (`sluice gateway` without "
+                f"--id picks '{token}-HOST-PORT')",
+                token=token,
+                gateway=gateway,
+                allowed=[token, f"{token}-<suffix>"],
+            )
+        self._forget(self._clock.now())
+        holder = self._owners.get(gateway, token)
+        if holder != token:
+            raise Forbidden(
+                f"gateway {gateway!r} is live under token {holder!r}, not {token!r}: give "
+                f"this one another id (forgotten {GATEWAY_TTL_S:g} s after its last sync)",
+                token=token,
+                gateway=gateway,
+            )
+        if gateway not in self._owners and len(self._owners) >= MAX_GATEWAYS:
+            raise Unavailable(
+                f"the controller keeps at most {MAX_GATEWAYS} live gateways and has "
+                f"{len(self._owners)}: gateway {gateway!r} is refused until one falls "
+                f"silent for {GATEWAY_TTL_S:g} s",
+                gateway=gateway,
+                limit=MAX_GATEWAYS,
+            )
 
     def sync(
         self,
@@ -92,14 +173,21 @@ class GatewayFleet:
         have: int | None,
         have_share: tuple[int, int] | None = None,
         samples: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+        *,
+        token: str | None = None,
     ) -> dict[str, Any]:
-        """Record one gateway's sync; the snapshot goes back when the gateway has another
-        version or another share than the one it would now get."""
+        """Record one sync of `gateway` by the token named `token` (refused as `admit`
+        says); the snapshot goes back when the gateway has another version or another
+        share than the one it would now get. Counters and answers outside the published
+        routing are dropped and counted, never kept."""
+        self.admit(gateway, token)
         now = self._clock.now()
+        counters, samples = self._drop_unknown(gateway, token, counters, samples or {}, now)
         share = self.book.push(gateway, boot, counters, now)
+        self._owners[gateway] = token
         self._statuses[gateway] = status
         self._reshare_local(now)
-        for instance, rows in (samples or {}).items():
+        for instance, rows in samples.items():
             self._keep_rows(instance, rows)
         snap = self.snapshot
         fresh = snap is not None and (snap.version != have or have_share != tuple(share))
@@ -109,6 +197,59 @@ class GatewayFleet:
             "snapshot": snapshot_to_json(share_snapshot(snap, share)) if fresh and snap else None,
             "sample_groups": self._sampled,
         }
+
+    def _drop_unknown(
+        self,
+        gateway: str,
+        token: str | None,
+        counters: Mapping[str, TrafficSample],
+        samples: Mapping[str, Sequence[Mapping[str, Any]]],
+        now: float,
+    ) -> tuple[dict[str, TrafficSample], dict[str, Sequence[Mapping[str, Any]]]]:
+        """The counters of the groups and the answers of the instances in the published
+        routing; the rest is counted in `_dropped` and logged (at most once a minute). Before
+        the first publication nothing is kept and nothing counted: there is nothing to judge
+        by yet (a group's counts first kept later are its base, `GatewayBook`)."""
+        if self._known is None:
+            return {}, {}
+        groups, instances = self._known
+        kept = {g: c for g, c in counters.items() if g in groups}
+        rows = {i: r for i, r in samples.items() if i in instances}
+        bad_groups = sorted(g for g in counters if g not in groups)
+        bad_instances = sorted(i for i in samples if i not in instances)
+        answers = sum(len(samples[i]) for i in bad_instances)
+        if bad_groups or answers:
+            dropped = self._dropped.setdefault(gateway, {"counters": 0, "answers": 0})
+            dropped["counters"] += len(bad_groups)
+            dropped["answers"] += answers
+            self._drops_unlogged += len(bad_groups) + answers
+            last = self._drop_logged_at
+            if last is None or now - last >= DROP_LOG_PERIOD_S:
+                log.warning(
+                    "gateway %r (token %r) sent counters of %d group(s) not in the routing "
+                    "(%s) and %d answer(s) of %d instance(s) not in it (%s): dropped, not "
+                    "kept; %d dropped in all since the last such line (GET /v1/dataplane: "
+                    "`dropped`, per gateway)",
+                    gateway,
+                    token,
+                    len(bad_groups),
+                    _some(bad_groups),
+                    answers,
+                    len(bad_instances),
+                    _some(bad_instances),
+                    self._drops_unlogged,
+                )
+                self._drop_logged_at, self._drops_unlogged = now, 0
+        return kept, rows
+
+    def _forget(self, now: float) -> None:
+        """Gateways silent for the TTL are gone from the book; everything else kept of them
+        goes too (status, token, drops)."""
+        self.book.expire(now)
+        live = self.book.gateways
+        for table in (self._owners, self._dropped, self._statuses):
+            for gone in [g for g in table if g not in live]:
+                del table[gone]
 
     def sample_groups(self, groups: Iterable[str]) -> None:
         """Record the answers of exactly `groups` (those under canary analysis whose servers
@@ -147,6 +288,7 @@ class GatewayFleet:
         """Per group: every gateway's counters added up (the autoscaler's input)."""
         now = self._clock.now()
         self._reshare_local(now)
+        self._forget(now)
         merged = self.book.traffic(now)
         if self.local is None:
             return merged
@@ -156,14 +298,17 @@ class GatewayFleet:
         return merged
 
     def status(self) -> dict[str, Any]:
-        """`GET /v1/dataplane`: the fleet's admission and traffic, and each gateway's
-        snapshot version under `gateways`."""
-        live = set(self.book.live())
-        self._statuses = {g: s for g, s in self._statuses.items() if g in live}
+        """`GET /v1/dataplane`: the fleet's admission and traffic, each gateway's snapshot
+        version under `gateways`, and under `dropped` what the controller dropped of each
+        live gateway that sent any (`counters`: group counter sets, `answers`: recorded
+        answers, of groups and instances not in the routing)."""
+        self._forget(self._clock.now())
         parts = dict(self._statuses)
         if self.local is not None:
             parts[LOCAL] = self.local.status()
-        return merge_status(parts)
+        merged = merge_status(parts)
+        merged["dropped"] = {g: dict(d) for g, d in sorted(self._dropped.items())}
+        return merged
 
     def in_flight(self) -> dict[str, int]:
         """Requests in flight per instance, every gateway's added up: what drains a server
@@ -190,6 +335,11 @@ class GatewayFleet:
             self._local_share = share
             if self.snapshot is not None:
                 self.local.update(share_snapshot(self.snapshot, share))
+
+
+def _some(names: Sequence[str], most: int = 5) -> str:
+    shown = ", ".join(names[:most])
+    return f"{shown}, ..." if len(names) > most else shown or "none"
 
 
 class _Answer(BaseModel):
@@ -222,9 +372,11 @@ class _Sync(TextBody):
 
 
 def gateway_routes(api: APIRouter, fleet: GatewayFleet) -> None:
-    """Add `POST /v1/gateways/{id}/sync` (a `gateway` or `admin` token)."""
+    """Add `POST /v1/gateways/{id}/sync` (a `gateway` or `admin` token, syncing an id that
+    the token names: `GatewayFleet.admit`)."""
 
     @api.post("/v1/gateways/{gateway}/sync")
+    @guarded(Role.GATEWAY, MAX_SYNC_BYTES)  # the handler admits gateway and admin tokens
     async def sync(gateway: GatewayId, request: Request) -> dict[str, Any]:
         """Push this gateway's counters and status; get its share of every instance's slots
         and, when `have` is not the newest version, the routing snapshot."""
@@ -235,8 +387,7 @@ def gateway_routes(api: APIRouter, fleet: GatewayFleet) -> None:
                 needs=Role.GATEWAY.value,
                 role=me.role.value,
             )
-        if gateway == LOCAL:
-            raise SpecError([SpecIssue("gateway", f"{LOCAL!r} is the controller's own gateway")])
+        fleet.admit(gateway, me.name)  # before the body is parsed: a refusal costs little
         body = await model_body(request, _Sync, MAX_SYNC_BYTES, "a gateway sync")
         try:  # a status the others cannot be merged with would break GET /v1/dataplane
             merge_status({gateway: body.status})
@@ -244,5 +395,12 @@ def gateway_routes(api: APIRouter, fleet: GatewayFleet) -> None:
             raise SpecError([SpecIssue("status", f"not a data-plane status: {exc}")]) from None
         samples = {i: [a.model_dump() for a in rows] for i, rows in body.samples.items()}
         return fleet.sync(
-            gateway, body.boot, body.counters, body.status, body.have, body.have_share, samples
+            gateway,
+            body.boot,
+            body.counters,
+            body.status,
+            body.have,
+            body.have_share,
+            samples,
+            token=me.name,
         )

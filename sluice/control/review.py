@@ -1,6 +1,12 @@
 """Reviewed spec changes (R5): propose with a diff and an impact preview, approve by another
 person (applied as a normal numbered revision), or reject; every step audited.
 
+Another person, not another token: a proposal records its author's person, and approval
+is refused (403, audited as `approve-refused`, nothing applied) to any token of that person,
+and to a person whom the proposer's person enrolled after proposing (see
+`sluice.control.tokens` for who may mint a token for whom). Audit rows written here carry
+the acting token's person in `detail.person` (and the author's in `detail.author_person`).
+
 With `control.review.routes` on, `Controller.apply` refuses changes to the sections in
 `GATED` (see `gated_changes`); they reach the fleet only through `ReviewBoard.approve`.
 A proposal is made against one revision; once another revision is applied it is stale and
@@ -15,17 +21,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sluice.core import Clock, Conflict, Forbidden
+from sluice.control.spec_work import offload
+from sluice.core import Clock, Conflict, Forbidden, NotFound
 from sluice.policy import LoggedRequest, route_impact, route_rules
-from sluice.spec import (
-    GroupSpec,
-    LoadedSpec,
-    PlatformSpec,
-    load_spec_text,
-    redact_secrets,
-    revision_diff,
-)
-from sluice.store import Proposal, Store
+from sluice.spec import GroupSpec, LoadedSpec, PlatformSpec, draft_revision, load_spec_text
+from sluice.store import Proposal, Store, TokenRecord
 
 if TYPE_CHECKING:
     from sluice.control.controller import Controller
@@ -104,17 +104,25 @@ class ReviewBoard:
         self._replay_lines = replay_lines
         self._lock = asyncio.Lock()  # one review at a time: approve/reject never interleave
 
-    async def propose(self, loaded: LoadedSpec, author: str, reason: str) -> Proposal:
-        """Record a pending proposal: YAML, diff against the current revision, preview."""
+    async def propose(
+        self, loaded: LoadedSpec, author: str, reason: str, *, person: str | None = None
+    ) -> Proposal:
+        """Record a pending proposal: YAML, diff against the current revision, preview.
+        `author` is the token, `person` who holds it (None: looked up by the token)."""
+        person = person if person is not None else await self._person_of(author)
         latest = await asyncio.to_thread(self._store.latest_revision)
-        text = redact_secrets(loaded.text, loaded.source)  # no plain key is ever stored
-        if latest is not None and latest.yaml_text == text:
-            raise Conflict(f"nothing to propose: revision {latest.number} is already this spec")
         base = latest.number if latest else 0
-        current = load_spec_text(latest.yaml_text, f"revision {base}").spec if latest else None
-        diff = revision_diff(latest.yaml_text if latest else None, text, base + 1)
-        diff = diff.replace(f"+++ revision {base + 1}", "+++ proposed", 1)
-        proposed = load_spec_text(text, loaded.source).spec  # as the store will hold it
+        previous = latest.yaml_text if latest else None
+        # no plain key is ever stored; parsed, checked and diffed off the event loop
+        draft = await offload(
+            draft_revision, loaded.text, loaded.source, previous, base + 1, parse_previous=True
+        )
+        text = draft.text
+        if latest is not None and previous == text:
+            raise Conflict(f"nothing to propose: revision {latest.number} is already this spec")
+        current = draft.previous
+        diff = draft.diff.replace(f"+++ revision {base + 1}", "+++ proposed", 1)
+        proposed = draft.loaded.spec  # as the store will hold it
         preview = await asyncio.to_thread(self._preview, current, proposed)
         proposal = await asyncio.to_thread(
             self._store.add_proposal,
@@ -125,8 +133,10 @@ class ReviewBoard:
             diff=diff,
             preview=preview,
             now=self._clock.now(),
+            author_person=person,
         )
         detail = {
+            "person": person,
             "base_revision": base,
             "sections": preview["sections"],
             "moved": preview["routes"]["moved"],
@@ -142,9 +152,13 @@ class ReviewBoard:
     async def get(self, proposal_id: int) -> Proposal:
         return await asyncio.to_thread(self._store.get_proposal, proposal_id)
 
-    async def approve(self, proposal_id: int, reviewer: str, reason: str) -> Proposal:
-        """Apply a pending proposal as a new revision, if `reviewer` is not its author and
-        it was made against the current revision."""
+    async def approve(
+        self, proposal_id: int, reviewer: str, reason: str, *, person: str | None = None
+    ) -> Proposal:
+        """Apply a pending proposal as a new revision, if `reviewer` (a token, held by
+        `person`; None: looked up by the token) is another person than its author's and it
+        was made against the current revision."""
+        person = person if person is not None else await self._person_of(reviewer)
         async with self._lock:
             p = await self.get(proposal_id)
             if p.state != "pending":
@@ -155,6 +169,16 @@ class ReviewBoard:
                     f"{p.author}; ask someone else to `sluice approve {p.id}`",
                     proposal=p.id,
                 )
+            refusal = await self._second_person_refusal(p, reviewer, person)
+            if refusal is not None:
+                await self._controller.audit(
+                    reviewer,
+                    "approve-refused",
+                    f"proposal/{p.id}",
+                    refusal,
+                    {"person": person, "author": p.author, "author_person": p.author_person},
+                )
+                raise Forbidden(refusal, proposal=p.id, person=person)
             latest = await asyncio.to_thread(self._store.latest_revision)
             current = latest.number if latest else 0
             if current != p.base_revision:
@@ -166,7 +190,7 @@ class ReviewBoard:
                     base_revision=p.base_revision,
                     current_revision=current,
                 )
-            loaded = load_spec_text(p.yaml_text, f"proposal {p.id}")
+            loaded = await offload(load_spec_text, p.yaml_text, f"proposal {p.id}")
             why = f"proposal #{p.id} by {p.author}, approved by {reviewer}: {p.reason}"
             rev = await self._controller.apply(
                 loaded, p.author, f"{why} (review: {reason})", reviewed=True
@@ -181,13 +205,23 @@ class ReviewBoard:
                 reason=reason,
                 now=self._clock.now(),
                 revision=rev.number,
+                reviewer_person=person,
             )
-            detail = {"author": p.author, "revision": rev.number, "base_revision": current}
+            detail = {
+                "person": person,
+                "author": p.author,
+                "author_person": p.author_person,
+                "revision": rev.number,
+                "base_revision": current,
+            }
             await self._controller.audit(reviewer, "approve", f"proposal/{p.id}", reason, detail)
             return done
 
-    async def reject(self, proposal_id: int, actor: str, reason: str) -> Proposal:
+    async def reject(
+        self, proposal_id: int, actor: str, reason: str, *, person: str | None = None
+    ) -> Proposal:
         """Close a pending proposal unapplied; anyone may, the author too (withdrawal)."""
+        person = person if person is not None else await self._person_of(actor)
         async with self._lock:
             done = await asyncio.to_thread(
                 self._store.review_proposal,
@@ -196,10 +230,51 @@ class ReviewBoard:
                 reviewer=actor,
                 reason=reason,
                 now=self._clock.now(),
+                reviewer_person=person,
             )
-            detail = {"author": done.author, "base_revision": done.base_revision}
+            detail = {
+                "person": person,
+                "author": done.author,
+                "author_person": done.author_person,
+                "base_revision": done.base_revision,
+            }
             await self._controller.audit(actor, "reject", f"proposal/{proposal_id}", reason, detail)
             return done
+
+    # --- persons ---------------------------------------------------------------------------
+
+    async def _person_of(self, token_name: str) -> str:
+        """The person holding `token_name` (token names are never reused); for a name that
+        is no token (a caller inside the platform), a person named like it."""
+        try:
+            return (await asyncio.to_thread(self._store.get_token, token_name)).person
+        except NotFound:
+            return token_name.lower()
+
+    async def _second_person_refusal(self, p: Proposal, reviewer: str, person: str) -> str | None:
+        """Why `reviewer` (held by `person`) may not approve `p`, or None if they may: the
+        same person as the author's, or a person the author's person enrolled (minted the
+        first token of) after proposing, which is how a sock puppet would be made."""
+        if person == p.author_person:
+            return (
+                f"proposal {p.id} was proposed by token {p.author} (person {p.author_person})"
+                f"; token {reviewer} belongs to the same person: ask another person to "
+                f"`sluice approve {p.id}`"
+            )
+        tokens = await asyncio.to_thread(self._store.list_tokens)
+        first = next((t for t in tokens if t.person == person), None)  # ordered by id
+        if first is None or first.created_at < p.created_at:
+            return None
+        minter = _token_named(tokens, first.created_by)
+        if minter is None or minter.person != p.author_person:
+            return None
+        return (
+            f"proposal {p.id} was proposed by token {p.author} (person {p.author_person}); "
+            f"token {reviewer} belongs to person {person}, enrolled after the proposal by "
+            f"token {minter.name} of the same person {p.author_person}: a person enrolled by "
+            "the proposer after proposing cannot approve it; ask a person who held a token "
+            f"before to `sluice approve {p.id}`"
+        )
 
     # --- the preview (runs in a worker thread: it reads the log) ---------------------------
 
@@ -221,6 +296,10 @@ class ReviewBoard:
             },
             "routes": impact.to_json(),
         }
+
+
+def _token_named(tokens: list[TokenRecord], name: str) -> TokenRecord | None:
+    return next((t for t in tokens if t.name == name), None)
 
 
 def _tail(path: Path, n: int) -> list[str]:

@@ -1,5 +1,33 @@
 """Issuing and revoking API tokens, audited; and the first admin token of a new state
-directory, written where the CLI on the same machine finds it (like a kubeconfig)."""
+directory, written where the CLI on the same machine finds it (like a kubeconfig).
+
+Persons. Every token belongs to a person (an e-mail or a name, kept lower-case: persons
+compare case-insensitively). Two-person review compares persons, so the rule of who may
+mint a token for whom is what makes it hold:
+
+| minting token's person     | `owner` not given             | `owner` given                |
+|----------------------------|-------------------------------|------------------------------|
+| `admin` (the installation) | a person named like the token | any person, new or known     |
+| anyone else                | the minter's own person       | only the minter's own person |
+
+Anything else is a 403: a token can only be minted for yourself. So no person but the
+installation can make a second identity: every token they mint is theirs, and approving
+their own proposal with it is refused (`sluice.control.review`).
+
+The installation is the person of the `admin` token that `sluice up` writes to
+`$SLUICE_HOME/admin.token` on a fresh state directory (`INSTALLATION`). It enrolls people,
+as an identity provider would: `sluice token create alice@example.com --role admin` (a
+person named like the token) or `--owner`; `--owner admin` makes another installation
+token (to rotate `admin.token`). Its holder owns the state directory (and, on SQLite, the
+store itself), so no rule inside the platform could stop them from inventing a person;
+review still refuses the opportunistic path: a person whom the proposer's person enrolled
+after the proposal cannot approve it ("propose, enroll a sock, approve"). What remains, a
+fake person enrolled ahead of time, is in the audit: each `token-create` row names the
+minting token's person (`person`) and the new token's (`owner`).
+
+Tokens the platform mints for itself (a scheduled drill's) belong to a person named like
+the token: nobody's second identity.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +35,56 @@ import asyncio
 import os
 from pathlib import Path
 
-from sluice.control.auth import Role, new_token, token_digest
-from sluice.core import Clock, Conflict
+from sluice.control.auth import Principal, Role, new_token, token_digest
+from sluice.core import Clock, Conflict, Forbidden, NotFound
 from sluice.store import Store, TokenRecord
 
-__all__ = ["ADMIN_TOKEN_FILE", "BOOTSTRAP_ADMIN", "TokenAdmin"]
+__all__ = ["ADMIN_TOKEN_FILE", "BOOTSTRAP_ADMIN", "INSTALLATION", "TokenAdmin", "owner_for"]
 
 ADMIN_TOKEN_FILE = "admin.token"
 BOOTSTRAP_ADMIN = "admin"
+INSTALLATION = BOOTSTRAP_ADMIN
+"""The person of the bootstrap admin token: the installation, which enrolls people."""
+
+
+def owner_for(minter: Principal, name: str, owner: str | None) -> str:
+    """The person a token named `name` minted by `minter` belongs to, given the requested
+    `owner` (None: the default), by the table in the module docstring; Forbidden when
+    `minter` may not mint for `owner`."""
+    if minter.person == INSTALLATION:
+        return (owner or name).strip().lower()
+    if owner is None or owner.strip().lower() == minter.person:
+        return minter.person
+    raise Forbidden(
+        f"a token can only be minted for yourself: token {minter.name!r} belongs to person "
+        f"{minter.person!r}, not {owner!r}. A new person gets their first token from the "
+        f"installation's admin token ($SLUICE_HOME/{ADMIN_TOKEN_FILE})",
+        owner=owner,
+        person=minter.person,
+    )
 
 
 class TokenAdmin:
     def __init__(self, store: Store, clock: Clock) -> None:
         self._store = store
         self.clock = clock
+
+    async def mint(
+        self,
+        name: str,
+        role: Role,
+        groups: list[str] | None,
+        expires_in_s: float | None,
+        owner: str | None,
+        *,
+        by: Principal,
+    ) -> tuple[str, TokenRecord]:
+        """A token minted by the caller `by` for `owner` (see `owner_for`): the control
+        API's `POST /v1/tokens`."""
+        person = owner_for(by, name, owner)
+        return await self.create(
+            name, role, groups, expires_in_s, by=by.name, person=person, by_person=by.person
+        )
 
     async def create(
         self,
@@ -30,8 +94,14 @@ class TokenAdmin:
         expires_in_s: float | None,
         *,
         by: str,
+        person: str | None = None,
+        by_person: str | None = None,
     ) -> tuple[str, TokenRecord]:
-        """A new token (returned once, never stored) and its record."""
+        """A new token (returned once, never stored) and its record. `person` holds it
+        (default: a person named like the token); `by` is the minting token or the part of
+        the platform minting it, and `by_person` its person (None: looked up by `by`). No
+        rule is checked here: the API mints through `mint`."""
+        by_person = by_person if by_person is not None else await self._person_of(by)
         token = new_token()
         now = self.clock.now()
         record = await asyncio.to_thread(
@@ -43,14 +113,21 @@ class TokenAdmin:
             created_by=by,
             expires_at=None if expires_in_s is None else now + expires_in_s,
             now=now,
+            person=None if person is None else person.strip().lower(),
         )
-        detail = {"role": role.value, "groups": groups, "expires_at": record.expires_at}
+        detail = {
+            "role": role.value,
+            "groups": groups,
+            "expires_at": record.expires_at,
+            "owner": record.person,
+            "person": by_person,
+        }
         await asyncio.to_thread(
             self._store.append_audit,
             actor=by,
             action="token-create",
             target=f"token/{name}",
-            reason=f"{role.value} token",
+            reason=f"{role.value} token for person {record.person}",
             detail=detail,
             now=now,
         )
@@ -59,9 +136,10 @@ class TokenAdmin:
     async def list(self) -> list[TokenRecord]:
         return await asyncio.to_thread(self._store.list_tokens)
 
-    async def revoke(self, name: str, *, by: str) -> TokenRecord:
+    async def revoke(self, name: str, *, by: str, by_person: str | None = None) -> TokenRecord:
         """Revoke `name`; refused for the last live admin token (nobody could manage
-        tokens or apply a spec any more)."""
+        tokens or apply a spec any more). `by_person`: as for `create`."""
+        by_person = by_person if by_person is not None else await self._person_of(by)
         now = self.clock.now()
         every = await asyncio.to_thread(self._store.list_tokens)
         target = next((t for t in every if t.name == name), None)
@@ -79,17 +157,28 @@ class TokenAdmin:
             action="token-revoke",
             target=f"token/{name}",
             reason="revoked",
-            detail={},
+            detail={"owner": record.person, "person": by_person},
             now=now,
         )
         return record
 
+    async def _person_of(self, actor: str) -> str | None:
+        """The person holding the token named `actor`; None for an actor that is no token
+        (`sluice up`, a drill schedule)."""
+        try:
+            return (await asyncio.to_thread(self._store.get_token, actor)).person
+        except NotFound:
+            return None
+
     async def bootstrap(self, home: Path) -> Path | None:
-        """On a state directory with no token yet: create the `admin` token and write it to
-        `home/admin.token` (0600). Returns the file, or None if tokens exist already."""
+        """On a state directory with no token yet: create the `admin` token (person
+        `INSTALLATION`) and write it to `home/admin.token` (0600). Returns the file, or
+        None if tokens exist already."""
         if await asyncio.to_thread(self._store.list_tokens):
             return None
-        token, _ = await self.create(BOOTSTRAP_ADMIN, Role.ADMIN, None, None, by="sluice up")
+        token, _ = await self.create(
+            BOOTSTRAP_ADMIN, Role.ADMIN, None, None, by="sluice up", person=INSTALLATION
+        )
         path = home / ADMIN_TOKEN_FILE
         path.unlink(missing_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

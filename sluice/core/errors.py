@@ -39,6 +39,10 @@ class SluiceError(Exception):
         self.message = message
         self.detail = detail
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Picklable as raised (an error crosses from the spec worker process)."""
+        return _rebuilt, (type(self), self.message, self.detail)
+
     def to_json(self) -> dict[str, Any]:
         """The JSON body an HTTP edge returns: `{"error": {"code", "message", ...}}`."""
         body: dict[str, Any] = {"code": self.code, "message": self.message}
@@ -73,6 +77,18 @@ class SpecError(SluiceError):
     def __init__(self, issues: list[SpecIssue]) -> None:
         super().__init__("\n".join(str(i) for i in issues), issues=[i.to_json() for i in issues])
         self.issues = issues
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        issues = [(i.field, i.message, i.file, i.line) for i in self.issues]
+        return _spec_error, (issues,)
+
+
+def _rebuilt(kind: type[SluiceError], message: str, detail: dict[str, Any]) -> SluiceError:
+    return kind(message, **detail)
+
+
+def _spec_error(issues: list[tuple[str, str, str, int | None]]) -> SpecError:
+    return SpecError([SpecIssue(*i) for i in issues])
 
 
 class NotFound(SluiceError):

@@ -11,6 +11,10 @@ When no controller answers (it is down, restarting, or a standby is taking over)
 gateway keeps serving the last good snapshot: the instances it routes to outlive the
 controller, so requests keep flowing. It says so once per outage, and again when a
 controller answers.
+
+A gateway token names its gateway (issue 31): before it serves, `sluice gateway` asks the
+control API whose token it holds (`whoami`), names itself after it and checks an `--id` it
+was given against the rule, so a wrong id stops it at start rather than at every sync.
 """
 
 from __future__ import annotations
@@ -20,15 +24,17 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from pydantic import ValidationError
 
+from sluice.core import Unauthorized, Unavailable
 from sluice.gateway.server import Gateway
 from sluice.policy.snapshot_wire import sample_to_json, snapshot_from_json
 
-__all__ = ["ControlSync"]
+__all__ = ["ControlSync", "Identity", "whoami"]
 
 log = logging.getLogger("sluice.gateway.sync")
 
@@ -39,6 +45,72 @@ MAX_SYNC_ROWS = 20_000
 """Recorded answers one sync carries at most (the controller refuses more); the rest go
 with the next one."""
 _ROW_FIELDS = ("at", "status", "latency_s", "ttft_s", "output_bytes")
+WHOAMI_RETRY_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The token's name and role, as the control API knows them (`GET /v1/whoami`)."""
+
+    name: str
+    role: str
+
+
+def whoami(
+    controls: Sequence[str],
+    token: str,
+    *,
+    verify: bool | str = True,
+    timeout_s: float = SYNC_TIMEOUT_S,
+    retry_s: float = WHOAMI_RETRY_S,
+    wait_s: float | None = None,
+) -> Identity:
+    """Who the token is, from the first controller that answers; while none does (it is
+    starting, a standby is taking over), ask again every `retry_s` (for ever, or `wait_s`).
+    A token the controller refuses raises `Unauthorized` at once."""
+    headers = {"authorization": f"Bearer {token}"}
+    started = time.monotonic()
+    said = False
+    with httpx.Client(timeout=timeout_s, verify=verify) as client:
+        while True:
+            problems = []
+            for control in controls:
+                url = f"{control.rstrip('/')}/v1/whoami"
+                try:
+                    r = client.get(url, headers=headers)
+                except httpx.HTTPError as exc:
+                    problems.append(f"{control}: {type(exc).__name__}")
+                    continue
+                if r.status_code in (401, 403):
+                    raise Unauthorized(
+                        f"the control API at {control} refused this gateway's token "
+                        f"(HTTP {r.status_code}): {_message(r)}"
+                    )
+                try:
+                    doc = r.json() if r.status_code == 200 else None
+                    if isinstance(doc, dict):
+                        return Identity(str(doc["name"]), str(doc["role"]))
+                except (ValueError, KeyError):
+                    pass
+                problems.append(f"{control}: HTTP {r.status_code} {r.text[:200]}")
+            if wait_s is not None and time.monotonic() - started >= wait_s:
+                raise Unavailable("no control API answered: " + "; ".join(problems))
+            if not said:
+                log.warning(
+                    "no controller answers yet (%s): asking again every %g s to learn this "
+                    "gateway's name",
+                    "; ".join(problems),
+                    retry_s,
+                )
+                said = True
+            time.sleep(retry_s)
+
+
+def _message(r: httpx.Response) -> str:
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.text[:300]
 
 
 class ControlSync:
@@ -76,6 +148,8 @@ class ControlSync:
         self._down_since: float | None = None
         self._sent: dict[str, int] = {}
         """per instance: the cursor of the last recorded answer a controller took"""
+        self._refused: str | None = None
+        """the last refusal logged (a refusal is logged once, not at every sync)"""
 
     async def run(self) -> None:
         async with httpx.AsyncClient(timeout=self._timeout_s, verify=self._verify) as client:
@@ -98,8 +172,14 @@ class ControlSync:
                 continue
             if r.status_code != 200:
                 problems.append(f"{self._controls[i]}: HTTP {r.status_code} {r.text[:200]}")
-                if r.status_code in (401, 403):
-                    log.error("the controller refused this gateway's token: %s", r.text[:300])
+                if r.status_code in (401, 403, 503) and r.text != self._refused:
+                    self._refused = r.text
+                    log.error(
+                        "the controller refused gateway %s's sync (HTTP %d): %s",
+                        self.gateway_id,
+                        r.status_code,
+                        _message(r),
+                    )
                 continue
             try:
                 self._take(r.json())
@@ -107,6 +187,7 @@ class ControlSync:
                 problems.append(f"{self._controls[i]}: a sync answer it cannot read ({exc})")
                 continue
             self._current = i
+            self._refused = None
             self._sent.update(cursors)
             self._recovered()
             return True

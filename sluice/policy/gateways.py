@@ -4,6 +4,10 @@ instance's slots each one admits, and one set of per-group counters for the auto
 Each gateway process (`sluice gateway`, one per worker) syncs with the controller about once
 a second: it pushes its cumulative per-group counters and learns its share. Pure: the
 controller's edge (`sluice.control.gateways`) keeps the table, time comes in.
+
+A gateway token names its gateway (issue 31): the token named N syncs only the gateway ids
+`N` and `N-<suffix>` (`gateway_id_fits`): the workers of `sluice gateway --workers K` are
+`N-...-w0`..`N-...-w{K-1}`, the pods of one Deployment sharing a token `N-<pod name>`.
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.routing import Endpoint, RoutingSnapshot
 
 __all__ = [
+    "GATEWAY_ID_PATTERN",
     "GatewayBook",
     "Share",
     "add_samples",
+    "gateway_id_fits",
+    "gateway_id_rule",
     "merge_status",
     "share_endpoints",
     "share_snapshot",
@@ -29,6 +36,21 @@ __all__ = [
 GATEWAY_TTL_S = 5.0
 """A gateway not heard from for this long is gone: its share goes to the others. Five sync
 periods, so one slow sync does not reshuffle every gateway's slots."""
+GATEWAY_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$"
+"""What a gateway id may be (it is a path segment of the sync)."""
+
+
+def gateway_id_fits(token_name: str, gateway_id: str) -> bool:
+    """Whether the token named `token_name` may sync gateway `gateway_id`: its own name, or
+    its name, a dash and a suffix of its choosing (a worker, a host, a pod)."""
+    if gateway_id == token_name:
+        return True
+    return gateway_id.startswith(f"{token_name}-") and len(gateway_id) > len(token_name) + 1
+
+
+def gateway_id_rule(token_name: str) -> str:
+    """The ids the token named `token_name` may sync, in words (for a refusal)."""
+    return f"{token_name!r} or '{token_name}-<suffix>'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +152,9 @@ class _Gateway:
     seen: float
     counters: dict[str, TrafficSample]
     base: dict[str, TrafficSample]
-    """its counts when this book first saw it (this boot): what it counted before is not
-    news to the autoscaler, whose windows would otherwise read it as one second's load"""
+    """per group, its counts when this book first saw them (this boot): what it counted
+    before is not news to the autoscaler, whose windows would otherwise read it as one
+    second's load (a group's counts the controller dropped until it knew the group, too)"""
 
     def counted(self) -> dict[str, TrafficSample]:
         """What it counted since first seen, per group (gauges as they are now)."""
@@ -159,13 +182,16 @@ class GatewayBook:
         if old is not None and old.boot != boot:
             self._retire(old)
             old = None
-        base = old.base if old is not None else dict(counters)
+        base = dict(old.base) if old is not None else {}
+        for group, sample in counters.items():
+            base.setdefault(group, sample)
         self.gateways[gateway] = _Gateway(boot, now, dict(counters), base)
         self.expire(now)
         return self.share_of(gateway)
 
     def expire(self, now: float) -> list[str]:
-        """Forget gateways not heard from within `ttl_s`; returns their ids."""
+        """Forget gateways not heard from within `ttl_s` (their entries go; what they
+        counted stays in `retired`); returns their ids."""
         gone = [g for g, gw in self.gateways.items() if now - gw.seen > self.ttl_s]
         for g in gone:
             self._retire(self.gateways.pop(g))

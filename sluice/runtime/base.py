@@ -48,7 +48,8 @@ class LaunchRequest:
     is then unused). `env` is added to the process's environment either way. `endpoint`:
     the base URL of a server that already runs (the external runtime; nothing starts).
     `withheld_env`: variables of Sluice's own environment the instance must not inherit (they
-    hold secrets: tenant keys, endpoint keys); SLUICE_TOKEN is always withheld.
+    hold secrets: tenant keys, endpoint keys) even where the allow-list of what it inherits
+    (`runtime.environment`) would pass them; no `SLUICE_*` variable passes anyway.
     `placement`: the accelerators a cluster must reserve for it."""
 
     instance_id: str

@@ -9,6 +9,10 @@ A `command` instance (a server Sluice did not write) gets its port from the runt
 (`runtime.command`), runs with `SLUICE_INSTANCE_ID` and `SLUICE_STOP_SIGNAL` in its
 environment, and is stopped with its own stop signal.
 
+Either kind inherits from Sluice's environment only what a model server needs
+(`runtime.environment`: an allow-list), never a key or token, plus what the runtime and the
+spec set for it.
+
 Each worker runs in its own session (process group) so a Ctrl-C on `sluice up` reaches only
 Sluice, which then drains instances in order instead of having them die mid-request. Output
 goes to `<home>/instances/<id>.log`, which the worker re-opens when housekeeping renames it
@@ -34,6 +38,7 @@ from pathlib import Path
 from sluice.core import SluiceError
 from sluice.runtime.base import CommandLaunch, InstanceHandle, LaunchRequest
 from sluice.runtime.command import pick_port, rendered, wait_listening
+from sluice.runtime.environment import ALWAYS_WITHHELD, instance_environment
 
 __all__ = ["PORT_TIMEOUT_S", "LocalRuntime", "pid_runs_instance"]
 
@@ -254,16 +259,12 @@ def pid_runs_instance(pid: int, instance_id: str) -> bool:
     return _environ(pid).get(b"SLUICE_INSTANCE_ID") == instance_id.encode()
 
 
-ALWAYS_WITHHELD = frozenset({"SLUICE_TOKEN"})
-"""The CLI's credential: an instance has no business with the control API's tokens."""
-
-
 def inherited_env(req: LaunchRequest) -> dict[str, str]:
-    """Sluice's environment less what holds secrets: a third-party server (or a model's
-    code) logs, dumps or forwards its environment, so a key it never needed must not be in
-    it."""
-    withheld = ALWAYS_WITHHELD | req.withheld_env
-    return {k: v for k, v in os.environ.items() if k not in withheld}
+    """What of Sluice's environment the instance starts from: only what a model server
+    needs (`runtime.environment`), never a tenant key, drill key, token or other `SLUICE_*`
+    secret; a third-party server (or a model's code) logs, dumps or forwards its
+    environment, so a key it never needed must not be in it."""
+    return instance_environment(os.environ, ALWAYS_WITHHELD | req.withheld_env)
 
 
 def _environ(pid: int) -> dict[bytes, bytes]:

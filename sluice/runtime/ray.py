@@ -7,8 +7,9 @@ instance asks for the GPUs plus a sliver of that marker; a pool of virtual units
 `accelerator_type:<type>` = one per accelerator, a resource its nodes declare
 (`ray start --resources`). The actor runs the process on its node exactly as the local
 runtime does (`LocalRuntime`, bound to the node's IP, with the port-file handshake, the
-command template, the withheld environment) and dies with it: the kernel kills the process
-when the actor's process goes.
+command template, the environment scrubbed to `runtime.environment`'s allow-list: the
+actor's environment is the Ray node's, which may hold secrets too) and dies with it: the
+kernel kills the process when the actor's process goes.
 
 Spreading: every actor is scheduled with Ray's SPREAD strategy, so a group's instances go
 to different nodes among those that have its resources. A placement group per group would

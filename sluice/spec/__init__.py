@@ -19,9 +19,11 @@ from sluice.spec.models import (
     TenantSpec,
     key_digest,
 )
+from sluice.spec.revision import MAX_SPEC_BYTES, RevisionDraft, draft_revision, parse_spec
 from sluice.spec.secrets import redact_secrets, resolve_key_sources
 
 __all__ = [
+    "MAX_SPEC_BYTES",
     "ControlSpec",
     "GroupSpec",
     "InstancesSpec",
@@ -34,12 +36,15 @@ __all__ = [
     "PoolFit",
     "PoolSpec",
     "RetentionSpec",
+    "RevisionDraft",
     "RouteSpec",
     "TenantSpec",
+    "draft_revision",
     "estimate_memory",
     "key_digest",
     "load_spec_file",
     "load_spec_text",
+    "parse_spec",
     "pool_fits",
     "read_model_dir",
     "redact_secrets",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.spec.names import Name
 
@@ -33,10 +33,21 @@ class ReviewSpec(_Strict):
 
 
 class TlsSpec(_Strict):
-    """A certificate and its key (PEM files on the controller's machine)."""
+    """A certificate and its key (PEM files on the controller's machine), by absolute path
+    (like every `*_file` of the spec: not relative to wherever Sluice was started)."""
 
-    cert_file: str = Field(min_length=1)
-    key_file: str = Field(min_length=1)
+    cert_file: str = Field(min_length=1, description="absolute path of the PEM certificate")
+    key_file: str = Field(min_length=1, description="absolute path of the PEM private key")
+
+    @field_validator("cert_file", "key_file")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/") or "\0" in path:
+            raise ValueError(
+                "must be an absolute path (e.g. /etc/sluice/tls/tls.crt): the file is read "
+                "on the controller's machine, not relative to where Sluice was started"
+            )
+        return path
 
 
 class LeaderElectionSpec(_Strict):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import re
 from typing import Annotated
@@ -11,13 +12,17 @@ from pydantic import AfterValidator, Field
 
 __all__ = [
     "DIGEST_PREFIX",
+    "KEY_FORM",
+    "KEY_LINE",
     "KEY_SOURCE_FIELDS",
     "SECRET_FIELDS",
+    "SECRET_FILE_MAX_BYTES",
     "ApiKey",
     "EnvVarName",
     "KeyDigest",
     "KeyFilePath",
     "KeyPath",
+    "SecretFileError",
     "check_digest",
     "digest_entry",
     "key_digest",
@@ -34,6 +39,32 @@ SECRET_FIELDS = frozenset({"api_keys", "api_key_sha256", "api_keys_env", "api_ke
 by mistake where a digest or a variable's name belongs (a tenant's, a scheduled drill's)."""
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+
+SECRET_FILE_MAX_BYTES = 64 * 1024
+"""The most a secret file (`api_keys_file`, a drill's `api_key_file`) may hold. A keys file
+holds at most a few hundred keys: 64 KiB is 250 keys of the longest form (256 characters) or
+over 1,500 of 40; anything larger is not a keys file (a log, a device, a mistake)."""
+
+KEY_LINE = re.compile(r"[A-Za-z0-9._~+/=-]{16,256}")
+"""What a line of a keys file must be (after trimming blanks): one key, 16 to 256 characters
+of letters, digits and `. _ ~ + / = -` (what token generators, base64 and base64url emit);
+no spaces, no colons (so an account line `root:x:0:0:...` is no key), no control bytes. A
+`sha256:<64 lowercase hex>` digest line is accepted too."""
+
+KEY_FORM = (
+    "a key is 16-256 characters of letters, digits and . _ ~ + / = - (no spaces or colons), "
+    f"or '{DIGEST_PREFIX}<64 lowercase hex>'"
+)
+"""`KEY_LINE` in words, for error messages."""
+
+
+class SecretFileError(OSError):
+    """A secret file that is refused before (or instead of) being read: not an absolute
+    path, not a regular file, too large. `strerror` says what it is; `fix` what to do."""
+
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(errno.EINVAL, reason)
+        self.fix = fix
 
 
 def key_digest(key: str) -> str:
@@ -88,6 +119,11 @@ def check_digest(digest: str) -> str:
 def _check_path(path: str) -> str:
     if not path.strip() or "\0" in path:
         raise ValueError("a key file path must be non-empty text; name the file holding the keys")
+    if not path.startswith("/"):
+        raise ValueError(
+            "a key file path must be absolute (e.g. /etc/sluice/tenant.keys): it is read on "
+            "the controller's machine, not relative to wherever Sluice was started"
+        )
     return path
 
 
@@ -95,4 +131,7 @@ ApiKey = Annotated[str, AfterValidator(_check_key)]
 KeyDigest = Annotated[str, AfterValidator(check_digest)]
 EnvVarName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=255)]
 KeyFilePath = Annotated[str, AfterValidator(_check_path), Field(max_length=4096)]
+"""Where a secret file is: an absolute path on the controller's machine. What it must be
+(a regular file of at most `SECRET_FILE_MAX_BYTES`, symlinks followed, as Kubernetes secret
+volumes are) is checked when it is read (`sluice.control.keysources.read_secret_file`)."""
 KEY_SOURCE_FIELDS = frozenset({"api_keys_env", "api_keys_file"})

@@ -7,7 +7,9 @@ and a later error still points at the line the operator wrote.
 
 `resolve_key_sources` reads the keys a tenant names instead of writing them
 (`api_keys_env`, `api_keys_file`) and keeps only their digests. Both are pure: the caller
-hands in the environment and a file reader.
+hands in the environment and a file reader (`sluice.control.keysources.read_secret_file`,
+which opens only a regular file, never blocks on a pipe or device, and reads at most
+`SECRET_FILE_MAX_BYTES`); what the file holds is checked here, line by line.
 """
 
 from __future__ import annotations
@@ -20,7 +22,16 @@ import yaml
 
 from sluice.core.errors import SpecError, SpecIssue
 from sluice.spec.checks import check_keys
-from sluice.spec.keys import DIGEST_PREFIX, KeyPath, digest_entry, key_digest
+from sluice.spec.keys import (
+    DIGEST_PREFIX,
+    KEY_FORM,
+    KEY_LINE,
+    SECRET_FILE_MAX_BYTES,
+    KeyPath,
+    SecretFileError,
+    digest_entry,
+    key_digest,
+)
 from sluice.spec.loader import _dotted, _line_for, _line_map, _yaml_issue, check_shape
 from sluice.spec.models import PlatformSpec, TenantSpec
 
@@ -100,9 +111,17 @@ def resolve_key_sources(
     lines ignored) name. Plain keys are never kept. Digests read by an earlier call are
     replaced, so resolving again refreshes rather than doubles.
 
+    `read_text` is the I/O edge's: it must refuse what is not a secret file (raising
+    `SecretFileError`, or any OSError) and bound its read (the live one is
+    `sluice.control.keysources.read_secret_file`). A file's path must be absolute, its text
+    at most `SECRET_FILE_MAX_BYTES`, and each line that is not blank or a comment a key of
+    the form `KEY_LINE` (or a digest).
+
     Raises SpecError naming the tenant's field (with its line when `text`, the YAML the
-    spec came from, is given) for a missing variable, an unreadable file, a source with no
-    keys, or a key that is malformed, repeated or another tenant's. No message holds a key.
+    spec came from, is given) for a missing variable, a file refused or unreadable (with
+    why: not absolute, a pipe, a device, a directory, too large, a line that is not a key,
+    by its number), a source with no keys, or a key that is malformed, repeated or another
+    tenant's. No message holds a key, nor any text of a file.
     """
     problems: list[tuple[KeyPath, str]] = []
     tenants: list[TenantSpec] = []
@@ -201,24 +220,57 @@ def _from_env(name: str, environ: Mapping[str, str]) -> tuple[list[str], str | N
 
 
 def _from_file(path: str, read_text: Callable[[str], str]) -> tuple[list[str], str | None]:
+    """The keys in the file at `path` (one per line, blank and `#` lines skipped), or why
+    not. Every other line must be a key (`KEY_LINE`); a line that is not is reported by its
+    number, never its text (the file may be the wrong one and hold other secrets)."""
+    if not path.startswith("/"):  # the field's validator refuses it too; a copy may skip it
+        return [], (
+            f"key file {path!r} is not an absolute path; write the absolute path of the "
+            "tenant's keys file (e.g. /etc/sluice/tenant.keys)"
+        )
     try:
         body = read_text(path)
     except UnicodeDecodeError:  # its text could hold part of a key: say only what is wrong
         return [], f"key file {path!r} is not UTF-8 text; write one key per line"
+    except SecretFileError as exc:
+        return [], f"key file {path!r} {exc.strerror}; {exc.fix}"
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
         return [], f"cannot read key file {path!r}: {why}; check the path and its permissions"
-    keys = []
-    for line in body.splitlines():
+    if len(body) > SECRET_FILE_MAX_BYTES:  # a reader that does not bound its read
+        return [], (
+            f"key file {path!r} is larger than {SECRET_FILE_MAX_BYTES // 1024} KiB, which is "
+            "no keys file (a few hundred keys at most); point api_keys_file at the keys file"
+        )
+    keys: list[str] = []
+    bad: list[int] = []
+    for number, line in enumerate(body.split("\n"), start=1):
         key = line.strip()
-        if key and not key.startswith("#"):
+        if not key or key.startswith("#"):
+            continue
+        if KEY_LINE.fullmatch(key) or digest_entry(key) is not None:
             keys.append(key)
+        else:
+            bad.append(number)
+    if bad:
+        shown = ", ".join(str(n) for n in bad[:_LINES_SHOWN])
+        more = f" (and {len(bad) - _LINES_SHOWN} more)" if len(bad) > _LINES_SHOWN else ""
+        which = "line" if len(bad) == 1 else "lines"
+        return [], (
+            f"key file {path!r}: {which} {shown}{more} {'is' if len(bad) == 1 else 'are'} not "
+            f"a key ({KEY_FORM}); fix {'it' if len(bad) == 1 else 'them'} (a '#' starts a "
+            "comment) or point api_keys_file at the tenant's keys file"
+        )
     if not keys:
         return [], (
             f"key file {path!r} holds no keys; write one key per line ('#' starts a comment) "
             "or remove api_keys_file"
         )
     return keys, None
+
+
+_LINES_SHOWN = 10
+"""How many bad lines of a keys file an error names (then how many more there are)."""
 
 
 def _collect(
@@ -264,9 +316,11 @@ def _located(problems: list[tuple[KeyPath, str]], text: str | None, source: str)
 
 
 def secret_env_names(spec: PlatformSpec) -> frozenset[str]:
-    """The environment variables `spec` reads keys from (tenants' `api_keys_env`, external
-    endpoints' `api_key_env`): what no instance may inherit from Sluice's environment."""
+    """The environment variables `spec` reads keys from (tenants' `api_keys_env`, scheduled
+    drills' and external endpoints' `api_key_env`): what no instance may inherit from
+    Sluice's environment, even where the runtime's allow-list would pass the name."""
     names = {t.api_keys_env for t in spec.tenants if t.api_keys_env}
+    names.update(d.api_key_env for d in spec.drills if d.api_key_env)
     for g in spec.groups:
         for m in g.models.values():
             if m.external is not None:

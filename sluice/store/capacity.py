@@ -4,6 +4,7 @@ a history per model version."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,10 +202,17 @@ class CapacityStore(StoreBase):
         self._write(lambda conn: conn.execute(update(t).where(t.c.id == fire_id).values(values)))
 
     def list_drill_fires(
-        self, *, schedule: str | None = None, status: str | None = None, limit: int = 20
+        self,
+        *,
+        schedule: str | None = None,
+        status: str | None = None,
+        limit: int = 20,
+        groups: Collection[str] | None = None,
     ) -> list[DrillFire]:
-        """Newest first."""
-        rows = self._newest(schema.drill_fires, limit, schedule=schedule, status=status)
+        """Newest first (`groups`: of one of these groups only)."""
+        t = schema.drill_fires
+        where = [] if groups is None else [t.c.group_name.in_(list(groups))]
+        rows = self._newest(t, limit, *where, schedule=schedule, status=status)
         return [_fire(row) for row in rows]
 
     def get_drill_fire(self, fire_id: int) -> DrillFire:

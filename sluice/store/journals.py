@@ -206,11 +206,14 @@ class JournalStore(StoreBase):
         diff: str,
         preview: dict[str, Any],
         now: float,
+        author_person: str | None = None,
     ) -> Proposal:
-        """Record a pending proposal; its id is its number."""
+        """Record a pending proposal; its id is its number. `author_person`: the person
+        holding the `author` token (default: a person named like it)."""
         values = {
             "created_at": now,
             "author": author,
+            "author_person": author.lower() if author_person is None else author_person,
             "reason": reason,
             "base_revision": base_revision,
             "yaml_text": yaml_text,
@@ -243,15 +246,18 @@ class JournalStore(StoreBase):
         reason: str,
         now: float,
         revision: int | None = None,
+        reviewer_person: str | None = None,
     ) -> Proposal:
         """Close a pending proposal as approved or rejected; a closed one is a Conflict (only
-        one review wins, even between processes)."""
+        one review wins, even between processes). `reviewer_person`: the person holding the
+        `reviewer` token (default: a person named like it)."""
         if state not in ("approved", "rejected"):
             raise ValueError(f"review_proposal(state={state!r}): approved or rejected")
         t = schema.proposals
         values = {
             "state": state,
             "reviewer": reviewer,
+            "reviewer_person": reviewer.lower() if reviewer_person is None else reviewer_person,
             "reviewed_at": now,
             "review_reason": reason,
             "revision": revision,
@@ -320,4 +326,6 @@ def _proposal(m: Any) -> Proposal:
         reviewed_at=m.get("reviewed_at"),
         review_reason=m.get("review_reason"),
         revision=m.get("revision"),
+        author_person=m.get("author_person") or m["author"].lower(),
+        reviewer_person=m.get("reviewer_person"),
     )

@@ -172,7 +172,9 @@ class RolloutRecord:
 class Proposal:
     """A spec change waiting for review (R5): `state` is pending, approved or rejected;
     `base_revision` the revision its `diff` is against (0: none yet); `revision` the one
-    its approval applied; `preview` the impact preview (see `sluice.policy.route_impact`)."""
+    its approval applied; `preview` the impact preview (see `sluice.policy.route_impact`).
+    `author` and `reviewer` are token names; `author_person` and `reviewer_person` the
+    persons holding those tokens (approval needs two persons, not two tokens)."""
 
     id: int
     created_at: float
@@ -187,6 +189,8 @@ class Proposal:
     reviewed_at: float | None = None
     review_reason: str | None = None
     revision: int | None = None
+    author_person: str = ""
+    reviewer_person: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,10 +198,13 @@ class Proposal:
 
 @dataclass(frozen=True, slots=True)
 class TokenRecord:
-    """An API token's identity and rights; never the token (the store keeps its digest)."""
+    """An API token's identity and rights; never the token (the store keeps its digest).
+    `person`: who holds it (lower-case; see `sluice.control.tokens` for who may mint a
+    token for whom)."""
 
     id: int
     name: str
+    person: str
     role: str
     groups: tuple[str, ...] | None
     created_at: float

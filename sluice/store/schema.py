@@ -216,10 +216,14 @@ proposals = Table(
     Column("reviewed_at", Float, nullable=True),
     Column("review_reason", Text, nullable=True),
     Column("revision", Integer, nullable=True),
+    Column("author_person", String(255), nullable=False, server_default=""),
+    Column("reviewer_person", String(255), nullable=True),
     Index(None, "state", "id"),
 )
 """Reviewed spec changes (R5): proposed by one person, approved (then applied as `revision`)
-or rejected by another; `preview` is the impact preview's JSON."""
+or rejected by another; `preview` is the impact preview's JSON. `author`/`reviewer` are
+token names, `author_person`/`reviewer_person` the persons holding them (migration 0016):
+approval compares persons."""
 
 tokens = Table(
     "tokens",
@@ -234,9 +238,11 @@ tokens = Table(
     Column("expires_at", Float, nullable=True),
     Column("revoked_at", Float, nullable=True),
     Column("revoked_by", String(255), nullable=True),
+    Column("person", String(255), nullable=False, server_default=""),
 )
 """API tokens (who may drive the control API): only the sha256 of each token is kept, the
-token itself is shown once, at creation; `groups` (JSON list) scopes an operator."""
+token itself is shown once, at creation; `groups` (JSON list) scopes an operator; `person`
+(lower-case) is who holds it (see `sluice.control.tokens`; migration 0016)."""
 
 console_sessions = Table(
     "console_sessions",

@@ -11,7 +11,7 @@ migrations cannot race. Time is always passed in; the store never reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,12 +213,15 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore, CapacityStor
         since: float | None = None,
         until: float | None = None,
         limit: int = 100,
+        targets: Collection[str] | None = None,
     ) -> list[AuditEntry]:
-        """Newest first; each filter given narrows it (`since` <= at < `until`)."""
+        """Newest first; each filter given narrows it (`since` <= at < `until`; `targets`:
+        the target is one of these)."""
         t = schema.audit_log
         span = [
             *([] if since is None else [t.c.at >= since]),
             *([] if until is None else [t.c.at < until]),
+            *([] if targets is None else [t.c.target.in_(list(targets))]),
         ]
         rows = self._newest(t, limit, *span, target=target, actor=actor, action=action)
         return [_audit(row) for row in rows]
@@ -255,10 +258,16 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore, CapacityStor
         limit: int = 100,
         since_id: int = 0,
         kinds: Sequence[str] | None = None,
+        groups: Collection[str] | None = None,
     ) -> list[Event]:
-        """Newest first: the latest `limit` events with id above `since_id` (of `kinds`)."""
+        """Newest first: the latest `limit` events with id above `since_id` (of `kinds`; of
+        one of `groups`)."""
         t = schema.events
-        where = [t.c.id > since_id, *([] if kinds is None else [t.c.kind.in_(list(kinds))])]
+        where = [
+            t.c.id > since_id,
+            *([] if kinds is None else [t.c.kind.in_(list(kinds))]),
+            *([] if groups is None else [t.c.group_name.in_(list(groups))]),
+        ]
         return [_event(row) for row in self._newest(t, limit, *where, group_name=group)]
 
     # -- controller state ---------------------------------------------------------------------

@@ -29,9 +29,13 @@ class TokenStore(StoreBase):
         created_by: str,
         expires_at: float | None,
         now: float,
+        person: str | None = None,
     ) -> TokenRecord:
+        """A new token's record; `person` (lower-case) holds it, by default a person named
+        like the token. Who may mint a token for whom is `sluice.control.tokens`' rule."""
         values = {
             "name": name,
+            "person": name.lower() if person is None else person,
             "role": role,
             "groups": None if groups is None else json.dumps(sorted(groups)),
             "digest": digest,
@@ -130,6 +134,7 @@ def _token(row: Row[Any]) -> TokenRecord:
     return TokenRecord(
         id=row.id,
         name=row.name,
+        person=row.person or row.name.lower(),
         role=row.role,
         groups=groups,
         created_at=row.created_at,

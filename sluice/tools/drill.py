@@ -35,7 +35,7 @@ from sluice.policy.drill import (
     ScaleEvent,
     judge_drill,
 )
-from sluice.spec import PlatformSpec
+from sluice.spec import GroupSpec, PlatformSpec
 from sluice.spec.drills import drill_refusal
 from sluice.tools.loadgen import Arrival, LoadLimits, LoadRun, LoadTarget, run_load
 from sluice.tools.loadtest import Control, Profile
@@ -127,13 +127,11 @@ def parse_peak(text: str, base_rps: float | None) -> float:
 
 
 def plan_drill(
-    control: Control | None, info: dict[str, Any], spec: PlatformSpec, opts: DrillOptions
+    control: Control | None, info: dict[str, Any], g: GroupSpec, opts: DrillOptions
 ) -> DrillSetup:
-    """The drill's plan from the live fleet (`control`) or from a spec alone (None)."""
+    """The drill's plan of group `g` from the live fleet (`control`) or from a spec alone
+    (None)."""
     name = info["name"]
-    g = spec.group(name)
-    if g is None:
-        raise SpecError([SpecIssue("GROUP", f"no group named {name!r} in the spec")])
     refused = drill_refusal(g)
     if refused is not None:
         raise SpecError([SpecIssue(f"groups.{name}.{refused[0]}", refused[1])])

@@ -354,7 +354,8 @@ def free_port() -> int:
 
 
 class RemoteGateway:
-    """`sluice gateway` as a process, with its output kept."""
+    """`sluice gateway` as a process, with its output kept. `gateway_id`: its `--id` (None:
+    the default, `<token name>-<host name>-<port>`); worker i adds `-w<i>`."""
 
     def __init__(
         self,
@@ -363,11 +364,14 @@ class RemoteGateway:
         workers: int,
         home: Path,
         metrics_port: int | None = None,
+        gateway_id: str | None = None,
     ) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "sluice", "gateway", "--port", str(self.port)]
-        cmd += ["--workers", str(workers), "--id", "gw", "--log-level", "warning"]
+        cmd += ["--workers", str(workers), "--log-level", "warning"]
+        if gateway_id is not None:
+            cmd += ["--id", gateway_id]
         if metrics_port is not None:
             cmd += ["--metrics-port", str(metrics_port)]
         for c in controls:
@@ -422,9 +426,14 @@ def free_ports(n: int) -> int:
 
 @contextlib.contextmanager
 def remote_gateway(
-    controls: list[str], token: str, workers: int, home: Path, metrics_port: int | None = None
+    controls: list[str],
+    token: str,
+    workers: int,
+    home: Path,
+    metrics_port: int | None = None,
+    gateway_id: str | None = None,
 ) -> Iterator[RemoteGateway]:
-    gw = RemoteGateway(controls, token, workers, home, metrics_port)
+    gw = RemoteGateway(controls, token, workers, home, metrics_port, gateway_id)
     try:
         gw.wait_routing(workers)
         yield gw

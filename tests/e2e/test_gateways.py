@@ -4,15 +4,20 @@ Real processes on 127.0.0.1: `sluice up` (controller + its own gateway) and `slu
 --workers 2` (two processes on one port, SO_REUSEPORT). The remote gateway serves from the
 routes it syncs, its counters drive the autoscaler, the slots of every instance are split
 between the gateways, it keeps serving while the controller is paused, and its token may
-do nothing else. Then two `sluice controller` (no gateway of their own) on one database:
-the leader is killed under load through the remote gateways, the standby takes over, and
-no request, instance or audit row is lost, none started twice.
+do nothing else. A gateway token names its gateway: another gateway token can neither sync
+the real gateway's id nor make one up, and what it sends of unknown groups and instances
+under its own id is dropped and counted. Then two `sluice controller` (no gateway of their
+own) on one database: the leader is killed under load through the remote gateways, the
+standby takes over, and no request, instance or audit row is lost, none started twice.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -75,10 +80,13 @@ def test_a_gateway_apart_serves_the_controllers_routes_and_drives_its_autoscaler
         token = s.token("gw-1", "gateway")
         metrics = free_ports(2)
         with remote_gateway([s.control_url], token, 2, tmp_path, metrics) as gw:
+            # named after its token (no --id): gw-1-HOST-PORT, worker i adds -wI
+            named = f"gw-1-{socket.gethostname()}-{gw.port}"
+
             # three gateways share the instance's 4 slots: the local one and two workers
             def shared() -> bool:  # each gateway's status arrives with its next sync
                 live = dataplane(s)
-                return set(live["gateways"]) == {"local", "gw-w0", "gw-w1"} and (
+                return set(live["gateways"]) == {"local", f"{named}-w0", f"{named}-w1"} and (
                     slots(live, "chat") == 4
                 )
 
@@ -92,11 +100,11 @@ def test_a_gateway_apart_serves_the_controllers_routes_and_drives_its_autoscaler
             for gw_id, body, why in (
                 ("local", {"boot": "b"}, "controller's own gateway"),
                 (
-                    "gw-x",
+                    "gw-1-x",
                     {"boot": "b", "status": {"groups": {"chat": "x"}}},
                     "not a data-plane status",
                 ),
-                ("gw-x", {"boot": "b", "counters": {"chat": {"at": "soon"}}}, "counters.chat"),
+                ("gw-1-x", {"boot": "b", "counters": {"chat": {"at": "soon"}}}, "counters.chat"),
             ):
                 r = httpx.post(f"{s.control_url}/v1/gateways/{gw_id}/sync", json=body, headers=auth)
                 assert r.status_code == 422 and why in r.text, r.text
@@ -132,6 +140,80 @@ def test_a_gateway_apart_serves_the_controllers_routes_and_drives_its_autoscaler
             assert any("no controller answers" in line for line in gw.output), gw.output
 
 
+def test_a_gateway_token_cannot_sync_another_gateway_nor_feed_what_is_not_routed(
+    tmp_path: Path,
+) -> None:
+    spec = SPEC.format(control_port=0, min=1)
+    with running(tmp_path, spec, "chat ready", lambda s: len(s.ready("chat")) == 1) as s:
+        real, forger = s.token("gw-1", "gateway"), s.token("forger", "gateway")
+        # an --id that is not the token's stops `sluice gateway` at start, saying why
+        cmd = [sys.executable, "-m", "sluice", "gateway", "--control", s.control_url]
+        r = subprocess.run(
+            [*cmd, "--port", "0", "--id", "gw-1-edge"],
+            env={**os.environ, "SLUICE_GATEWAY_TOKEN": forger, "SLUICE_HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode != 0 and "token 'forger' may sync only 'forger' or" in r.stderr, r
+        with remote_gateway([s.control_url], real, 1, tmp_path) as gw:
+            real_id = f"gw-1-{socket.gethostname()}-{gw.port}"
+            s.wait_for(
+                "the real gateway holding its share",
+                lambda: (
+                    set(dataplane(s)["gateways"]) == {"local", real_id}
+                    and slots(dataplane(s), "chat") == 4
+                ),
+            )
+            [instance] = [i["id"] for i in s.ready("chat")]
+            before = dataplane(s)
+            auth = {"Authorization": f"Bearer {forger}"}
+            busy = {  # 500 in flight and a million arrivals: the autoscaler would go to max
+                "at": 0,
+                "in_flight": 500,
+                "queued": 500,
+                "arrivals": 10**6,
+                "completions": 0,
+                "latency_bounds": [0.1],
+                "latency_counts": [0, 0],
+            }
+            answer = {"at": 1.0, "status": 500, "latency_s": 9.0, "output_bytes": 0}
+            forged = {
+                "boot": "f",
+                "counters": {"chat": busy},
+                "samples": {instance: [answer] * 50},
+            }
+            url = s.control_url + "/v1/gateways/{}/sync"
+            for gw_id in (real_id, "gw-9"):  # the real gateway's id, a made-up one
+                r = httpx.post(url.format(gw_id), json=forged, headers=auth)
+                assert r.status_code == 403, r.text
+                message = r.json()["error"]["message"]
+                assert "token 'forger' may sync only gateway 'forger' or" in message
+            time.sleep(3)  # three autoscaler ticks and three syncs of the real gateway
+            after = dataplane(s)
+            assert set(after["gateways"]) == {"local", real_id} and after["dropped"] == {}
+            assert slots(after, "chat") == 4 and after["served"] == before["served"]
+            chat = next(g for g in s.cli("get", "groups") if g["name"] == "chat")
+            assert chat["desired"] == 1, chat
+            # under its own id: accepted, but a group and an instance that are not routed
+            # are dropped and counted, never kept
+            ghost = {
+                "boot": "f",
+                "counters": {"ghost": busy},
+                "samples": {"ghost-1": [answer, answer]},
+            }
+            r = httpx.post(url.format("forger-1"), json=ghost, headers=auth)
+            assert r.status_code == 200, r.text
+            seen = dataplane(s)
+            assert seen["dropped"] == {"forger-1": {"counters": 1, "answers": 2}}, seen
+            assert "ghost" not in seen["groups"]
+            s.wait_for(
+                "the drop in the controller's log",
+                lambda: any("'forger-1'" in line and "dropped" in line for line in s.output),
+                timeout=10,
+            )
+
+
 @pytest.fixture
 def two_controllers(tmp_path: Path) -> Iterator[tuple[Sluice, Sluice, int]]:
     """Two `sluice controller` on one SQLite database and one control port: the standby
@@ -161,12 +243,13 @@ def test_the_leader_killed_under_load_loses_no_request_through_the_gateways(
     a, b, control_port = two_controllers
     token = a.token("gw-1", "gateway")
     before = {i["id"] for i in a.ready("chat")}
-    with remote_gateway([f"http://127.0.0.1:{control_port}"], token, 2, tmp_path) as gw:
+    control = f"http://127.0.0.1:{control_port}"
+    with remote_gateway([control], token, 2, tmp_path, gateway_id="gw-1") as gw:
         # the two gateway processes are the whole data plane: they hold all 4 slots
         a.wait_for(
             "the two gateways holding each instance's slots",
             lambda: (
-                set(dataplane(a)["gateways"]) == {"gw-w0", "gw-w1"}
+                set(dataplane(a)["gateways"]) == {"gw-1-w0", "gw-1-w1"}
                 and slots(dataplane(a), "chat") == 8
             ),
             timeout=15,
@@ -186,7 +269,8 @@ def test_the_leader_killed_under_load_loses_no_request_through_the_gateways(
         token_file.chmod(0o600)
         # the gateways find the new leader on the same URL and sync with it
         b.wait_for(
-            "the gateways sync with b", lambda: {"gw-w0", "gw-w1"} <= set(dataplane(b)["gateways"])
+            "the gateways sync with b",
+            lambda: {"gw-1-w0", "gw-1-w1"} <= set(dataplane(b)["gateways"]),
         )
     codes = [c for c, _ in results]
     assert len(codes) == 225 and all(c == 200 for c in codes), [c for c in codes if c != 200]

@@ -400,6 +400,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/events"): "/v1/events",
     ("GET", "/v1/groups"): "/v1/groups",
     ("GET", "/v1/groups/{group}/explain"): "/v1/groups/alpha/explain",
+    ("GET", "/v1/groups/{group}/spec"): "/v1/groups/alpha/spec",
     ("GET", "/v1/instances"): "/v1/instances",
     ("GET", "/v1/proposals"): "/v1/proposals",
     ("GET", "/v1/proposals/{proposal_id}"): "/v1/proposals/{proposal}",
@@ -430,7 +431,6 @@ ROUTES: dict[tuple[str, str], str] = {
 ADMIN_POSTS = {
     "/v1/gc",
     "/v1/proposals/{proposal_id}/approve",
-    "/v1/proposals/{proposal_id}/reject",
     "/v1/revisions",
     "/v1/tokens",
     "/v1/tokens/{name}/revoke",
@@ -692,6 +692,7 @@ def every_get(s: Sluice, token: str) -> list[tuple[str, bytes]]:
             "/v1/events": "/v1/events?limit=100000",
             "/v1/groups": "/v1/groups",
             "/v1/groups/{group}/explain": "/v1/groups/chat/explain?limit=1000",
+            "/v1/groups/{group}/spec": "/v1/groups/chat/spec",
             "/v1/instances": "/v1/instances",
             "/v1/proposals": "/v1/proposals?all=true&limit=1000",
             "/v1/quota": "/v1/quota",

@@ -1,8 +1,12 @@
 """End to end through `sluice up` (R5): with `control.review.routes` on, a route change is
-proposed (with a preview of real logged traffic), approved by someone else, then applied."""
+proposed (with a preview of real logged traffic), approved by someone else, then applied;
+"someone else" is another person, not another token (issue 31)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -209,3 +213,68 @@ def test_reject_and_stale_proposals(platform: Sluice) -> None:
     assert [x["state"] for x in every] == ["pending", "rejected"]
     code, out = as_user(s, "bob", "proposal", "show", "999")
     assert code == 4
+
+
+def with_token(s: Sluice, token: str, *args: str) -> tuple[int, Any]:
+    """`sluice ARGS --json` with a token minted during the test: (exit code, JSON output)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "sluice", *args, "--json"],
+        capture_output=True,
+        text=True,
+        env={**s.env(), "SLUICE_TOKEN": token},
+        timeout=60,
+    )
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_two_people_not_two_tokens(platform: Sluice) -> None:
+    s = platform
+    vip = write(s, "vip.yaml", spec("v2", vip=True))
+    code, p = as_user(s, "alice", "propose", "-f", vip, "--reason", "vip lane")
+    assert code == 0 and p["author_person"] == "alice", p
+
+    # Alice mints a second admin token: it is hers, whatever she asks.
+    code, out = as_user(s, "alice", "token", "create", "sock", "--role", "admin", "--owner", "bob")
+    assert code == 5 and out["error"]["code"] == "forbidden", out
+    assert "a token can only be minted for yourself" in out["error"]["message"]
+    code, sock = as_user(s, "alice", "token", "create", "sock", "--role", "admin")
+    assert code == 0 and (sock["name"], sock["person"]) == ("sock", "alice"), sock
+
+    # Approving her own proposal with it: refused, audited, nothing applied.
+    code, out = with_token(s, sock["token"], "approve", str(p["id"]), "--reason", "lgtm")
+    assert code == 5 and out["error"]["code"] == "forbidden", out
+    assert out["error"]["message"] == (
+        f"proposal {p['id']} was proposed by token alice (person alice); token sock belongs "
+        f"to the same person: ask another person to `sluice approve {p['id']}`"
+    )
+    code, shown = as_user(s, "bob", "proposal", "show", str(p["id"]))
+    assert code == 0 and shown["state"] == "pending"
+    assert "acme-vip" not in [r["tag"] for r in s.cli("get", "routes")["rules"]]
+    (refused,) = s.cli("audit", "--action", "approve-refused")
+    assert (refused["actor"], refused["target"]) == ("sock", f"proposal/{p['id']}")
+    assert (refused["detail"]["person"], refused["detail"]["author_person"]) == ("alice", "alice")
+    shown_audit = s.show("audit", "--action", "approve-refused")
+    assert "PERSON" in shown_audit and "alice" in shown_audit
+
+    # Another person approves.
+    code, done = as_user(s, "bob", "approve", str(p["id"]), "--reason", "checked")
+    assert code == 0, done
+    assert (done["reviewer"], done["reviewer_person"], done["author_person"]) == (
+        "bob",
+        "bob",
+        "alice",
+    )
+    (approved,) = s.cli("audit", "--action", "approve")
+    assert (approved["actor"], approved["detail"]["person"]) == ("bob", "bob")
+
+    # The issue's own path, with the installation's admin token: propose, enroll a "second
+    # person", approve with it. Refused: that person was enrolled after the proposal.
+    back = write(s, "back.yaml", spec("v2"))
+    p2 = s.cli("propose", "-f", back, "--reason", "drop the vip lane")
+    assert p2["author_person"] == "admin"
+    puppet = s.cli("token", "create", "puppet", "--role", "admin")
+    assert puppet["person"] == "puppet"
+    code, out = with_token(s, puppet["token"], "approve", str(p2["id"]), "--reason", "ok")
+    assert code == 5 and "enrolled by the proposer after proposing" in out["error"]["message"]
+    code, done = as_user(s, "bob", "approve", str(p2["id"]), "--reason", "ok")
+    assert code == 0 and done["state"] == "approved", done

@@ -30,6 +30,7 @@ from sluice.cli.alerts import alerts_app
 from sluice.cli.common import out as cli_out
 from sluice.control.alerting import Alerting, redact_url
 from sluice.control.alerts_api import alert_routes
+from sluice.control.auth import Principal, Role
 from sluice.control.events import EventLog
 from sluice.core import ManualClock, SluiceError
 from sluice.spec import PlatformSpec, load_spec_text
@@ -299,6 +300,11 @@ def test_the_api_and_the_cli_show_firing_alerts_and_the_rules(store: Store, tmp_
     @app.exception_handler(SluiceError)  # as the control API renders its errors
     async def _error(_: Request, exc: SluiceError) -> JSONResponse:
         return JSONResponse(exc.to_json(), status_code=exc.http_status)
+
+    @app.middleware("http")  # the caller, as the control API's guard authenticates it
+    async def _caller(request: Request, call_next: Any) -> Any:
+        request.state.principal = Principal("test-viewer", Role.VIEWER)
+        return await call_next(request)
 
     router = APIRouter()
     alert_routes(router, a, lambda: spec, latency_bounds=(0.1, 0.5, 1.0))

@@ -106,9 +106,11 @@ def test_a_command_inherits_no_secret_of_sluices_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Servers log and dump their environment: keys the spec reads from Sluice's (tenants',
-    endpoints') and the CLI's token must not be in it; the rest (PATH, HF_HOME...) is."""
+    endpoints'), a drill's key and the CLI's token must not be in it; what a model server
+    needs (PATH, HF_HOME...) is."""
     monkeypatch.setenv("TENANT_KEYS", "sk-tenant-secret")
     monkeypatch.setenv("SLUICE_TOKEN", "slc_secret")
+    monkeypatch.setenv("SLUICE_DRILL_KEY", "sk-ops")  # the README's `sluice up` example
     monkeypatch.setenv("HF_HOME", "/models/cache")
 
     async def run() -> None:
@@ -120,6 +122,7 @@ def test_a_command_inherits_no_secret_of_sluices_environment(
         finally:
             await rt.stop(handle, grace_s=5)
         assert "TENANT_KEYS" not in env and "SLUICE_TOKEN" not in env
+        assert "SLUICE_DRILL_KEY" not in env and "sk-ops" not in "\0".join(env.values())
         assert env["HF_HOME"] == "/models/cache" and "PATH" in env
 
     asyncio.run(run())

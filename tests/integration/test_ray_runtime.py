@@ -309,7 +309,8 @@ async def test_a_command_server_runs_on_its_node_without_the_withheld_environmen
     cluster: tuple[Cluster, str, str],
 ) -> None:
     """`command` instances too: host and port rendered on the node, its stop signal used;
-    what Sluice withholds (and SLUICE_TOKEN, always) is not in its environment."""
+    its environment is the node's scrubbed to the allow-list (`runtime.environment`): what
+    Sluice withholds, SLUICE_TOKEN and any variable not listed are not in it."""
     c, head, _ = cluster
     rt = runtime(c)
     iid = new_id()
@@ -331,9 +332,10 @@ async def test_a_command_server_runs_on_its_node_without_the_withheld_environmen
         assert handle.pid is not None
         raw = Path(f"/proc/{handle.pid}/environ").read_bytes().decode()
         env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-        assert env["GIVEN"] == "yes" and env["RAY_TEST_PLAIN"] == "plain"
-        assert env["SLUICE_INSTANCE_ID"] == iid
+        assert env["GIVEN"] == "yes" and env["SLUICE_INSTANCE_ID"] == iid
+        assert str(ROOT) in env["PYTHONPATH"]  # the node's, allow-listed
         assert "RAY_TEST_TENANT_KEY" not in env and "SLUICE_TOKEN" not in env
+        assert "RAY_TEST_PLAIN" not in env  # not on the allow-list: a node's variable stays
     finally:
         code = await rt.stop(handle, grace_s=10)
     assert code == 3  # it got SIGINT, its stop signal, and exited on it

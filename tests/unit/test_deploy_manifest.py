@@ -1,13 +1,16 @@
 """The KubeRay example (deploy/kuberay.yaml, docs/deploy.md) stays true to the code: its
 spec validates, the controllers run a leader and a standby on one database, and the
-gateways run apart, syncing with the control Service with a gateway token."""
+gateways run apart, syncing with the control Service with a gateway token whose name their
+ids carry."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
 
+from sluice.policy.gateways import GATEWAY_ID_PATTERN, gateway_id_fits
 from sluice.spec import load_spec_text
 
 MANIFEST = Path(__file__).parents[2] / "deploy" / "kuberay.yaml"
@@ -30,6 +33,15 @@ def test_the_kuberay_example_runs_controllers_and_gateways_apart() -> None:
     assert c["readinessProbe"]["tcpSocket"]["port"] == "control"
     [g] = gateway["template"]["spec"]["containers"]
     assert g["command"][:2] == ["sluice", "gateway"] and "--token-file" in g["command"]
+    # a gateway token names its gateway: each pod's id is the token's name and a suffix
+    [token_name] = re.findall(r"sluice token create (\S+) --role gateway", MANIFEST.read_text())
+    gateway_id = g["command"][g["command"].index("--id") + 1]
+    pod = next(e for e in g["env"] if f"$({e['name']})" in gateway_id)
+    assert pod["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    for worker in range(int(g["command"][g["command"].index("--workers") + 1])):
+        named = gateway_id.replace(f"$({pod['name']})", "sluice-gateway-7d9f-abcde")
+        assert gateway_id_fits(token_name, f"{named}-w{worker}")
+        assert re.fullmatch(GATEWAY_ID_PATTERN, f"{named}-w{worker}")
     control_url = g["command"][g["command"].index("--control") + 1]
     services = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Service"}
     assert control_url == f"https://sluice-control:{spec.control.port}"

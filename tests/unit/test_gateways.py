@@ -18,7 +18,7 @@ from sluice.core import ManualClock
 from sluice.policy import build_routing_snapshot
 from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.gateways import GatewayBook, Share, merge_status, share_endpoints
-from sluice.policy.routing import Endpoint
+from sluice.policy.routing import Endpoint, RoutingSnapshot
 from sluice.policy.snapshot_wire import (
     sample_from_json,
     sample_to_json,
@@ -177,8 +177,16 @@ def _fleet_with_local() -> tuple[GatewayFleet, dict[str, list[dict[str, Any]]]]:
     return GatewayFleet(ManualClock(100.0), local), watched
 
 
+def quickstart_snapshot(version: int, *instances: str) -> RoutingSnapshot:
+    """The quickstart's routing with `instances` ready in `chat`."""
+    spec = load_spec_text((EXAMPLES / "quickstart.yaml").read_text(), "quickstart.yaml").spec
+    ready = {"chat": [Endpoint(i, "127.0.0.1", 9000 + k, 4) for k, i in enumerate(instances)]}
+    return build_routing_snapshot(spec, ready, version)
+
+
 def test_the_canary_reads_every_gateways_answers_through_one_cursor() -> None:
     fleet, watched = _fleet_with_local()
+    fleet.publish(quickstart_snapshot(3, "i-1"))
     fleet.sample_groups(["chat"])
     assert watched["groups"] == ["chat"]  # the local gateway records at once
     remote = {"at": 3.0, "status": 200, "latency_s": 0.3, "ttft_s": 0.05, "output_bytes": 7}

@@ -333,12 +333,13 @@ def test_a_key_of_two_tenants_names_the_first_owner_not_the_key() -> None:
 
 # --- key sources ---------------------------------------------------------------------
 
-SOURCED = """\
+INLINE = "sk-inline-key-0001"
+SOURCED = f"""\
 tenants:
-  - {name: acme, api_keys: [sk-inline-0001]}
+  - {{name: acme, api_keys: [{INLINE}]}}
   - name: beta
     api_keys_env: BETA_KEYS      # keys live outside the spec
-    api_keys_file: beta.keys
+    api_keys_file: /etc/sluice/beta.keys
 """
 
 
@@ -349,7 +350,7 @@ def fail_read(path: str) -> str:
 def test_keys_from_env_and_file_are_kept_only_as_digests(tmp_path: Path) -> None:
     keyfile = tmp_path / "beta.keys"
     keyfile.write_text(f"# rotated 2024-05\n{KEY_B}\n\n  {KEY_C}  \n#{KEY_A}\n")
-    text = spec_text(SOURCED.replace("beta.keys", str(keyfile)))
+    text = spec_text(SOURCED.replace("/etc/sluice/beta.keys", str(keyfile)))
     spec = load_spec_text(text).spec
     beta = spec.tenants[1]
     assert (beta.api_keys_env, beta.api_keys_file) == ("BETA_KEYS", str(keyfile))
@@ -385,10 +386,15 @@ def test_digests_in_a_source_are_digests() -> None:
     [
         ({}, lambda _: KEY_C, "api_keys_env", "environment variable BETA_KEYS is not set"),
         ({"BETA_KEYS": " ,\n "}, lambda _: KEY_C, "api_keys_env", "BETA_KEYS holds no keys"),
-        ({"BETA_KEYS": KEY_B}, fail_read, "api_keys_file", "cannot read key file 'beta.keys': No"),
+        (
+            {"BETA_KEYS": KEY_B},
+            fail_read,
+            "api_keys_file",
+            "cannot read key file '/etc/sluice/beta.keys': No",
+        ),
         ({"BETA_KEYS": KEY_B}, lambda _: "# none\n\n", "api_keys_file", "holds no keys"),
         ({"BETA_KEYS": "sha256:abc"}, lambda _: KEY_C, "api_keys_env", "64 lowercase hex"),
-        ({"BETA_KEYS": KEY_B}, lambda _: "sk-inline-0001", "api_keys_file", "belongs to 'acme'"),
+        ({"BETA_KEYS": KEY_B}, lambda _: INLINE, "api_keys_file", "belongs to 'acme'"),
         ({"BETA_KEYS": f"{KEY_B},{KEY_B}"}, lambda _: KEY_C, "api_keys_env", "listed twice"),
         ({"BETA_KEYS": KEY_B}, lambda _: KEY_B, "api_keys_file", "also at api_keys_env"),
         ({"BETA_KEYS": "sk-\udcff"}, lambda _: KEY_C, "api_keys_env", "not UTF-8 text"),
@@ -405,7 +411,7 @@ def test_bad_key_sources_name_the_field_and_line_never_a_key(
     assert issue.field == f"tenants[1].{field}"
     assert issue.line == line_of(text, field) and issue.file == "s.yaml"
     assert needle in issue.message
-    assert not any(k in caught.value.message for k in (*KEYS, "sk-inline-0001"))
+    assert not any(k in caught.value.message for k in (*KEYS, INLINE))
 
 
 def test_unreadable_and_undecodable_files_say_why_without_content() -> None:
@@ -431,6 +437,8 @@ def test_unreadable_and_undecodable_files_say_why_without_content() -> None:
         ("api_keys_env: BAD-NAME", "api_keys_env"),
         ("api_keys_file: ''", "api_keys_file"),
         ("api_keys_file: '  '", "api_keys_file"),
+        ("api_keys_file: beta.keys", "api_keys_file"),  # relative: refused at validate
+        ("api_keys_file: ./keys/beta", "api_keys_file"),
     ],
 )
 def test_key_source_fields_are_validated(fields: str, field: str) -> None:
