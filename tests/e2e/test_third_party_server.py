@@ -83,8 +83,9 @@ def stream(
     client: httpx.Client, model: str, max_tokens: int, on_chunk: Callable[[str], None] | None = None
 ) -> tuple[int, str, str]:
     """One streaming chat request: (status, instance, error); ok only if the stream ends
-    with the server's last chunk (finish_reason `length`, usage = max_tokens) after every
-    token: a server stopped mid-stream cannot be hidden by a retry once bytes were sent."""
+    with the server's last chunks (finish_reason `length`, then the usage chunk that
+    `stream_options.include_usage` asks for, with usage = max_tokens) after every token: a
+    server stopped mid-stream cannot be hidden by a retry once bytes were sent."""
     status, instance, error = 0, "", ""
     try:
         with client.stream(
@@ -95,22 +96,23 @@ def stream(
                 "model": model,
                 "max_tokens": max_tokens,
                 "stream": True,
+                "stream_options": {"include_usage": True},
                 "messages": [{"role": "user", "content": "hi"}],
             },
         ) as r:
             status, instance = r.status_code, r.headers.get("x-sluice-instance", "")
             events = []
             for ln in r.iter_lines():
-                if ln.startswith("data: "):
+                if ln.startswith("data: ") and ln != "data: [DONE]":
                     events.append(ln)
                     if on_chunk is not None:
                         on_chunk(instance)
         last = events[-1] if events else ""
         if status == 200 and (
-            '"finish_reason":"length"' not in last
+            not any('"finish_reason":"length"' in e for e in events[-2:])
             or f'"completion_tokens":{max_tokens}' not in last
         ):
-            status, error = 599, f"stream cut after {len(events)} events: {last[:200]}"
+            status, error = 599, f"stream cut after {len(events)} events: {last[-300:]}"
         elif status != 200:
             error = f"status {status}"
     except httpx.HTTPError as exc:
