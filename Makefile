@@ -34,4 +34,4 @@ e2e:
 test: lint typecheck imports
 	@echo "test order: pytest-randomly seed $(SEED) (make test SEED=$(SEED) repeats it)"
 	$(PY) -m pytest tests/unit tests/hostile tests/integration -q -p randomly --randomly-seed=$(SEED) -n auto -p no:benchmark
-	$(PY) -m pytest tests/e2e tests/faults -q -p randomly --randomly-seed=$(SEED)
+	$(PY) -m pytest tests/e2e tests/faults -q -p randomly --randomly-seed=$(SEED) --durations=40

@@ -8,6 +8,7 @@ the real rule compiler is exercised, not a hand-made table.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,8 @@ def tenant_name(i: int) -> str:
 
 
 def tenant_key(i: int) -> str:
-    return f"sk-bench-{i:02d}"
+    key = f"sk-bench-{i:02d}"  # + 16 hex digits of its sha256: strong enough for `apply`
+    return f"{key}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def group_name(i: int) -> str:

@@ -32,7 +32,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--gateway", required=True)
     p.add_argument("--direct", action="append", required=True)
     p.add_argument("--model", required=True)
-    p.add_argument("--key", default="sk-bench")
+    p.add_argument("--key", default="sk-bench-c00397de4384b5bb")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8)

@@ -26,7 +26,7 @@ CONCURRENCY=${CONCURRENCY:-8}
 TOKENS=${TOKENS:-128}
 STARTUP_S=${STARTUP_S:-900}
 SERVED=bench-model
-KEY=sk-bench
+KEY=sk-bench-c00397de4384b5bb
 
 say() { echo "gpu_vllm: $*" >&2; }
 

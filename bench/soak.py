@@ -83,7 +83,7 @@ SPEC = (
         name="risk-v2", model="m-risk", version="v2", replicas=1, extra=", error_rate: 0.2"
     )
     + """tenants:
-  - {name: soak, api_keys: [sk-soak]}
+  - {name: soak, api_keys: [sk-soak-df58a2b6bf87b913]}
 routes:
   - {tag: chat-main, match: {models: [m-chat]}, to: chat}
   - {tag: risk-main, match: {models: [m-risk]}, to: risk}
@@ -382,7 +382,9 @@ class Load:
         body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
         try:
             r = self.client.post(
-                "/v1/chat/completions", headers={"Authorization": "Bearer sk-soak"}, json=body
+                "/v1/chat/completions",
+                headers={"Authorization": "Bearer sk-soak-df58a2b6bf87b913"},
+                json=body,
             )
             o = Outcome(
                 model,

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from tests.tiny_lm import build_tiny_lm  # noqa: E402
 
 MODEL = "tiny-lm"
-KEY = "sk-bench"
+KEY = "sk-bench-c00397de4384b5bb"
 SPEC = """
 gateway: {{host: 127.0.0.1, port: 0}}
 pools:

@@ -3,7 +3,9 @@ inference endpoint from the routing snapshot it syncs from the control API, and 
 counters there; several behind a TCP load balancer share every group's slots.
 
 `--workers N` runs N such processes on one port (SO_REUSEPORT: the kernel spreads the
-connections), each its own gateway of the fleet, so the data plane uses every core. This
+connections), each its own gateway of the fleet, so the data plane uses every core: each
+holds its own share of every instance's slots and of every tenant's rate limit
+(`sluice.policy.rate_shares`), so N workers admit what one would, not N times it. This
 module is the command; the processes' code is imported when it runs (`gateway_run`)."""
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from sluice.control.capacity_api import capacity_routes
 from sluice.control.drill_schedule import DrillScheduler
 from sluice.control.gateways import GatewayFleet, LocalGateway, gateway_routes
 from sluice.control.leadership import FencedRuntime, Leadership, new_holder
+from sluice.control.secrets_key import installation_sealer
 from sluice.control.spec_work import warm_up
 from sluice.core import Conflict, InstanceState, NotFound, SystemClock
 from sluice.core.urls import is_loopback_host
@@ -50,7 +51,14 @@ from sluice.gateway import Gateway
 from sluice.gateway.metrics import CONTENT_TYPE, DURATION_BUCKETS_S
 from sluice.policy.lease import LeaseTiming, takeover_bound_s
 from sluice.runtime import LocalRuntime, Runtime
-from sluice.spec import ControlSpec, LoadedSpec, PlatformSpec, load_spec_text, redact_secrets
+from sluice.spec import (
+    ControlSpec,
+    LoadedSpec,
+    PlatformSpec,
+    Sealer,
+    open_revision,
+    seal_secrets,
+)
 from sluice.store import LeaseRecord, Revision, Store
 
 __all__ = ["UpOptions", "serve"]
@@ -89,11 +97,20 @@ async def serve(settings: Settings, options: UpOptions) -> None:
     if settings.database_url is not None:  # the default, state.db, goes without saying
         log.info("state: %s", store.location)
     try:
+        sealer = installation_sealer(settings.home)
+        latest = await asyncio.to_thread(store.latest_revision)
+        if latest is not None:  # it opens with this controller's secrets key, or no start:
+            # a standby given another key would take the lease, then fail to read the spec
+            live = open_revision(latest.yaml_text, f"revision {latest.number}", sealer)
         if options.loaded is not None and options.reason is None:
-            latest = await asyncio.to_thread(store.latest_revision)
-            _refuse_silent_revert(options.loaded, latest)
-        first = options.loaded.spec if options.loaded else await _latest_spec(store)
-        await _Up(settings, options, store, started, first).run()
+            _refuse_silent_revert(options.loaded, latest, sealer)
+        if options.loaded is not None:
+            first = options.loaded.spec
+        elif latest is not None:
+            first = live.spec
+        else:
+            raise NotFound("no spec in this state directory yet: start with `sluice up -f FILE`")
+        await _Up(settings, options, store, started, first, sealer).run()
     finally:
         store.close()
 
@@ -106,6 +123,7 @@ class _Up:
         store: Store,
         started: float,
         first: PlatformSpec,
+        sealer: Sealer,
     ):
         """`first`: the spec at start (the file, else the live revision): it picks the
         runtime and the lease timing, both read once per start."""
@@ -113,6 +131,7 @@ class _Up:
         self.options = options
         self.store = store
         self.started = started
+        self.sealer = sealer
         self.clock = SystemClock()
         self.events = EventLog(store, self.clock)
         election = first.control.leader_election
@@ -197,7 +216,7 @@ class _Up:
         # renew the lease from the start: the set-up below awaits spec work and the store
         leading = asyncio.create_task(self._keep_leading(), name="leadership")
         loaded = options.loaded
-        first = loaded.spec if loaded else await _latest_spec(store)
+        first = loaded.spec if loaded else await _latest_spec(store, self.sealer)
         control_sock = _control_socket(first.control, options.insecure)
         gateway = None
         if options.gateway:
@@ -214,6 +233,8 @@ class _Up:
                 gateway.status,
                 gateway.sample_groups,
                 gateway.samples,
+                arrivals=gateway.tenant_arrivals,
+                set_rates=gateway.set_rate_shares,
             )
         fleet = self.fleet
         controller = Controller(
@@ -225,6 +246,7 @@ class _Up:
             traffic=fleet.traffic,
             samples=fleet,
             inventory=self.inventory,
+            sealer=self.sealer,
         )
         await controller.load_state()
         alerting = Alerting(
@@ -431,8 +453,8 @@ def _open_access_log(path: Path) -> TextIO:
     return open(path, "a", buffering=1 << 16, encoding="utf-8")
 
 
-def _refuse_silent_revert(loaded: LoadedSpec, latest: Revision | None) -> None:
-    if latest is None or latest.yaml_text == redact_secrets(loaded.text, loaded.source):
+def _refuse_silent_revert(loaded: LoadedSpec, latest: Revision | None, sealer: Sealer) -> None:
+    if latest is None or latest.yaml_text == seal_secrets(loaded.text, loaded.source, sealer):
         return
     raise Conflict(
         f"revision {latest.number} is live (applied by {latest.author}: {latest.reason!r}) "
@@ -458,11 +480,11 @@ def _runtime(
     return LocalRuntime(home), None
 
 
-async def _latest_spec(store: Store) -> PlatformSpec:
+async def _latest_spec(store: Store, sealer: Sealer) -> PlatformSpec:
     latest = await asyncio.to_thread(store.latest_revision)
     if latest is None:
         raise NotFound("no spec in this state directory yet: start with `sluice up -f FILE`")
-    return load_spec_text(latest.yaml_text, f"revision {latest.number}").spec
+    return open_revision(latest.yaml_text, f"revision {latest.number}", sealer).spec
 
 
 def _control_socket(control: ControlSpec, insecure: bool) -> socket.socket:

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 
 from sluice.control.events import EventLog, store_outage
 from sluice.core import Clock
-from sluice.core.urls import redact_url
+from sluice.core.urls import redact_channel, redact_url
 from sluice.policy.alerts import (
     AlertState,
     Key,
@@ -264,7 +264,7 @@ class Alerting:
             row.group,
             g.owner,
             row.rule,
-            g.alert_channel,
+            redact_channel(g.alert_channel),
             extra={"alert": {"group": row.group, "owner": g.owner, "rule": row.rule}},
         )
 

@@ -7,7 +7,8 @@ rendered as `{"error": {...}}` with the error's HTTP status.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
@@ -37,6 +38,7 @@ from sluice.control.spec_work import offload
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.tokens import TokenAdmin
 from sluice.core import Forbidden, InstanceState, NotFound, SluiceError, SpecError, SpecIssue
+from sluice.core.urls import redact_channel
 from sluice.policy import route_rules
 from sluice.spec import parse_spec
 from sluice.spec.names import Name
@@ -268,7 +270,7 @@ def build_control_api(
                     "name": g.name,
                     "owner": g.owner,
                     "business": g.business,
-                    "alert_channel": g.alert_channel,
+                    "alert_channel": redact_channel(g.alert_channel),
                     "models": {
                         k: {"runtime": m.runtime, "version": m.version} for k, m in g.models.items()
                     },
@@ -289,8 +291,10 @@ def build_control_api(
     @api.get("/v1/groups/{group}/spec")
     async def group_spec(group: str) -> dict[str, Any]:
         """The group's part of the live spec: what a token scoped to the group may read of
-        it (a drill plans from it); the whole spec is `/v1/revisions`, for unscoped tokens."""
-        return controller.group(group).model_dump(mode="json")
+        it (a drill plans from it); the whole spec is `/v1/revisions`, for unscoped tokens.
+        A webhook channel shows only where it points, as everywhere."""
+        g = controller.group(group)
+        return {**g.model_dump(mode="json"), "alert_channel": redact_channel(g.alert_channel)}
 
     @api.get("/v1/instances")
     async def instances(me: Me, group: str | None = None) -> list[dict[str, Any]]:
@@ -489,13 +493,31 @@ def build_control_api(
             raise NotFound("this control API has no review workflow configured")
         return review
 
+    @contextlib.asynccontextmanager
+    async def audited_refusal(me: Principal, action: str) -> AsyncIterator[None]:
+        """A spec refused at `apply` or `propose` (a weak key, a bad line, one over the
+        cap) is audited as `<action>-refused` with what was wrong, then answered 422: the
+        attempt is on record, and nothing of it was applied. The issues never quote a
+        secret (see `sluice.spec.keys.SECRET_FIELDS`)."""
+        try:
+            yield
+        except SpecError as exc:
+            issues = [str(i) for i in exc.issues]
+            more = f" (and {len(issues) - 3} more)" if len(issues) > 3 else ""
+            why = "; ".join(issues[:3])[:1000] + more
+            detail = {"person": me.person, "issues": len(issues)}
+            await controller.audit(me.name, f"{action}-refused", "spec", why, detail)
+            raise
+
     @api.post("/v1/proposals")
     @guarded(Role.OPERATOR, SPEC_BODY)
     async def propose(body: ProposeRequest, me: Me) -> dict[str, Any]:
         """R5: record a spec change for review, with its diff and impact preview."""
         me.require(Role.OPERATOR, "proposing a spec change")
-        loaded = await offload(parse_spec, body.yaml, body.source)
-        return (await board().propose(loaded, me.name, body.reason, person=me.person)).to_json()
+        async with audited_refusal(me, "propose"):
+            loaded = await offload(parse_spec, body.yaml, body.source)
+            proposal = await board().propose(loaded, me.name, body.reason, person=me.person)
+        return proposal.to_json()
 
     @api.get("/v1/proposals")
     async def proposals(me: Me, all: bool = False, limit: Limit = 50) -> list[dict[str, Any]]:
@@ -565,8 +587,9 @@ def build_control_api(
     @guarded(Role.ADMIN, SPEC_BODY)
     async def apply(body: ApplyRequest, me: Me) -> dict[str, Any]:
         me.require(Role.ADMIN, "applying a spec")
-        loaded = await offload(parse_spec, body.yaml, body.source)
-        rev = await controller.apply(loaded, me.name, body.reason)
+        async with audited_refusal(me, "apply"):
+            loaded = await offload(parse_spec, body.yaml, body.source)
+            rev = await controller.apply(loaded, me.name, body.reason)
         if rev is None:
             return {"revision": controller.revision, "changed": False}
         return {"revision": rev.number, "changed": True, "diff": rev.diff}

@@ -51,10 +51,17 @@ from sluice.policy.tick import (
     spec_count,
     standby,
 )
-from sluice.spec import GroupSpec, LoadedSpec, PlatformSpec, draft_revision, load_spec_text
+from sluice.spec import (
+    GroupSpec,
+    LoadedSpec,
+    PlatformSpec,
+    Sealer,
+    draft_revision,
+    open_revision,
+)
 from sluice.spec.secrets import secret_env_names
 from sluice.spec.servers import external_scale_problem
-from sluice.store import Pin, Revision, Store
+from sluice.store import Fenced, Pin, Revision, Store
 
 __all__ = ["Controller"]
 
@@ -72,17 +79,21 @@ class Controller:
         traffic: TrafficSource | None = None,
         samples: GatewaySampleSource | None = None,
         inventory: Callable[[], Mapping[str, int]] | None = None,
+        *,
+        sealer: Sealer,
     ) -> None:
         """`samples`: the gateway's per-request rows, which stand in for the samples of
         servers that keep none (command, external) under a rollout (None: such a rollout's
         analysis has no answers of them). `inventory`: the cluster's accelerators per type
         now (`RayRuntime.inventory`, a blocking call), which size `inventory: cluster`
         pools."""
+        self.sealer = sealer
+        """seals and opens the secrets of stored revisions (the installation's key)"""
         self._store = store
         self._supervisor = supervisor
         self._events = events
         self._clock = clock
-        self._routing = RoutingPublisher(publish)
+        self._routing = RoutingPublisher(publish, lambda: store.write_fence)
         self._spec: PlatformSpec | None = None
         self._revision = 0
         self._overrides: dict[str, int] = {}
@@ -110,7 +121,10 @@ class Controller:
             servers=self._servers,
         )
         self._rollouts.point_at(self._ready_url)
-        self._loop = TickLoop(self.tick, self._wake, store, events, clock)
+        self._loop = TickLoop(self._leader_tick, self._wake, store, events, clock)
+        self._deposed = False
+        self._refused: str | None = None
+        """the last `Fenced` refusal of a tick, said once"""
 
     # --- state ---------------------------------------------------------------------------
 
@@ -151,6 +165,8 @@ class Controller:
         that refuses the write is logged, and stopping goes on."""
         try:
             await self._quota.close(self._clock.now())
+        except Fenced as exc:  # deposed: the new leader keeps its own, nothing to add
+            log.warning("quota timers and spend not kept: %s", exc)
         except Exception as exc:
             problem = store_outage(exc)
             if problem is None:
@@ -260,7 +276,9 @@ class Controller:
         """Resume from the store: the latest revision and live overrides."""
         latest = await asyncio.to_thread(self._store.latest_revision)
         if latest is not None:
-            loaded = await offload(load_spec_text, latest.yaml_text, f"revision {latest.number}")
+            loaded = await offload(
+                open_revision, latest.yaml_text, f"revision {latest.number}", self.sealer
+            )
             self._spec = spec_with_key_sources(loaded)
             self._revision = latest.number
         self._overrides = await asyncio.to_thread(self._store.replicas_overrides)
@@ -295,7 +313,9 @@ class Controller:
         number = (latest.number if latest else 0) + 1
         previous = latest.yaml_text if latest else None
         # no plain key is ever stored; parsed, checked and diffed off the event loop
-        draft = await offload(draft_revision, loaded.text, loaded.source, previous, number)
+        draft = await offload(
+            draft_revision, loaded.text, loaded.source, previous, number, self.sealer
+        )
         if previous == draft.text:
             return None
         # The spec as it will read back from the store (keys as digests), so that comparing
@@ -512,9 +532,31 @@ class Controller:
     def degraded(self) -> bool:
         return self._loop.degraded is not None
 
+    async def _leader_tick(self) -> None:
+        """`tick` while this controller leads. A `Fenced` refusal (a write, the routing)
+        ends the tick, said once and without a traceback: once another controller leads
+        this one is stepping down and ticks no more; while its renewals are only late
+        (the store is away) the next tick tries again."""
+        if self._deposed:
+            return
+        try:
+            await self.tick()
+        except Fenced as exc:
+            fence = self._store.write_fence
+            self._deposed = fence is not None and fence.deposed
+            if str(exc) != self._refused:
+                log.warning("tick refused: %s", exc)
+            self._refused = str(exc)
+        else:
+            self._refused = None
+
     async def tick(self) -> None:
         if self._spec is None:
             return
+        if (fence := self._store.write_fence) is not None:
+            # not while the lease's renewals are late (the store was away): nothing the
+            # tick would launch, stop or publish is allowed until the next renewal
+            fence.require("reconcile the fleet")
         now = self._clock.now()
         spec = await self._cluster_pools.sized(self._spec, now)
         # 1. Snapshot: desired state (spec + overrides) and what the instances report.

@@ -24,7 +24,7 @@ from sluice.policy.gain import Change, NoGainHold, hold_released, judge
 from sluice.policy.tick import is_advisory
 from sluice.spec import PlatformSpec
 from sluice.spec.observability import FollowupSpec
-from sluice.store import Store
+from sluice.store import Fenced, Store
 
 __all__ = ["Followups"]
 
@@ -187,5 +187,7 @@ class Followups:
         doc = {"holds": [h.to_json() for h in self.holds.values()]}
         try:
             await asyncio.to_thread(self._store.put_state, _HOLDS_KEY, doc, now)
+        except Fenced as exc:  # deposed: the new leader judges with its own
+            log.warning("no-gain holds not kept: %s", exc)
         except Exception:
             log.exception("no-gain holds not kept; they hold until a restart")

@@ -17,6 +17,13 @@ controller publishes (the newest snapshot or the one before) are dropped and cou
 gateway (`dropped` in `status()`), never kept. At most `MAX_GATEWAYS` remote gateways are
 live at once: a new id over that is refused (503) until one falls silent, and one silent
 for `GATEWAY_TTL_S` is forgotten with all the controller kept of it.
+
+A tenant's `rate_limit` holds fleet-wide (issue 31, `sluice.policy.rate_shares`): each
+sync also pushes the gateway's cumulative arrivals per limited tenant (refused ones too),
+and its answer carries the gateway's share of each such tenant's rate (`rates`: tenant ->
+`{"rps", "burst"}`), from a table recomputed at most every `REBALANCE_S` and whenever the
+live gateways or the limits change. The local gateway is one of the fleet: its arrivals
+are read and its shares set directly.
 """
 
 from __future__ import annotations
@@ -46,6 +53,13 @@ from sluice.policy.gateways import (
     gateway_id_rule,
     merge_status,
     share_snapshot,
+)
+from sluice.policy.rate_shares import (
+    REBALANCE_S,
+    DemandBook,
+    RateShare,
+    rate_shares,
+    tenant_limits,
 )
 from sluice.policy.routing import RoutingSnapshot
 from sluice.policy.snapshot_wire import snapshot_to_json
@@ -84,6 +98,11 @@ class LocalGateway:
     status: Callable[[], dict[str, Any]]
     sample_groups: Callable[[Iterable[str]], None]
     samples: Callable[[str, int, int], tuple[list[dict[str, Any]], int]]
+    arrivals: Callable[[], Mapping[str, int]] | None = None
+    """its cumulative arrivals per limited tenant (`Gateway.tenant_arrivals`)"""
+    set_rates: Callable[[Mapping[str, RateShare], int], None] | None = None
+    """enforce its share of each tenant's rate, one of n gateways (`Gateway.set_rate_shares`);
+    None: it is never told, and enforces every limit in full (right only while alone)"""
 
 
 class GatewayFleet:
@@ -114,6 +133,15 @@ class GatewayFleet:
         self._newest: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
         self._drop_logged_at: float | None = None
         self._drops_unlogged = 0
+        self.demand = DemandBook()
+        """per live gateway and limited tenant, its recent offered rate"""
+        self._limits: dict[str, tuple[float, float]] = {}
+        """tenant -> (rps, burst) of the newest snapshot's limited tenants"""
+        self.rates: dict[str, dict[str, RateShare]] = {}
+        """gateway -> tenant -> its bucket (`sluice.policy.rate_shares.rate_shares`)"""
+        self._rates_at: float | None = None
+        self._rates_of: tuple[str, ...] = ()
+        """the live gateways `rates` was computed for"""
 
     def publish(self, snapshot: RoutingSnapshot) -> None:
         """The controller's newest snapshot: to the local gateway at once (its share), to
@@ -126,9 +154,13 @@ class GatewayFleet:
             before = self._newest
             self._newest = (groups, instances)
             self._known = (groups | before[0], instances | before[1])
+            limits = tenant_limits(snapshot)
+            if limits != self._limits:
+                self._limits, self._rates_at = limits, None  # rebalance at once
         self.snapshot = snapshot
         if self.local is not None:
             self.local.update(share_snapshot(snapshot, self._local_share))
+        self._rebalance(self._clock.now())
 
     def admit(self, gateway: str, token: str | None) -> None:
         """Refuse, changing nothing, a sync of `gateway` by the token named `token` (None:
@@ -175,28 +207,65 @@ class GatewayFleet:
         samples: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
         *,
         token: str | None = None,
+        arrivals: Mapping[str, int] | None = None,
+        have_epoch: int | None = None,
     ) -> dict[str, Any]:
         """Record one sync of `gateway` by the token named `token` (refused as `admit`
         says); the snapshot goes back when the gateway has another version or another
         share than the one it would now get. Counters and answers outside the published
-        routing are dropped and counted, never kept."""
+        routing are dropped and counted, never kept. `arrivals`: its cumulative requests
+        per limited tenant (other tenants' are ignored); the answer's `rates` is its share
+        of each limited tenant's rate."""
         self.admit(gateway, token)
         now = self._clock.now()
         counters, samples = self._drop_unknown(gateway, token, counters, samples or {}, now)
         share = self.book.push(gateway, boot, counters, now)
+        limits = self._limits
+        self.demand.observe(
+            gateway, boot, {t: n for t, n in (arrivals or {}).items() if t in limits}, now
+        )
         self._owners[gateway] = token
         self._statuses[gateway] = status
         self._reshare_local(now)
+        self._rebalance(now)
         for instance, rows in samples.items():
             self._keep_rows(instance, rows)
         snap = self.snapshot
-        fresh = snap is not None and (snap.version != have or have_share != tuple(share))
+        # (epoch, version) names a snapshot: each leader numbers its own from 1 (issue 31)
+        fresh = snap is not None and (
+            snap.version != have
+            or (have_epoch is not None and snap.epoch != have_epoch)
+            or have_share != tuple(share)
+        )
+        mine = self.rates.get(gateway, {})
         return {
             "share": {"index": share.index, "count": share.count},
             "version": None if snap is None else snap.version,
+            "epoch": None if snap is None else snap.epoch,
             "snapshot": snapshot_to_json(share_snapshot(snap, share)) if fresh and snap else None,
             "sample_groups": self._sampled,
+            "rates": {t: {"rps": r.rps, "burst": r.burst} for t, r in sorted(mine.items())},
         }
+
+    def _rebalance(self, now: float) -> None:
+        """Recompute every gateway's share of every limited tenant's rate when the table is
+        `REBALANCE_S` old, or was computed for other live gateways or other limits; the
+        local gateway gets its shares at once, the others at their next sync."""
+        live = tuple(self.book.live())
+        at = self._rates_at
+        if at is not None and live == self._rates_of and 0.0 <= now - at < REBALANCE_S:
+            return
+        local = self.local
+        if local is not None and local.arrivals is not None and LOCAL in live:
+            arrived = local.arrivals()
+            self.demand.observe(
+                LOCAL, LOCAL, {t: n for t, n in arrived.items() if t in self._limits}, now
+            )
+        self.demand.forget(live)
+        self.rates = rate_shares(self._limits, live, self.demand)
+        self._rates_at, self._rates_of = now, live
+        if local is not None and local.set_rates is not None and LOCAL in live:
+            local.set_rates(self.rates.get(LOCAL, {}), len(live))
 
     def _drop_unknown(
         self,
@@ -335,6 +404,7 @@ class GatewayFleet:
             self._local_share = share
             if self.snapshot is not None:
                 self.local.update(share_snapshot(self.snapshot, share))
+        self._rebalance(now)
 
 
 def _some(names: Sequence[str], most: int = 5) -> str:
@@ -359,10 +429,14 @@ class _Sync(TextBody):
 
     boot: str = Field(min_length=1, max_length=64)
     have: int | None = Field(default=None, ge=0)
+    have_epoch: int | None = Field(default=None, ge=0)
     have_share: tuple[int, int] | None = None
     counters: dict[Name, TrafficSample] = Field(default_factory=dict, max_length=10_000)
     status: dict[str, Any] = Field(default_factory=dict)
     samples: dict[InstanceId, list[_Answer]] = Field(default_factory=dict, max_length=10_000)
+    arrivals: dict[Name, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, max_length=10_000
+    )
 
     @model_validator(mode="after")
     def _rows_bounded(self) -> _Sync:
@@ -403,4 +477,6 @@ def gateway_routes(api: APIRouter, fleet: GatewayFleet) -> None:
             body.have_share,
             samples,
             token=me.name,
+            arrivals=body.arrivals,
+            have_epoch=body.have_epoch,
         )

@@ -28,7 +28,7 @@ from sluice.core import Clock
 from sluice.policy.history import HOUR_S, MINUTE_S
 from sluice.spec import PlatformSpec, RetentionSpec
 from sluice.spec.observability import HistorySpec
-from sluice.store import Store
+from sluice.store import Fenced, Store
 
 __all__ = ["Housekeeper", "rotate"]
 
@@ -104,6 +104,8 @@ class Housekeeper:
                 done = await self.run_once(spec, platform.observability.history)
                 if done["rotated"] or done["removed"] or any(done["pruned"].values()):
                     log.info("housekeeping: %s", done)
+            except Fenced as exc:  # deposed: stepping down, the new leader keeps house
+                log.warning("housekeeping pass refused: %s", exc)
             except Exception:
                 log.exception("housekeeping pass failed; next try in %gs", spec.interval_s)
             await asyncio.sleep(spec.interval_s)

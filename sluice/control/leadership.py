@@ -8,11 +8,21 @@ deposed: `FencedRuntime` refuses every launch and stop from then on, and `keep` 
 the process exits without touching the instances, which the new leader adopts from the
 store. The lease's epoch, which grows at each change of holder, is recorded with the
 takeover in the audit log.
+
+Fencing on every write (issue 31): as it takes the lease, the leadership installs a
+`Fence` of its epoch on the store (`Store.fence`), so every store write of this process
+checks the lease row in its own transaction and is refused (`Fenced`) once another holder
+has it, whatever this process believes; a refused write deposes it at once (`keep`
+returns: the process steps down without touching the instances). Routing publications
+and launches `require` the fence (they are not store writes): refused once deposed, and
+while the last renewal is older than the renew deadline, which a paused-then-resumed
+leader finds at once on its own monotonic clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -20,24 +30,15 @@ import socket
 import time
 from collections.abc import Callable
 
-from sluice.core import SluiceError
 from sluice.policy.lease import LeaseTiming, may_act
 from sluice.runtime.base import InstanceHandle, LaunchRequest, Runtime
-from sluice.store import LeaseRecord, Store
+from sluice.store import Fence, Fenced, LeaseRecord, Store
 
 __all__ = ["CONTROLLER_LEASE", "Fenced", "FencedRuntime", "Leadership", "new_holder"]
 
 log = logging.getLogger(__name__)
 
 CONTROLLER_LEASE = "controller"
-
-
-class Fenced(SluiceError):
-    """This control plane lost the leader lease: it must not act on the fleet."""
-
-    http_status = 503
-    exit_code = 3
-    code = "fenced"
 
 
 def new_holder() -> str:
@@ -63,7 +64,11 @@ class Leadership:
         self._wall = wall
         self._monotonic = monotonic
         self.lease: LeaseRecord | None = None
+        self.fence: Fence | None = None
+        """what the store checks each write against, from the moment the lease is taken"""
         self._renewed_at = float("-inf")
+        self._deposed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def acquire(self, waiting: Callable[[LeaseRecord | None], None]) -> LeaseRecord:
         """Wait until this process holds the lease (`waiting` is told who holds it, once
@@ -92,6 +97,7 @@ class Leadership:
                 continue
             if lease is not None:
                 self.lease, self._renewed_at = lease, started
+                self._fence_writes(lease)
                 return lease
             if current is not None and _gone_from_this_host(current.holder):
                 dead = current.holder  # a crashed run here: no need to wait out its lease
@@ -102,11 +108,44 @@ class Leadership:
                 told = key
             await asyncio.sleep(self.timing.retry_period_s)
 
+    def _fence_writes(self, lease: LeaseRecord) -> None:
+        """From now on every store write of this process carries `lease`'s epoch and is
+        refused once another holder has the lease (`sluice.store.fencing`)."""
+        self._loop = asyncio.get_running_loop()
+        self._deposed = asyncio.Event()
+        self.fence = Fence(
+            CONTROLLER_LEASE,
+            self.holder,
+            lease.epoch,
+            acting=self._renewed_in_time,
+            on_deposed=self._refused,
+        )
+        self._store.fence(self.fence)
+
+    def _refused(self) -> None:
+        """A write found another holder in the lease (any thread): stop leading now,
+        without waiting for the next renewal."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._deposed.set)
+
+    def _renewed_in_time(self) -> bool:
+        return may_act(self._renewed_at, self._monotonic(), self.timing)
+
     def may_act(self) -> bool:
-        """Whether this process leads now (its last renewal is within the renew deadline)."""
-        return self.lease is not None and may_act(self._renewed_at, self._monotonic(), self.timing)
+        """Whether this process leads now (its last renewal is within the renew deadline,
+        and no write found another holder in the lease)."""
+        fence = self.fence
+        return (
+            self.lease is not None
+            and fence is not None
+            and not fence.deposed
+            and self._renewed_in_time()
+        )
 
     def require(self, what: str) -> None:
+        if self.fence is not None:
+            self.fence.require(what)
         if not self.may_act():
             raise Fenced(f"not the leader any more: refusing to {what}")
 
@@ -117,11 +156,19 @@ class Leadership:
         take the lease meanwhile, and the gateway serves on. Once the database answers it
         renews, or takes the lapsed lease back if nobody held it in between (the epoch then
         grew by exactly one), and acts again."""
-        assert self.lease is not None, "acquire first"
+        assert self.lease is not None and self.fence is not None, "acquire first"
         lease = self.lease
         away = False
         while True:
-            await asyncio.sleep(self.timing.retry_period_s)
+            # a refused write ends the wait at once (asyncio.timeout, not wait_for: on 3.11
+            # wait_for can swallow a cancel that lands as the wake-up does)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.timing.retry_period_s):
+                    await self._deposed.wait()
+            if self.fence.deposed:
+                log.warning("a write found the leader lease taken: stepping down")
+                self.lease = None
+                return
             started = self._monotonic()
             try:
                 kept = await asyncio.wait_for(
@@ -134,6 +181,7 @@ class Leadership:
                 away = True
                 continue
             if kept is None:
+                self.fence.depose("another controller took the lease")
                 self.lease = None
                 return
             if away:
@@ -181,7 +229,10 @@ def _gone_from_this_host(holder: str) -> bool:
 class FencedRuntime:
     """A runtime that launches and stops instances only while `leadership` leads: a deposed
     controller that has not exited yet cannot start an instance twice or stop one the new
-    leader serves with."""
+    leader serves with. The check and the runtime's spawn are one step of the event loop
+    (no await between them: the local and Ray runtimes start the process before their
+    first await), and the supervisor records the launch with a fenced write before it
+    asks (`InstanceSupervisor`), so no takeover slips between the check and the start."""
 
     def __init__(self, inner: Runtime, leadership: Leadership) -> None:
         self._inner = inner

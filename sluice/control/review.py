@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sluice.control.spec_work import offload
 from sluice.core import Clock, Conflict, Forbidden, NotFound
 from sluice.policy import LoggedRequest, route_impact, route_rules
-from sluice.spec import GroupSpec, LoadedSpec, PlatformSpec, draft_revision, load_spec_text
+from sluice.spec import GroupSpec, LoadedSpec, PlatformSpec, draft_revision, open_revision
 from sluice.store import Proposal, Store, TokenRecord
 
 if TYPE_CHECKING:
@@ -115,7 +115,13 @@ class ReviewBoard:
         previous = latest.yaml_text if latest else None
         # no plain key is ever stored; parsed, checked and diffed off the event loop
         draft = await offload(
-            draft_revision, loaded.text, loaded.source, previous, base + 1, parse_previous=True
+            draft_revision,
+            loaded.text,
+            loaded.source,
+            previous,
+            base + 1,
+            self._controller.sealer,
+            parse_previous=True,
         )
         text = draft.text
         if latest is not None and previous == text:
@@ -190,7 +196,9 @@ class ReviewBoard:
                     base_revision=p.base_revision,
                     current_revision=current,
                 )
-            loaded = await offload(load_spec_text, p.yaml_text, f"proposal {p.id}")
+            loaded = await offload(
+                open_revision, p.yaml_text, f"proposal {p.id}", self._controller.sealer
+            )
             why = f"proposal #{p.id} by {p.author}, approved by {reviewer}: {p.reason}"
             rev = await self._controller.apply(
                 loaded, p.author, f"{why} (review: {reason})", reviewed=True

@@ -11,6 +11,12 @@ What runs in an instance decides how it is asked (`control.probes`): Sluice's wo
 replaced (it is the same URL): failed probes send it back to STARTING, out of routing, and
 it is probed until it serves again. In a pool with real devices an instance waits in
 PENDING until devices are free for it (`policy.devices`), then runs pinned to them.
+
+A launch is first a store write (issue 31): the instance's record, fenced by the leader's
+lease epoch like every write, must be stored before its process is spawned, and the
+runtime's own lease check (`FencedRuntime`) runs in the same step of the event loop as the
+spawn. A deposed controller therefore starts nothing, even one paused between deciding a
+launch and making it.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from sluice.policy import DeviceHold, Endpoint, ProbeRecord, assign_devices, rec
 from sluice.runtime import ExternalRuntime, InstanceHandle, LaunchRequest, Runtime
 from sluice.spec import GroupSpec, PoolSpec
 from sluice.spec.servers import EndpointSpec, usable_key
-from sluice.store import InstanceRecord, Store
+from sluice.store import Fenced, InstanceRecord, Store
 
 __all__ = ["InstanceSupervisor"]
 
@@ -65,6 +71,9 @@ WRITE_RETRY_MAX_S = 30.0
 """A refused instance record is retried after 1 s, doubling to this."""
 PLACE_POLL_S = 0.2
 """How often an instance waiting for a free device looks again."""
+
+_Durable = tuple[InstanceRecord, asyncio.Future[None]]
+"""A record the caller waits for: the future is done once it is stored (or refused)."""
 
 InflightSource = Callable[[], Mapping[str, int]]
 """The gateway's requests in flight per instance id (`Gateway.outstanding`)."""
@@ -99,9 +108,11 @@ class InstanceSupervisor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._http: httpx.AsyncClient | None = http
         self._asks: Prober | None = None
-        self._writes: asyncio.Queue[InstanceRecord | str | None] = asyncio.Queue()
+        self._writes: asyncio.Queue[InstanceRecord | str | _Durable | None] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
+        self._retry_now = asyncio.Event()
+        """ends the record writer's backoff: stopping, or a launch waits for its record"""
         self.changed = asyncio.Event()
 
     async def start(self) -> None:
@@ -252,6 +263,7 @@ class InstanceSupervisor:
         # every task still running, also of instances already gone (writing "stopped")
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._closing.set()
+        self._retry_now.set()
         self._writes.put_nowait(None)
         if self._writer is not None:
             await self._writer
@@ -276,6 +288,7 @@ class InstanceSupervisor:
                 withheld_env=self.withheld_env,
                 placement=inst.placement,
             )
+            await self._record_launch(inst, deadline)
             inst.handle = await self._runtime.launch(request)
             self._set_state(inst, InstanceState.STARTING, "process started")
             await self._wait_ready(inst, deadline)
@@ -283,8 +296,32 @@ class InstanceSupervisor:
             await self._warm_up(inst)
             await self._became_ready(inst, "ready")
             await self._watch(inst)
+        except Fenced as exc:
+            fence = self._store.write_fence
+            if fence is not None and fence.deposed:  # the new leader decides about this one
+                log.warning("%s not launched: %s", inst.id, exc)
+                return
+            await self._fail(inst, str(exc))  # renewals late (the store away): replaced later
         except (LaunchFailed, SluiceError) as exc:
             await self._fail(inst, str(exc))
+
+    async def _record_launch(self, inst: Supervised, deadline: float) -> None:
+        """Store the launch (PENDING, "launching") and wait until it is: a fenced write,
+        so a deposed controller learns it here, before any process exists. A store that
+        does not take it by `deadline` (at least a second from now) fails the launch."""
+        rec = self._record(inst, InstanceState.PENDING, "launching")
+        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._writes.put_nowait((rec, stored))
+        self._retry_now.set()  # a refused record before it is retried at once, not in 30 s
+        self.changed.set()
+        try:
+            async with asyncio.timeout(max(1.0, deadline - self._clock.now())):
+                await stored
+        except TimeoutError:
+            raise LaunchFailed(
+                "the launch could not be recorded in the store in time "
+                f"({self._events.health.problem or 'no answer'}): not started"
+            ) from None
 
     async def _became_ready(self, inst: Supervised, kind: str) -> None:
         inst.ready_at = self._clock.now()
@@ -507,8 +544,13 @@ class InstanceSupervisor:
         return await self._prober.worker_inflight(inst.handle, timeout_s)
 
     def _set_state(self, inst: Supervised, state: InstanceState, reason: str) -> None:
+        self._writes.put_nowait(self._record(inst, state, reason))
+        self.changed.set()
+
+    def _record(self, inst: Supervised, state: InstanceState, reason: str) -> InstanceRecord:
+        """`inst` in `state` for `reason`, as the store keeps it."""
         inst.state, inst.reason = state, reason
-        rec = InstanceRecord(
+        return InstanceRecord(
             id=inst.id,
             group=inst.spec.name,
             template=inst.template,
@@ -521,27 +563,40 @@ class InstanceSupervisor:
             reason=reason,
             devices=",".join(inst.devices),
         )
-        self._writes.put_nowait(rec)
-        self.changed.set()
 
     async def _write_records(self) -> None:
         """One writer, in order, off the event loop: a record, an id to delete, or None
         to finish. Order matters: a late upsert must never resurrect a deleted instance.
         A write the store refuses is retried (1 s doubling to 30 s; once only while
-        shutting down); any other error is logged and the record skipped, so the writer
-        never stops."""
+        shutting down); a fenced one (this controller is deposed) is dropped, said once;
+        any other error is logged and the record skipped, so the writer never stops. A
+        record someone waits for (`_record_launch`) is told how its write ended."""
+        fenced = False
         while (item := await self._writes.get()) is not None:
             retry = 1.0
+            waiter: asyncio.Future[None] | None = None
+            if isinstance(item, tuple):
+                item, waiter = item
             while True:
                 try:
                     if isinstance(item, str):
                         await asyncio.to_thread(self._store.delete_instance, item)
                     else:
                         await asyncio.to_thread(self._store.upsert_instance, item)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(None)
                     break
                 except Exception as exc:
                     problem = store_outage(exc)
                     what = item if isinstance(item, str) else item.id
+                    gave_up = problem is None or self._closing.is_set()
+                    if gave_up and waiter is not None and not waiter.done():
+                        waiter.set_exception(exc)
+                    if isinstance(exc, Fenced):
+                        if not fenced:
+                            log.warning("instance records are not written any more: %s", exc)
+                        fenced = True
+                        break
                     if problem is None:
                         log.exception("instance record of %s not written", what)
                         break
@@ -549,8 +604,9 @@ class InstanceSupervisor:
                     if self._closing.is_set():
                         log.error("%s: instance record of %s not written", problem, what)
                         break
+                    self._retry_now.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._closing.wait(), retry)
+                        await asyncio.wait_for(self._retry_now.wait(), retry)
                     retry = min(WRITE_RETRY_MAX_S, retry * 2)
 
     def _spawn(self, inst: Supervised, coro: Any) -> None:

@@ -5,9 +5,10 @@ host is this machine's."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from urllib.parse import urlsplit
 
-__all__ = ["is_loopback_host", "redact_channel", "redact_url"]
+__all__ = ["channel_kind", "is_loopback_host", "redact_channel", "redact_url"]
 
 
 def redact_url(url: str, mark_rest: bool = False) -> str:
@@ -38,3 +39,16 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def channel_kind(channel: str) -> str:
+    """What kind of channel an `alert_channel` is, without its address: 'webhook' (an
+    http(s) URL, which may carry a token), 'email', 'chat' ('#room') or 'other'."""
+    c = channel.strip()
+    if c.lower().startswith(("http://", "https://")):
+        return "webhook"
+    if c.startswith("#"):
+        return "chat"
+    if re.fullmatch(r"[^@\s]+@[^@\s]+", c):
+        return "email"
+    return "other"

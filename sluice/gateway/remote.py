@@ -12,6 +12,13 @@ gateway keeps serving the last good snapshot: the instances it routes to outlive
 controller, so requests keep flowing. It says so once per outage, and again when a
 controller answers.
 
+Rate limits hold fleet-wide (issue 31, `sluice.policy.rate_shares`): each sync pushes the
+gateway's arrivals per limited tenant and its answer sets the gateway's share of each
+tenant's rate. Without a controller the gateway keeps its last shares for `RATE_HOLD_S`
+(the whole fleet usually lost it at once, and the shares still add up to each limit), then
+enforces limit / n, n the number of gateways it last heard of: never the whole limit. An
+answer without shares (a controller of before) gets limit / n too.
+
 A gateway token names its gateway (issue 31): before it serves, `sluice gateway` asks the
 control API whose token it holds (`whoami`), names itself after it and checks an `--id` it
 was given against the rule, so a wrong id stops it at start rather than at every sync.
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 from collections.abc import Sequence
@@ -31,7 +39,8 @@ import httpx
 from pydantic import ValidationError
 
 from sluice.core import Unauthorized, Unavailable
-from sluice.gateway.server import Gateway
+from sluice.gateway.server import Gateway, StaleRouting
+from sluice.policy.rate_shares import RATE_HOLD_S, RateShare
 from sluice.policy.snapshot_wire import sample_to_json, snapshot_from_json
 
 __all__ = ["ControlSync", "Identity", "whoami"]
@@ -150,6 +159,8 @@ class ControlSync:
         """per instance: the cursor of the last recorded answer a controller took"""
         self._refused: str | None = None
         """the last refusal logged (a refusal is logged once, not at every sync)"""
+        self._rates_held = False
+        """the controller's rate shares were given up for limit / n (`RATE_HOLD_S`)"""
 
     async def run(self) -> None:
         async with httpx.AsyncClient(timeout=self._timeout_s, verify=self._verify) as client:
@@ -200,10 +211,12 @@ class ControlSync:
         body = {
             "boot": self._boot,
             "have": self._have,
+            "have_epoch": self._gateway.snapshot_epoch if self._have is not None else None,
             "have_share": list(self._share) if self._share else None,
             "counters": {g: sample_to_json(s) for g, s in self._gateway.traffic().items()},
             "status": self._gateway.status(),
             "samples": samples,
+            "arrivals": self._gateway.tenant_arrivals(),
         }
         return body, cursors
 
@@ -222,6 +235,12 @@ class ControlSync:
         return out, cursors
 
     def _take(self, answer: dict[str, Any]) -> None:
+        """Take a sync answer; an answer of an older leader epoch than the routes served
+        (a deposed controller that still answers) is refused whole (`StaleRouting`): the
+        next controller is asked (issue 31)."""
+        epoch, serving = answer.get("epoch"), self._gateway.snapshot_epoch
+        if epoch is not None and int(epoch) < serving:
+            raise StaleRouting(f"an answer of leader epoch {epoch}, older than {serving}")
         share = (int(answer["share"]["index"]), int(answer["share"]["count"]))
         self._gateway.sample_groups(str(g) for g in answer.get("sample_groups") or ())
         doc = answer.get("snapshot")
@@ -237,13 +256,28 @@ class ControlSync:
                 )
             self._have, self._share = snapshot.version, share
             self.synced.set()
+        if self._have is not None:  # the shares go with the routes they are of
+            self._gateway.set_rate_shares(_rates(answer.get("rates")), share[1])
+            self._rates_held = False
         self.last_ok = time.monotonic()
 
     def _lost(self, why: str) -> None:
+        now = time.monotonic()
         if self._down_since is None:
-            self._down_since = time.monotonic()
+            self._down_since = now
             kept = "nothing yet" if self._have is None else f"snapshot v{self._have}"
             log.warning("no controller answers (%s): serving the last good one, %s", why, kept)
+        last = self.last_ok if self.last_ok is not None else self._down_since
+        if self._share is not None and not self._rates_held and now - last >= RATE_HOLD_S:
+            count = self._share[1]
+            self._gateway.set_rate_shares({}, count)
+            self._rates_held = True
+            log.warning(
+                "no controller for %.0f s: each tenant's rate limit is now shared evenly "
+                "among the %d gateway(s) last heard of, until one answers",
+                now - last,
+                count,
+            )
 
     def _recovered(self) -> None:
         if self._down_since is not None:
@@ -253,3 +287,19 @@ class ControlSync:
                 time.monotonic() - self._down_since,
             )
             self._down_since = None
+
+
+def _rates(doc: Any) -> dict[str, RateShare]:
+    """The shares of a sync answer (`{tenant: {"rps", "burst"}}`); what is not a positive
+    finite rate and a burst of at least one token is left out (that tenant: limit / n)."""
+    out: dict[str, RateShare] = {}
+    if not isinstance(doc, dict):
+        return out
+    for tenant, v in doc.items():
+        try:
+            rps, burst = float(v["rps"]), float(v["burst"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if math.isfinite(rps) and math.isfinite(burst) and rps > 0.0 and burst >= 1.0:
+            out[str(tenant)] = RateShare(rps, burst)
+    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 from sluice.gateway.accesslog import AccessLog
@@ -21,10 +21,15 @@ from sluice.gateway.metrics import CONTENT_TYPE
 from sluice.gateway.state import GatewayState
 from sluice.gateway.upstream import UpstreamPool
 from sluice.policy.autoscale.base import TrafficSample
+from sluice.policy.rate_shares import RateShare
 from sluice.policy.routing import GroupTraffic, RoutingSnapshot
 from sluice.spec.models import GatewayLimits
 
-__all__ = ["Gateway"]
+__all__ = ["Gateway", "StaleRouting"]
+
+
+class StaleRouting(ValueError):
+    """A routing snapshot (or sync answer) of an older leader epoch than the one served."""
 
 
 class Gateway:
@@ -62,6 +67,11 @@ class Gateway:
     def snapshot_version(self) -> int:
         return self._state.snapshot.version
 
+    @property
+    def snapshot_epoch(self) -> int:
+        """The leader epoch of the routes served (0 before any)."""
+        return self._state.snapshot.epoch
+
     def update(self, snapshot: RoutingSnapshot) -> None:
         """Serve `snapshot` from the next request on; close idle connections to gone instances.
         Its `limits` (when set) are enforced from each connection's next check or request,
@@ -70,9 +80,30 @@ class Gateway:
         Groups that stay keep their queues, slots in use and ejections; slots follow the new
         instances at once (waiters are admitted if they grew); waiters of a group that is
         gone get 503. `upstream_timeout_s` applies to groups without a `traffic` entry.
+
+        A snapshot of an older leader epoch than the one served is refused (`StaleRouting`,
+        nothing changes): a deposed controller's routes never come back (issue 31).
         """
+        serving = self._state.snapshot.epoch
+        if snapshot.epoch < serving:
+            raise StaleRouting(
+                f"routing snapshot v{snapshot.version} is of leader epoch {snapshot.epoch}, "
+                f"older than epoch {serving} served: a deposed controller's, refused"
+            )
         self._state.set_snapshot(snapshot)
         self._pool.retire({(ep.host, ep.port) for eps in snapshot.endpoints.values() for ep in eps})
+
+    def set_rate_shares(self, shares: Mapping[str, RateShare], count: int) -> None:
+        """Enforce this gateway's share of each limited tenant's rate, one of `count`
+        gateways (a tenant not in `shares` gets its limit / `count`): a tenant's limit holds
+        across the fleet, not in each gateway (`sluice.policy.rate_shares`). Until it is
+        first called a gateway enforces every limit in full, as the only one."""
+        self._state.set_rate_shares(shares, count)
+
+    def tenant_arrivals(self) -> dict[str, int]:
+        """Per tenant with a rate limit: its requests that reached the limit, refused ones
+        too, since this process started (what the controller splits the rate by)."""
+        return dict(self._state.arrivals)
 
     def swap_access_log(self, stream: TextIO) -> TextIO | None:
         """Log to `stream` from the next request on (rotation); returns the old stream,

@@ -2,6 +2,10 @@
 
 Clocks: admission, ejection and rate limits run on `time.monotonic()` seconds; only slow
 start reads the wall clock (see `groups`).
+
+Rate limits: a tenant's `rate_limit` holds fleet-wide, so a gateway of several enforces
+only its share of it (issue 31, `sluice.policy.rate_shares`): the controller sends the
+shares, and the gateway counts each limited tenant's arrivals (refused ones too) for it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from sluice.gateway.metrics import GatewayMetrics
 from sluice.gateway.responses import sluice_headers
 from sluice.gateway.samples import GatewaySampling
 from sluice.gateway.upstream import UpstreamPool
+from sluice.policy.rate_shares import RateShare, even_share
 from sluice.policy.ratelimit import TokenBucket
 from sluice.policy.routing import (
     GroupTraffic,
@@ -55,6 +60,8 @@ class GatewayState:
 
     __slots__ = (
         "_queue_timer",
+        "_rate_caps",
+        "_rate_split",
         "_rid_prefix",
         "_rid_seq",
         "_route_headers",
@@ -64,6 +71,7 @@ class GatewayState:
         "_uses_priority",
         "_waiting",
         "access_log",
+        "arrivals",
         "buckets",
         "clients_by_ip",
         "default_traffic",
@@ -103,6 +111,14 @@ class GatewayState:
         self.sampling = GatewaySampling()
         """Per-request rows of the groups under canary analysis (`sample_groups`)."""
         self.buckets: dict[str, TokenBucket] = {}
+        self.arrivals: dict[str, int] = {}
+        """Per limited tenant: its requests that reached the rate limit, refused ones too,
+        ever (the controller splits the tenant's rate by them)."""
+        self._rate_split: tuple[dict[str, RateShare], int] | None = None
+        """This gateway's share of each tenant's rate and the fleet's number of gateways
+        (`set_rate_shares`); None: it is alone, and enforces every limit in full."""
+        self._rate_caps: dict[str, float] = {}
+        """Per tenant whose rate is shared: the longest Retry-After to answer."""
         self.metrics = GatewayMetrics(lambda: self.groups, lambda: self.snapshot.version)
         # Request ids: a random prefix per gateway plus a counter; unique, and cheap per request.
         self._rid_prefix = b"%012x-" % rng.getrandbits(48)
@@ -167,17 +183,38 @@ class GatewayState:
             for name, runtime in self.groups.items():
                 runtime.samples = rings.get(name)
 
+    def set_rate_shares(self, shares: Mapping[str, RateShare], count: int) -> None:
+        """Enforce `shares[tenant]` of each limited tenant's rate from now on: this
+        gateway's part, one of `count` gateways (a tenant not in `shares`: L / count)."""
+        self._rate_split = (dict(shares), max(1, count))
+        self._update_buckets(self.snapshot.tenants_by_key, time.monotonic())
+
     def _update_buckets(self, tenants: Mapping[str, TenantAccess], now: float) -> None:
-        """One bucket per tenant with a limit; kept (tokens and all) while the limit holds."""
+        """One bucket per tenant with a limit, at this gateway's share of it. A bucket whose
+        rate or burst changes keeps its tokens (`TokenBucket.retune`): the shares move every
+        second, and a refill at each move would let a burst through each time."""
         limits = {t.name: t.rate_limit for t in tenants.values() if t.rate_limit is not None}
+        split = self._rate_split
         old = self.buckets
         fresh: dict[str, TokenBucket] = {}
-        for name, (rate, burst) in limits.items():
+        caps: dict[str, float] = {}
+        for name, (limit, limit_burst) in limits.items():
+            rate, burst = float(limit), float(limit_burst)
+            if split is not None and split[1] > 1:
+                share = split[0].get(name) or even_share(limit, limit_burst, split[1])
+                rate = min(share.rps, rate)  # never more than the whole limit, whatever it says
+                burst = max(1.0, min(share.burst, burst))
+                # past a wait for one token at the whole limit, the fleet has earned one and
+                # the shares move toward where the demand is: no longer Retry-After than that
+                caps[name] = max(1.0, 1.0 / limit)
             bucket = old.get(name)
-            if bucket is None or bucket.rate != rate or bucket.burst != burst:
+            if bucket is None:
                 bucket = TokenBucket(rate, burst, now)
+            elif bucket.rate != rate or bucket.burst != burst:
+                bucket.retune(rate, burst, now)
             fresh[name] = bucket
         self.buckets = fresh
+        self._rate_caps = caps
 
     # -- per request ----------------------------------------------------------------------------
 
@@ -214,9 +251,18 @@ class GatewayState:
         return route
 
     def rate_wait(self, tenant: str) -> float:
-        """0.0 if `tenant` may send one more request now, else seconds until it may."""
+        """0.0 if `tenant` may send one more request now, else seconds until it may (at
+        most the wait for one token at the tenant's whole limit, when it is shared). Counts
+        the arrival either way."""
+        arrivals = self.arrivals
+        arrivals[tenant] = arrivals.get(tenant, 0) + 1
         bucket = self.buckets.get(tenant)
-        return 0.0 if bucket is None else bucket.try_take(time.monotonic())
+        if bucket is None:
+            return 0.0
+        wait = bucket.try_take(time.monotonic())
+        if wait > 0.0 and self._rate_caps:
+            return min(wait, self._rate_caps.get(tenant, wait))
+        return wait
 
     def next_request_id(self) -> bytes:
         self._rid_seq += 1

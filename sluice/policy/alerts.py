@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from sluice.core.urls import channel_kind
 from sluice.spec.models import GroupSpec, PlatformSpec
 from sluice.spec.observability import AlertRule, AlertsSpec
 
@@ -317,19 +318,6 @@ def _transition(
         severity=rule.severity if rule else s.severity,
         reason=reason,
     )
-
-
-def channel_kind(channel: str) -> str:
-    """What kind of channel an `alert_channel` is, without its address: 'webhook' (an
-    http(s) URL, which may carry a token), 'email', 'chat' ('#room') or 'other'."""
-    c = channel.strip()
-    if c.lower().startswith(("http://", "https://")):
-        return "webhook"
-    if c.startswith("#"):
-        return "chat"
-    if re.fullmatch(r"[^@\s]+@[^@\s]+", c):
-        return "email"
-    return "other"
 
 
 # --- the same rules for Prometheus ---------------------------------------------------------

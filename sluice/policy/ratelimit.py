@@ -8,7 +8,7 @@ __all__ = ["TokenBucket"]
 class TokenBucket:
     __slots__ = ("_tokens", "_updated", "burst", "rate")
 
-    def __init__(self, rate: float, burst: int, now: float) -> None:
+    def __init__(self, rate: float, burst: float, now: float) -> None:
         """pre: rate > 0, burst >= 1. Starts full."""
         self.rate = rate
         self.burst = burst
@@ -25,3 +25,16 @@ class TokenBucket:
             self._tokens -= 1.0
             return 0.0
         return (1.0 - self._tokens) / self.rate
+
+    def retune(self, rate: float, burst: float, now: float) -> None:
+        """Change rate and burst, keeping the tokens earned so far (at most the new burst):
+        a gateway's share of a tenant's rate changes every second or so
+        (`sluice.policy.rate_shares`), and a bucket that started full at each change would
+        let a burst through each time. pre: rate > 0, burst >= 1."""
+        elapsed = now - self._updated
+        if elapsed > 0:
+            self._tokens = min(self.burst, self._tokens + elapsed * self.rate)
+            self._updated = now
+        self.rate = rate
+        self.burst = burst
+        self._tokens = min(self._tokens, burst)

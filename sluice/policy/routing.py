@@ -306,6 +306,11 @@ class RoutingSnapshot:
     limits: GatewayLimits | None = None
     """`gateway.limits` of the revision in force, so that an `apply` changing them reaches a
     running gateway the way routes do; None keeps the limits the gateway has."""
+    epoch: int = 0
+    """The lease epoch of the leader that published it (0: no leader election, a test): a
+    gateway never swaps in a snapshot of an older epoch than it has, so a deposed leader's
+    routes cannot come back (`version` numbers a leader's snapshots; each leader starts
+    again from 1)."""
 
     def tenant_for_key(self, api_key: str) -> TenantAccess | None:
         return self.tenants_by_key.get(api_key_digest(api_key))

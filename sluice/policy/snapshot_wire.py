@@ -41,6 +41,8 @@ class _Wire:
     traffic: dict[str, GroupTraffic]
     canaries: dict[str, CanarySplit]
     limits: GatewayLimits | None
+    epoch: int = 0
+    """the publishing leader's lease epoch (absent from an older controller's: 0)"""
 
 
 _WIRE = TypeAdapter(_Wire)
@@ -59,6 +61,7 @@ def snapshot_to_json(snapshot: RoutingSnapshot) -> Any:
         traffic=dict(snapshot.traffic),
         canaries=dict(snapshot.canaries),
         limits=snapshot.limits,
+        epoch=snapshot.epoch,
     )
     return _WIRE.dump_python(wire, mode="json")
 
@@ -77,6 +80,7 @@ def snapshot_from_json(doc: Any) -> RoutingSnapshot:
         traffic=wire.traffic,
         canaries=wire.canaries,
         limits=wire.limits,
+        epoch=wire.epoch,
     )
 
 

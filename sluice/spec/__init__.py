@@ -1,5 +1,6 @@
 """The operator's language: spec models, YAML loading with located errors, revision diffs,
-tenant keys kept only as digests (`redact_secrets`, `resolve_key_sources`), and the memory
+tenant keys kept only as digests and sealed at rest with webhook URLs (`seal_secrets`,
+`open_revision`, `resolve_key_sources`), and the memory
 estimate that refuses a model too big for its accelerators (`estimate_memory`, G2)."""
 
 from sluice.spec.diff import revision_diff
@@ -19,8 +20,15 @@ from sluice.spec.models import (
     TenantSpec,
     key_digest,
 )
-from sluice.spec.revision import MAX_SPEC_BYTES, RevisionDraft, draft_revision, parse_spec
-from sluice.spec.secrets import redact_secrets, resolve_key_sources
+from sluice.spec.revision import (
+    MAX_SPEC_BYTES,
+    RevisionDraft,
+    draft_revision,
+    open_revision,
+    parse_spec,
+)
+from sluice.spec.sealing import Sealer
+from sluice.spec.secrets import redact_secrets, resolve_key_sources, seal_secrets
 
 __all__ = [
     "MAX_SPEC_BYTES",
@@ -38,16 +46,19 @@ __all__ = [
     "RetentionSpec",
     "RevisionDraft",
     "RouteSpec",
+    "Sealer",
     "TenantSpec",
     "draft_revision",
     "estimate_memory",
     "key_digest",
     "load_spec_file",
     "load_spec_text",
+    "open_revision",
     "parse_spec",
     "pool_fits",
     "read_model_dir",
     "redact_secrets",
     "resolve_key_sources",
     "revision_diff",
+    "seal_secrets",
 ]

@@ -15,6 +15,7 @@ __all__ = [
     "KEY_FORM",
     "KEY_LINE",
     "KEY_SOURCE_FIELDS",
+    "MIN_KEY_GUESSES_LOG10",
     "SECRET_FIELDS",
     "SECRET_FILE_MAX_BYTES",
     "ApiKey",
@@ -26,6 +27,7 @@ __all__ = [
     "check_digest",
     "digest_entry",
     "key_digest",
+    "weak_key_reason",
 ]
 
 KeyPath = tuple[str | int, ...]
@@ -70,6 +72,33 @@ class SecretFileError(OSError):
 def key_digest(key: str) -> str:
     """How a key is kept: the sha256 hex digest (lowercase) of its UTF-8 bytes."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+MIN_KEY_GUESSES_LOG10 = 16
+"""A plain key must take an attacker at least 10^16 guesses by zxcvbn's estimate (which
+knows dictionaries, keyboard walks, repeats and sequences): what 16 random letters and digits
+give. A key is a bearer credential any client of the gateway can try, so it must outlast
+online guessing at any rate limit for years; a generated key (`openssl rand -hex 24`, a
+cloud provider's `sk-...`) is far above it. Digests (`sha256:<hex>`) cannot be judged and are
+taken as they are."""
+
+_JUDGED_CHARS = 100
+"""zxcvbn's matching grows with the square of the length; past 100 characters a key is not
+weak for want of length, and a 256-character one would cost a tenth of a second to judge."""
+
+
+def weak_key_reason(key: str) -> str | None:
+    """Why `key` is too easy to guess, or None; never quotes the key."""
+    from zxcvbn import zxcvbn  # 40 ms to import: only when a plain key is checked
+
+    guesses = float(zxcvbn(key[:_JUDGED_CHARS])["guesses_log10"])
+    if guesses >= MIN_KEY_GUESSES_LOG10:
+        return None
+    return (
+        f"this API key is too easy to guess (about 10^{int(guesses)} guesses; at least "
+        f"10^{MIN_KEY_GUESSES_LOG10} needed, which 16 random letters and digits give): "
+        "write a generated key, e.g. `openssl rand -hex 24`"
+    )
 
 
 def _is_utf8(text: str) -> bool:

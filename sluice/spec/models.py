@@ -40,6 +40,7 @@ from sluice.spec.runtimes import (
     ServiceTime,
     SimParams,
 )
+from sluice.spec.sealing import SEALED_PREFIX
 from sluice.spec.servers import CommandSpec, ExternalSpec, external_replicas
 
 __all__ = [
@@ -336,14 +337,19 @@ class TenantSpec(_Strict):
     @model_validator(mode="after")
     def _digests_are_not_plain_keys(self) -> TenantSpec:
         """`api_keys: [sha256:<hex>]` is a digest: move it to `api_key_sha256`, where
-        everything downstream looks for digests, and remember where it was written."""
-        if not any(k.startswith(DIGEST_PREFIX) for k in self.api_keys):
+        everything downstream looks for digests, and remember where it was written. A
+        sealed entry (`sealed:...`, a stored revision read without the installation's key,
+        as a client of the API reads it) is no key at all: it is dropped, never taken as a
+        plain key a caller could send."""
+        if not any(k.startswith((DIGEST_PREFIX, SEALED_PREFIX)) for k in self.api_keys):
             return self
         plain: list[str] = []
         plain_at: list[KeyPath] = []
         moved: list[str] = []
         moved_at: list[KeyPath] = []
         for j, key in enumerate(self.api_keys):
+            if key.startswith(SEALED_PREFIX):
+                continue
             digest = digest_entry(key)
             if digest is None:
                 plain.append(key)

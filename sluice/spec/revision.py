@@ -1,6 +1,8 @@
-"""A spec text made into a revision: size-checked, its plain keys replaced by digests (as the
-store keeps it), parsed and diffed against the previous one. Pure and picklable, so the
-controller runs it in its spec worker process (`sluice.control.spec_work`), off the loop."""
+"""A spec text made into a revision: size-checked, its secrets sealed (plain keys made digests,
+then digests and webhook URLs sealed with the installation's key: what the store keeps),
+parsed and diffed against the previous one; and a stored revision opened and parsed again.
+Pure and picklable, so the controller runs them in its spec worker process
+(`sluice.control.spec_work`), off the loop."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ from sluice.core import SpecError, SpecIssue
 from sluice.spec.diff import revision_diff
 from sluice.spec.loader import LoadedSpec, load_spec_text
 from sluice.spec.models import PlatformSpec
-from sluice.spec.secrets import redact_secrets
+from sluice.spec.sealing import Sealer
+from sluice.spec.secrets import open_secrets, seal_secrets
 
-__all__ = ["MAX_SPEC_BYTES", "RevisionDraft", "draft_revision", "parse_spec"]
+__all__ = ["MAX_SPEC_BYTES", "RevisionDraft", "draft_revision", "open_revision", "parse_spec"]
 
 MAX_SPEC_BYTES = 2 << 20
 """A real platform spec is kilobytes (the examples are 2-7 KB; a thousand groups with
@@ -23,9 +26,9 @@ controller seconds a megabyte to check (about 5 s here) and be kept in every rev
 @dataclass(frozen=True, slots=True)
 class RevisionDraft:
     text: str
-    """as the store keeps it: each plain tenant key replaced by its digest"""
+    """as the store keeps it: tenant keys and webhook URLs sealed (`seal_secrets`)"""
     loaded: LoadedSpec
-    """`text`, parsed and checked"""
+    """`text` opened (keys as digests, webhooks as URLs), parsed and checked"""
     diff: str
     """unified diff against the previous revision's text"""
     previous: PlatformSpec | None
@@ -45,16 +48,27 @@ def _check_size(text: str, source: str) -> None:
         raise SpecError([SpecIssue("", why, source)])
 
 
+def open_revision(text: str, source: str, sealer: Sealer) -> LoadedSpec:
+    """A stored revision (or proposal) parsed with its secrets opened."""
+    return load_spec_text(open_secrets(text, source, sealer), source)
+
+
 def draft_revision(
-    text: str, source: str, previous: str | None, number: int, *, parse_previous: bool = False
+    text: str,
+    source: str,
+    previous: str | None,
+    number: int,
+    sealer: Sealer,
+    *,
+    parse_previous: bool = False,
 ) -> RevisionDraft:
     """Revision `number` made of `text` (its diff against `previous`, the text of revision
     `number - 1`, or None for the first); `parse_previous`: parse that one too."""
     _check_size(text, source)
-    stored = redact_secrets(text, source)  # keeps every line where it was: errors stay located
-    loaded = load_spec_text(stored, source)
+    stored = seal_secrets(text, source, sealer)  # every line stays: errors stay located
+    loaded = open_revision(stored, source, sealer)
     diff = revision_diff(previous, stored, number) if previous != stored else ""
     before = None
     if parse_previous and previous is not None:
-        before = load_spec_text(previous, f"revision {number - 1}").spec
+        before = open_revision(previous, f"revision {number - 1}", sealer).spec
     return RevisionDraft(stored, loaded, diff, before)

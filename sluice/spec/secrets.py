@@ -15,12 +15,14 @@ which opens only a regular file, never blocks on a pipe or device, and reads at 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 
 import yaml
 
 from sluice.core.errors import SpecError, SpecIssue
+from sluice.core.urls import channel_kind
 from sluice.spec.checks import check_keys
 from sluice.spec.keys import (
     DIGEST_PREFIX,
@@ -31,14 +33,18 @@ from sluice.spec.keys import (
     SecretFileError,
     digest_entry,
     key_digest,
+    weak_key_reason,
 )
 from sluice.spec.loader import _dotted, _line_for, _line_map, _yaml_issue, check_shape
 from sluice.spec.models import PlatformSpec, TenantSpec
+from sluice.spec.sealing import Sealer, SealError, sealed_part
 
 __all__ = [
     "key_digest",
+    "open_secrets",
     "redact_secrets",
     "resolve_key_sources",
+    "seal_secrets",
     "secret_env_names",
 ]
 
@@ -52,10 +58,92 @@ def redact_secrets(text: str, source: str = "<spec>") -> str:
     """`text` with each plain key under `tenants[*].api_keys` replaced by its digest
     `"sha256:<64 lowercase hex>"`; digests, comments and line numbers are left as they are.
     Idempotent. Raises SpecError when `text` is not YAML."""
+    root, starts = _compose(text, source)
+    edits: dict[int, tuple[int, str]] = {}
+    for node in _key_scalars(root):
+        value = node.value
+        if node.tag == _NULL_TAG or not value.strip() or digest_entry(value) is not None:
+            continue  # nothing secret to hide (an empty key is reported by validation)
+        if sealed_part(value) is not None:
+            continue  # sealed already (`seal_secrets` checks it opens)
+        # A lone surrogate (`"\ud800"`) is refused by validation; hide it all the same.
+        raw = value.encode("utf-8", "surrogatepass")
+        _replace(edits, text, node, starts, f'"{DIGEST_PREFIX}{hashlib.sha256(raw).hexdigest()}"')
+    out = _edited(text, edits)
+    _check_redacted(out, source)
+    return out
+
+
+def seal_secrets(text: str, source: str, sealer: Sealer) -> str:
+    """`text` as the store keeps it: `redact_secrets`, then every key digest and alert
+    webhook URL sealed with the installation's key (`sluice.spec.sealing`); values sealed
+    already must open with it. Lines and comments stay where they were. Deterministic and
+    idempotent, so an unchanged spec seals to the same text. A plain key that is too easy
+    to guess (`weak_key_reason`) is refused here, where a spec is applied or proposed."""
+    root, _ = _compose(text, source)
+    weak = [
+        SpecIssue("tenants", why, source, node.start_mark.line + 1)
+        for node in _key_scalars(root)
+        if node.tag != _NULL_TAG
+        and node.value.strip()
+        and digest_entry(node.value) is None
+        and sealed_part(node.value) is None
+        and (why := weak_key_reason(node.value)) is not None
+    ]
+    if weak:
+        raise SpecError(weak)
+    text = redact_secrets(text, source)
+    root, starts = _compose(text, source)
+    edits: dict[int, tuple[int, str]] = {}
+    for node in _key_scalars(root):
+        if (digest := digest_entry(node.value)) is not None:
+            _replace(edits, text, node, starts, f'"{sealer.seal_key_digest(digest)}"')
+        elif sealed_part(node.value) is not None:
+            _opened(sealer.open_key_digest, node, source)
+    for node in _channel_scalars(root):
+        if sealed_part(node.value) is not None:
+            _opened(sealer.open_channel, node, source)
+        elif channel_kind(node.value) == "webhook":
+            sealed = sealer.seal_channel(node.value.strip())
+            _replace(edits, text, node, starts, json.dumps(sealed, ensure_ascii=False))
+    return _edited(text, edits)
+
+
+def open_secrets(text: str, source: str, sealer: Sealer) -> str:
+    """The stored `text` with its sealed values opened: keys back to `sha256:<hex>`
+    digests, webhooks to their URLs (what the controller parses; never stored or served).
+    Raises SpecError naming the line of a value that does not open with `sealer`."""
+    root, starts = _compose(text, source)
+    edits: dict[int, tuple[int, str]] = {}
+    for node in _key_scalars(root):
+        if sealed_part(node.value) is not None:
+            digest = _opened(sealer.open_key_digest, node, source)
+            _replace(edits, text, node, starts, f'"{DIGEST_PREFIX}{digest}"')
+    for node in _channel_scalars(root):
+        if sealed_part(node.value) is not None:
+            url = _opened(sealer.open_channel, node, source)
+            _replace(edits, text, node, starts, json.dumps(url))
+    return _edited(text, edits)
+
+
+def _opened(open_: Callable[[str], str], node: yaml.ScalarNode, source: str) -> str:
+    try:
+        return open_(node.value)
+    except SealError as exc:
+        why = (
+            f"a sealed value {exc}: every controller of an installation needs the same secrets "
+            "key (copy $SLUICE_HOME/secrets.key of the first, or set SLUICE_SECRETS_KEY_FILE), "
+            "or write the secret again in clear for it to be sealed anew"
+        )
+        raise SpecError([SpecIssue("", why, source, node.start_mark.line + 1)]) from None
+
+
+def _compose(text: str, source: str) -> tuple[yaml.Node | None, dict[int, int]]:
+    """The node tree of `text`, and each scalar token's start by its end (a node's start
+    includes its anchor and tag; the scalar token's start does not)."""
     try:
         check_shape(text, source)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-        # A node's start includes its anchor and tag; the scalar token's start does not.
         starts = {
             t.end_mark.index: t.start_mark.index
             for t in yaml.scan(text, Loader=yaml.SafeLoader)
@@ -63,26 +151,30 @@ def redact_secrets(text: str, source: str = "<spec>") -> str:
         }
     except yaml.YAMLError as exc:
         raise SpecError([_yaml_issue(exc, source, text)]) from None
-    edits: dict[int, tuple[int, str]] = {}
-    for node in _key_scalars(root):
-        value = node.value
-        if node.tag == _NULL_TAG or not value.strip() or digest_entry(value) is not None:
-            continue  # nothing secret to hide (an empty key is reported by validation)
-        end = node.end_mark.index
-        start = starts.get(end, node.start_mark.index)
-        # A lone surrogate (`"\ud800"`) is refused by validation; hide it all the same.
-        raw = value.encode("utf-8", "surrogatepass")
-        digest = f'"{DIGEST_PREFIX}{hashlib.sha256(raw).hexdigest()}"'
-        edits[start] = end, digest + _skeleton(text[start:end], text[end : end + 1])
+    return root, starts
+
+
+def _replace(
+    edits: dict[int, tuple[int, str]],
+    text: str,
+    node: yaml.ScalarNode,
+    starts: dict[int, int],
+    replacement: str,
+) -> None:
+    """Note that `node`'s scalar becomes `replacement`, keeping every line where it was."""
+    end = node.end_mark.index
+    start = starts.get(end, node.start_mark.index)
+    edits[start] = end, replacement + _skeleton(text[start:end], text[end : end + 1])
+
+
+def _edited(text: str, edits: dict[int, tuple[int, str]]) -> str:
     pieces: list[str] = []
     done = 0
     for start in sorted(edits):
         end, replacement = edits[start]
         pieces += [text[done:start], replacement]
         done = end
-    out = "".join([*pieces, text[done:]])
-    _check_redacted(out, source)
-    return out
+    return "".join([*pieces, text[done:]])
 
 
 def _check_redacted(text: str, source: str) -> None:
@@ -92,7 +184,12 @@ def _check_redacted(text: str, source: str) -> None:
     except yaml.YAMLError as exc:
         raise SpecError([_yaml_issue(exc, source, text)]) from None
     for node in _key_scalars(root):
-        if node.tag != _NULL_TAG and node.value.strip() and digest_entry(node.value) is None:
+        if (
+            node.tag != _NULL_TAG
+            and node.value.strip()
+            and digest_entry(node.value) is None
+            and sealed_part(node.value) is None
+        ):
             why = "cannot redact this API key; write it as a plain or quoted string"
             raise SpecError([SpecIssue("tenants", why, source, node.start_mark.line + 1)])
 
@@ -182,6 +279,36 @@ def _key_scalars(root: yaml.Node | None) -> Iterator[yaml.ScalarNode]:
                     for field, keys in tenant.value:
                         if _is_key(field, "api_keys"):
                             yield from scalars(keys)
+
+
+def _channel_scalars(root: yaml.Node | None) -> Iterator[yaml.ScalarNode]:
+    """Every `groups[*].alert_channel` scalar (merged mappings followed once)."""
+    seen: set[int] = set()
+
+    def group_maps(node: yaml.Node) -> Iterator[yaml.MappingNode]:
+        if not isinstance(node, yaml.MappingNode) or id(node) in seen:
+            return
+        seen.add(id(node))
+        yield node
+        for key, value in node.value:
+            if key.tag == _MERGE_TAG:
+                for merged in value.value if isinstance(value, yaml.SequenceNode) else [value]:
+                    yield from group_maps(merged)
+
+    if not isinstance(root, yaml.MappingNode):
+        return
+    for key, value in root.value:
+        if _is_key(key, "groups") and isinstance(value, yaml.SequenceNode):
+            for item in value.value:
+                for group in group_maps(item):
+                    for field, channel in group.value:
+                        if (
+                            _is_key(field, "alert_channel")
+                            and isinstance(channel, yaml.ScalarNode)
+                            and id(channel) not in seen
+                        ):
+                            seen.add(id(channel))
+                            yield channel
 
 
 def _is_key(node: yaml.Node, name: str) -> bool:
@@ -303,6 +430,9 @@ def _collect(
                 found.append((at, key_digest(key)))
             except UnicodeEncodeError:  # e.g. an environment variable of non-UTF-8 bytes
                 problems.append((path, "holds a key that is not UTF-8 text; fix the source"))
+                continue
+            if (why := weak_key_reason(key)) is not None:
+                problems.append((path, why))
 
 
 def _located(problems: list[tuple[KeyPath, str]], text: str | None, source: str) -> list[SpecIssue]:

@@ -1,6 +1,7 @@
 """Durable state (spec revisions, audit, events, instances, overrides) behind one `Store`."""
 
 from sluice.store.capacity import CapacityRun, DrillFire, Pin
+from sluice.store.fencing import Fence, Fenced
 from sluice.store.history import AlertDelivery, RollupRow
 from sluice.store.leases import LeaseRecord
 from sluice.store.records import (
@@ -23,6 +24,8 @@ __all__ = [
     "CapacityRun",
     "DrillFire",
     "Event",
+    "Fence",
+    "Fenced",
     "InstanceRecord",
     "LeaseRecord",
     "Loan",

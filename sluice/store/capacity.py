@@ -154,7 +154,7 @@ class CapacityStore(StoreBase):
     def clear_pin(self, group: str) -> None:
         """Clearing an absent pin is a no-op."""
         t = schema.replica_pins
-        with self._writer.begin() as conn:
+        with self._begin() as conn:
             conn.execute(delete(t).where(t.c.group_name == group))
 
     def pins(self) -> list[Pin]:

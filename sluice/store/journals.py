@@ -65,7 +65,7 @@ class JournalStore(StoreBase):
             values["conclusion"] = conclusion
         if compare is not None:
             values["compare"] = dump(compare)
-        with self._writer.begin() as conn:
+        with self._begin() as conn:
             done = conn.execute(update(t).where(t.c.id == rollout_id).values(**values))
             if done.rowcount == 0:
                 raise NotFound(f"rollout run {rollout_id} does not exist", rollout=rollout_id)
@@ -151,7 +151,7 @@ class JournalStore(StoreBase):
     def request_reclaim(self, loan_id: int, now: float) -> None:
         """The lender asked for the units back; the first request of an open loan counts."""
         t = schema.quota_loans
-        with self._writer.begin() as conn:
+        with self._begin() as conn:
             row = conn.execute(select(t.c.id).where(t.c.id == loan_id)).one_or_none()
             if row is None:
                 raise NotFound(f"loan {loan_id} does not exist", loan=loan_id)
@@ -181,7 +181,7 @@ class JournalStore(StoreBase):
                 conn.execute(update(t).where(t.c.id == loan_id).values({k: m[k] for k in keys}))
             return Loan(**m)
 
-        with self._writer.begin() as conn:
+        with self._begin() as conn:
             return work(conn)
 
     def list_loans(
@@ -262,7 +262,7 @@ class JournalStore(StoreBase):
             "review_reason": reason,
             "revision": revision,
         }
-        with self._writer.begin() as conn:
+        with self._begin() as conn:
             done = conn.execute(
                 update(t).where(t.c.id == proposal_id, t.c.state == "pending").values(values)
             )

@@ -1,6 +1,7 @@
 """Leases in the store: who leads (`controller`), with a fencing epoch, taken and renewed by
 compare-and-swap so two processes on one database never both hold it (`policy.lease` has
-the timing rules)."""
+the timing rules). These writes are the lease moving, so they are never fenced themselves
+(`sluice.store.fencing`); every other write of a leader is."""
 
 from __future__ import annotations
 
@@ -67,9 +68,20 @@ class LeaseStore(StoreBase):
             swapped = conn.execute(
                 update(t).where(t.c.name == name, t.c.epoch == row.epoch).values(values)
             )
+            fence = self._fence
+            if (
+                swapped.rowcount == 1
+                and "epoch" in values
+                and fence is not None
+                and (fence.lease, fence.holder) == (name, holder)
+            ):
+                # its own lapsed lease retaken (nobody in between if the fence was at the
+                # old epoch): the fence follows in this transaction, under the write lock,
+                # so no write of this holder is refused for a moment in between
+                fence.moved(row.epoch, row.epoch + 1)
             return swapped.rowcount == 1
 
-        if not self._write(work):
+        if not self._write(work, fenced=False):
             return None
         lease = self.get_lease(name)
         return lease if lease is not None and lease.holder == holder else None
@@ -88,7 +100,7 @@ class LeaseStore(StoreBase):
             )
             .values(renewed_at=now, expires_at=now + ttl_s)
         )
-        return bool(self._write(lambda conn: conn.execute(query).rowcount == 1))
+        return bool(self._write(lambda conn: conn.execute(query).rowcount == 1, fenced=False))
 
     def release_lease(self, name: str, holder: str, epoch: int, now: float) -> None:
         """End `holder`'s lease now (a clean stop), so a standby takes over at once."""
@@ -98,7 +110,7 @@ class LeaseStore(StoreBase):
             .where(t.c.name == name, t.c.holder == holder, t.c.epoch == epoch)
             .values(expires_at=now - 0.001)
         )
-        self._write(lambda conn: conn.execute(query))
+        self._write(lambda conn: conn.execute(query), fenced=False)
 
     def get_lease(self, name: str) -> LeaseRecord | None:
         t = schema.leases

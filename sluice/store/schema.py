@@ -54,6 +54,7 @@ revisions = Table(
     Column("reason", Text, nullable=False),
     Column("yaml_text", Text, nullable=False),
     Column("diff", Text, nullable=False),
+    Column("epoch", Integer, nullable=True),
 )
 
 audit_log = Table(
@@ -66,6 +67,7 @@ audit_log = Table(
     Column("target", String(255), nullable=False),
     Column("reason", Text, nullable=False),
     Column("detail", Text, nullable=False),
+    Column("epoch", Integer, nullable=True),
     Index(None, "target", "id"),
 )
 
@@ -79,6 +81,7 @@ events = Table(
     Column("kind", String(255), nullable=False),
     Column("message", Text, nullable=False),
     Column("detail", Text, nullable=False),
+    Column("epoch", Integer, nullable=True),
     Index(None, "group_name", "id"),
 )
 
@@ -96,6 +99,7 @@ instances = Table(
     Column("updated_at", Float, nullable=False),
     Column("reason", Text, nullable=False),
     Column("devices", Text, nullable=False, server_default=""),
+    Column("epoch", Integer, nullable=True),
 )
 
 replica_overrides = Table(
@@ -106,6 +110,7 @@ replica_overrides = Table(
     Column("actor", String(255), nullable=False),
     Column("reason", Text, nullable=False),
     Column("set_at", Float, nullable=False),
+    Column("epoch", Integer, nullable=True),
 )
 
 replica_pins = Table(
@@ -130,6 +135,7 @@ failovers = Table(
     Column("actor", String(255), nullable=False),
     Column("reason", Text, nullable=False),
     Column("set_at", Float, nullable=False),
+    Column("epoch", Integer, nullable=True),
 )
 
 scaling_decisions = Table(
@@ -344,4 +350,7 @@ leases = Table(
     Column("expires_at", Float, nullable=False),
 )
 """Leader leases (`controller`): one row each, changed only by compare-and-swap on `epoch`
-(`store.leases`), which grows at each change of holder and fences a deposed leader."""
+(`store.leases`), which grows at each change of holder and fences a deposed leader: every
+write of a leader checks it in its own transaction (`store.fencing`), and the `epoch`
+column of the revisions, audit, events, instances, overrides and failovers says which
+leadership wrote each row (NULL: a write of no leader, such as a CLI's)."""

@@ -154,7 +154,7 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore, CapacityStor
                 yaml_text=yaml_text,
                 diff=diff,
             )
-            conn.execute(t.insert().values(rev.to_json()))
+            conn.execute(t.insert().values(self._stamped(conn, t, rev.to_json())))
             return rev
 
         return self._write(insert_next)
@@ -169,14 +169,14 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore, CapacityStor
             row = conn.execute(select(t).where(t.c.number == number)).one_or_none()
         if row is None:
             raise NotFound(f"spec revision {number} does not exist", revision=number)
-        return Revision(**row._asdict())
+        return _revision(row)
 
     def list_revisions(self, limit: int = 50) -> list[Revision]:
         """Newest first."""
         t = schema.revisions
         query = select(t).order_by(t.c.number.desc()).limit(check_limit(limit))
         with self._engine.connect() as conn:
-            return [Revision(**row._asdict()) for row in conn.execute(query)]
+            return [_revision(row) for row in conn.execute(query)]
 
     # -- audit log (append-only: there is deliberately no update or delete) ---------------
 
@@ -303,7 +303,7 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore, CapacityStor
 
     def delete_instance(self, instance_id: str) -> None:
         """Forget an instance; forgetting an unknown id is a no-op."""
-        with self._writer.begin() as conn:
+        with self._begin() as conn:
             conn.execute(delete(schema.instances).where(schema.instances.c.id == instance_id))
 
     # -- manual replica overrides (`sluice scale GROUP N`) -----------------------------------
@@ -319,7 +319,7 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore, CapacityStor
     def clear_replicas_override(self, group: str) -> None:
         """Hand `group` back to its spec and autoscaler; clearing an absent override is a no-op."""
         t = schema.replica_overrides
-        with self._writer.begin() as conn:
+        with self._begin() as conn:
             conn.execute(delete(t).where(t.c.group_name == group))
 
     def replicas_overrides(self) -> dict[str, int]:
@@ -336,7 +336,7 @@ class Store(JournalStore, TokenStore, RetentionStore, HistoryStore, CapacityStor
 
     def clear_failover(self, group: str) -> None:
         t = schema.failovers
-        with self._writer.begin() as conn:
+        with self._begin() as conn:
             conn.execute(delete(t).where(t.c.group_name == group))
 
     def failovers(self) -> dict[str, str]:
@@ -425,6 +425,18 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         # and a read-then-write transaction never fails on a stale snapshot.
         writer = conn.get_execution_options().get(WRITER, False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
+
+
+def _revision(row: Row[Any]) -> Revision:
+    m = row._mapping
+    return Revision(
+        number=m["number"],
+        created_at=m["created_at"],
+        author=m["author"],
+        reason=m["reason"],
+        yaml_text=m["yaml_text"],
+        diff=m["diff"],
+    )
 
 
 def _audit(row: Row[Any]) -> AuditEntry:

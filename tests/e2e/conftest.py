@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -158,7 +159,7 @@ class Sluice:
     def ready(self, group: str) -> list[dict[str, Any]]:
         return [i for i in self.instances(group) if i["state"] == "ready"]
 
-    def client(self, key: str = "sk-e2e") -> openai.OpenAI:
+    def client(self, key: str = "sk-e2e-f78ed04e82bcf081") -> openai.OpenAI:
         # max_retries=0: a lost request must show up as an error, not be retried away
         return openai.OpenAI(base_url=self.endpoint + "/v1", api_key=key, max_retries=0, timeout=30)
 
@@ -226,9 +227,9 @@ groups:
 {embed}
 tenants:
   - name: e2e
-    api_keys: [sk-e2e]
+    api_keys: [sk-e2e-f78ed04e82bcf081]
   - name: outsider
-    api_keys: [sk-outsider]
+    api_keys: [sk-outsider-8091a51d2118c7ee]
     models: [e2e-sim]
 routes:
   - tag: chat-main
@@ -281,7 +282,9 @@ class OpenLoop:
     """Sends requests on a fixed schedule (rate per phase) from a thread pool, and keeps
     every answer: a lost request shows up as a non-200 or an exception."""
 
-    def __init__(self, endpoint: str, model: str = "m-chat", key: str = "sk-search") -> None:
+    def __init__(
+        self, endpoint: str, model: str = "m-chat", key: str = "sk-search-b095adcc724f4f8a"
+    ) -> None:
         self.model = model
         self.auth = f"Bearer {key}"
         self.client = httpx.Client(
@@ -439,3 +442,13 @@ def remote_gateway(
         yield gw
     finally:
         gw.stop()
+
+
+def shared_secrets_key(directory: Path) -> dict[str, str]:
+    """The environment that gives controllers on one database one secrets key (what seals
+    the stored specs' secrets): a key file written once in `directory`."""
+    path = directory / "secrets.key"
+    if not path.exists():
+        path.write_text(secrets.token_hex(64) + "\n")
+        path.chmod(0o600)
+    return {"SLUICE_SECRETS_KEY_FILE": str(path)}

@@ -61,7 +61,7 @@ groups:
     resources: {pool: local, accelerators: 1, memory_gb: 1}
     autoscaling: {min: 1, max: 3, warm_standby: 1}
 tenants:
-  - {name: search, api_keys: [sk-search]}
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
 """
 
 
@@ -140,7 +140,7 @@ def chat(endpoint: str, model: str) -> httpx.Response:
     with httpx.Client(base_url=endpoint, trust_env=False, timeout=60) as client:
         return client.post(
             "/v1/chat/completions",
-            headers={"Authorization": "Bearer sk-search"},
+            headers={"Authorization": "Bearer sk-search-b095adcc724f4f8a"},
             json={"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": ""}]},
         )
 

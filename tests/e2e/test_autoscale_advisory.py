@@ -38,7 +38,7 @@ groups:
     queue: {{max_length: 2000, max_wait_s: 60}}
     autoscaling: {{mode: {mode}, min: 1, max: 4}}
 tenants:
-  - {{name: search, api_keys: [sk-search]}}
+  - {{name: search, api_keys: [sk-search-b095adcc724f4f8a]}}
 """
 
 

@@ -65,7 +65,7 @@ groups:
   - name: elastic{ELASTIC.format(name="elastic", max=8)}
   - name: capped{ELASTIC.format(name="capped", max=2)}
 tenants:
-  - {{name: ops, api_keys: [sk-ops], operator: true}}
+  - {{name: ops, api_keys: [sk-ops-c391959605db2757], operator: true}}
 """
 
 
@@ -92,7 +92,7 @@ def sluice(platform: Sluice, *args: str, timeout: float = 240) -> tuple[int, Any
         [sys.executable, "-m", "sluice", *args, "--json"],
         capture_output=True,
         text=True,
-        env={**platform.env(), "SLUICE_API_KEY": "sk-ops"},
+        env={**platform.env(), "SLUICE_API_KEY": "sk-ops-c391959605db2757"},
         timeout=timeout,
     )
     assert r.stdout, r.stderr

@@ -71,8 +71,11 @@ def platform(groups: str, models: list[str]) -> str:
         "gateway: {host: 127.0.0.1, port: 0}\n"
         "pools:\n  - {name: gpu, accelerator: fake-gpu, count: 8, memory_gb: 16, "
         "devices: [0, 1, 2, 3, 4, 5, 6, 7]}\n"
-        "groups:" + groups + "tenants:\n  - {name: search, api_keys: [sk-search]}\n"
-        "routes:\n" + routes
+        "groups:"
+        + groups
+        + "tenants:\n  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}\n"
+        + "routes:\n"
+        + routes
     )
 
 
@@ -128,7 +131,7 @@ def test_a_command_group_warms_up_streams_and_drains_under_load_losing_nothing(
             assert log.count("POST /v1/chat/completions") == 2
 
         # streaming through the gateway to the official client: token by token, with usage
-        stream = s.client("sk-search").chat.completions.create(
+        stream = s.client("sk-search-b095adcc724f4f8a").chat.completions.create(
             model="m-chat",
             max_tokens=5,
             stream=True,
@@ -288,7 +291,7 @@ def test_a_restarted_sluice_adopts_command_servers_with_their_devices(tmp_path: 
             wait_until("3 ready", lambda: len(api.ready("chat")) == 3, 60)
             devices = [i["devices"] for i in api.ready("chat")]
             assert len(set(devices)) == 3, devices  # the new one took a free device
-        r = s.client("sk-search").chat.completions.create(
+        r = s.client("sk-search-b095adcc724f4f8a").chat.completions.create(
             model="m-chat", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
         )
         assert r.choices[0].message.content == "w0 w1"

@@ -62,7 +62,7 @@ groups:
     )
     + """
 tenants:
-  - {name: search, api_keys: [sk-search]}
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
 routes:
   - tag: chat-main
     match: {models: [m-chat]}

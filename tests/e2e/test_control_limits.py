@@ -32,7 +32,7 @@ groups:
     replicas: 1
     slow_start_s: 0
 tenants:
-  - {name: search, api_keys: [sk-search]}
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
 """
 
 

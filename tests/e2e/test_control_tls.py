@@ -27,7 +27,7 @@ groups:
     resources: {{pool: local, memory_gb: 1}}
     replicas: 1
 tenants:
-  - {{name: t, api_keys: [sk-t]}}
+  - {{name: t, api_keys: [sk-t-12ccad2ae47ed66b]}}
 """
 
 

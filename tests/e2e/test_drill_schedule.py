@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.conftest import Sluice, running
 
-KEY = "sk-drill-ops"
+KEY = "sk-drill-ops-543f5d805c12a500"
 SPEC = """
 gateway: {{host: 127.0.0.1, port: 0}}
 pools:

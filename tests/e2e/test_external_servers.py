@@ -55,7 +55,7 @@ groups:
     health: {{interval_s: 0.5, failure_threshold: 2, timeout_s: 1, startup_timeout_s: 10}}
     drain_timeout_s: 10
 tenants:
-  - {{name: search, api_keys: [sk-search]}}
+  - {{name: search, api_keys: [sk-search-b095adcc724f4f8a]}}
 routes:
   - {{tag: ext, match: {{models: [m-ext]}}, to: ext}}
 """

@@ -34,6 +34,7 @@ from tests.e2e.conftest import (
     kill_workers_of,
     remote_gateway,
     running,
+    shared_secrets_key,
 )
 
 SPEC = """
@@ -56,7 +57,7 @@ groups:
     slow_start_s: 0
     autoscaling: {{min: {min}, max: 4, interval_s: 1}}
 tenants:
-  - {{name: search, api_keys: [sk-search]}}
+  - {{name: search, api_keys: [sk-search-b095adcc724f4f8a]}}
 """
 
 
@@ -221,7 +222,10 @@ def two_controllers(tmp_path: Path) -> Iterator[tuple[Sluice, Sluice, int]]:
     control_port = free_port()
     spec = tmp_path / "platform.yaml"
     spec.write_text(SPEC.format(control_port=control_port, min=2))
-    environ = {"SLUICE_DATABASE_URL": f"sqlite:///{tmp_path / 'state.db'}"}
+    environ = {
+        "SLUICE_DATABASE_URL": f"sqlite:///{tmp_path / 'state.db'}",
+        **shared_secrets_key(tmp_path),
+    }
     a = Sluice(tmp_path / "a", spec, environ=environ, command="controller")
     b = Sluice(tmp_path / "b", spec, environ=environ, command="controller")
     try:

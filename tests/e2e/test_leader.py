@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.databases import BACKENDS, database_for
-from tests.e2e.conftest import Sluice, kill_workers_of
+from tests.e2e.conftest import Sluice, kill_workers_of, shared_secrets_key
 
 SPEC = """
 gateway: {host: 127.0.0.1, port: 0}
@@ -33,7 +33,7 @@ groups:
     resources: {pool: local, accelerators: 1, memory_gb: 1}
     replicas: 2
 tenants:
-  - {name: search, api_keys: [sk-search]}
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
 """
 
 
@@ -53,7 +53,7 @@ def shared_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
 
 @pytest.fixture
 def pair(tmp_path: Path, shared_database: str) -> Iterator[tuple[Sluice, Sluice]]:
-    environ = {"SLUICE_DATABASE_URL": shared_database}
+    environ = {"SLUICE_DATABASE_URL": shared_database, **shared_secrets_key(tmp_path)}
     spec = tmp_path / "platform.yaml"
     spec.write_text(SPEC)
     a = Sluice(tmp_path / "a", spec, environ=environ)
@@ -88,7 +88,7 @@ def test_the_standby_takes_over_when_the_leader_dies(pair: tuple[Sluice, Sluice]
     b.wait_for("b leads", lambda: leads(b) and bool(b.endpoint), timeout=30)
     took_s = time.monotonic() - killed
     b.wait_for("b serves chat", lambda: len(b.ready("chat")) == 2, timeout=60)
-    r = b.client("sk-search").chat.completions.create(
+    r = b.client("sk-search-b095adcc724f4f8a").chat.completions.create(
         model="m-chat", messages=[{"role": "user", "content": "hi"}]
     )
     assert r.choices[0].message.content

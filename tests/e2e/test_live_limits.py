@@ -34,7 +34,7 @@ groups:
     replicas: 1
     slow_start_s: 0
 tenants:
-  - {{name: search, api_keys: [sk-search]}}
+  - {{name: search, api_keys: [sk-search-b095adcc724f4f8a]}}
 routes:
   - {{tag: chat-main, match: {{models: [m-chat]}}, to: chat}}
 """
@@ -56,7 +56,7 @@ def send(client: httpx.Client, headers: dict[str, str]) -> httpx.Response:
     return client.post(
         "/v1/chat/completions",
         json=BODY,
-        headers={"Authorization": "Bearer sk-search", **headers},
+        headers={"Authorization": "Bearer sk-search-b095adcc724f4f8a", **headers},
     )
 
 

@@ -65,7 +65,7 @@ groups:
       panic: {enabled: false}
       up: {stabilization_s: 9, max_step: 1, max_percent: 0, period_s: 4}
 tenants:
-  - {name: search, api_keys: [sk-search]}
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
 """
 
 

@@ -46,7 +46,7 @@ groups:
     health: {interval_s: 0.5, failure_threshold: 2, timeout_s: 1}
     drain_timeout_s: 5
 tenants:
-  - {name: e2e, api_keys: [sk-e2e]}
+  - {name: e2e, api_keys: [sk-e2e-f78ed04e82bcf081]}
 routes:
   - {tag: chat-main, match: {models: [e2e-sim]}, to: chat}
 """

@@ -46,7 +46,7 @@ groups:
     quota: {guaranteed: 2, borrow_limit: 2}
     autoscaling: {min: 1, max: 4}
 tenants:
-  - {name: search, api_keys: [sk-search]}
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
 """
 
 

@@ -40,7 +40,7 @@ groups:
     replicas: 1
     slow_start_s: 0
 tenants:
-  - {name: search, api_keys: [sk-search]}
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
 routes:
   - {tag: chat-main, match: {models: [m-chat]}, to: chat}
 """

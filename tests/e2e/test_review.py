@@ -51,8 +51,8 @@ groups:
         + GROUP.format(name="chat-vip", description="", sim=SIM)
         + """
 tenants:
-  - {name: acme, api_keys: [sk-acme]}
-  - {name: other, api_keys: [sk-other]}
+  - {name: acme, api_keys: [sk-acme-5f8eee912cd7c0cc]}
+  - {name: other, api_keys: [sk-other-3dcad332ca200026]}
 routes:"""
         + (VIP_ROUTE if vip else "")
         + """
@@ -112,7 +112,10 @@ def test_route_change_is_proposed_previewed_approved_by_another_and_applied(
     platform: Sluice,
 ) -> None:
     s = platform
-    assert {r.status_code for r in send(s, "sk-acme", 12) + send(s, "sk-other", 8)} == {200}
+    assert {
+        r.status_code
+        for r in send(s, "sk-acme-5f8eee912cd7c0cc", 12) + send(s, "sk-other-3dcad332ca200026", 8)
+    } == {200}
     time.sleep(0.5)  # the gateway flushes its access log every 0.1 s
 
     # A non-route change still applies directly.
@@ -155,7 +158,9 @@ def test_route_change_is_proposed_previewed_approved_by_another_and_applied(
         and out["error"]["code"] == "forbidden"
         and "the author cannot approve their own change" in out["error"]["message"]
     )
-    assert all(r.headers["x-sluice-route"] == "chat-main" for r in send(s, "sk-acme", 3))
+    assert all(
+        r.headers["x-sluice-route"] == "chat-main" for r in send(s, "sk-acme-5f8eee912cd7c0cc", 3)
+    )
 
     code, done = as_user(s, "bob", "approve", str(p["id"]), "--reason", "checked the preview")
     assert code == 0, done
@@ -164,12 +169,12 @@ def test_route_change_is_proposed_previewed_approved_by_another_and_applied(
     assert [r["tag"] for r in rev["rules"]][:2] == ["acme-vip", "chat-main"]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        r = send(s, "sk-acme", 1)[0]
+        r = send(s, "sk-acme-5f8eee912cd7c0cc", 1)[0]
         if r.headers["x-sluice-route"] == "acme-vip":
             break
         time.sleep(0.1)
     assert (r.headers["x-sluice-route"], r.headers["x-sluice-group"]) == ("acme-vip", "chat-vip")
-    assert send(s, "sk-other", 1)[0].headers["x-sluice-group"] == "chat"
+    assert send(s, "sk-other-3dcad332ca200026", 1)[0].headers["x-sluice-group"] == "chat"
 
     code, (latest, *_) = as_user(s, "bob", "audit", "--limit", "1")  # newest first
     assert (latest["action"], latest["actor"], latest["target"]) == (

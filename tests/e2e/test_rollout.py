@@ -55,7 +55,7 @@ groups:
     + GROUP.format(name="risk-v2", model="m-risk", sim=BAD)
     + """
 tenants:
-  - {name: search, api_keys: [sk-search]}
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
 routes:
   - {tag: chat-main, match: {models: [m-chat]}, to: chat}
   - {tag: risk-main, match: {models: [m-risk]}, to: risk}
@@ -103,7 +103,7 @@ def groups_hit(endpoint: str, model: str, n: int) -> Counter[str]:
         return Counter(
             c.post(
                 "/v1/chat/completions",
-                headers={"Authorization": "Bearer sk-search"},
+                headers={"Authorization": "Bearer sk-search-b095adcc724f4f8a"},
                 json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
             ).headers["x-sluice-group"]
             for _ in range(n)

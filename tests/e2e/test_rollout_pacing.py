@@ -28,7 +28,11 @@ import pytest
 
 from tests.e2e.conftest import Sluice, running
 
-EARLY, PLAIN, LATE = "sk-early", "sk-plain", "sk-late"
+EARLY, PLAIN, LATE = (
+    "sk-early-0b5eeaca04d4b900",
+    "sk-plain-433e1caaaa5f94cf",
+    "sk-late-c2f51d30c8f85f98",
+)
 KEYS = (EARLY, PLAIN, LATE)
 N = 300  # requests per tenant per measured step
 TOL = 0.12  # >= 5 binomial standard deviations at N for any true share

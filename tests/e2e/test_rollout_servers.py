@@ -79,7 +79,7 @@ SPEC = (
     + group("risk-v2", "m-risk", *STUB_FLAGS, "--error-rate", "0.3")
     + """
 tenants:
-  - {name: search, api_keys: [sk-search]}
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
 routes:
   - {tag: chat-main, match: {models: [m-chat]}, to: chat}
   - {tag: risk-main, match: {models: [m-risk]}, to: risk}
@@ -128,7 +128,7 @@ class StreamLoop:
         with self.client.stream(
             "POST",
             "/v1/chat/completions",
-            headers={"Authorization": "Bearer sk-search"},
+            headers={"Authorization": "Bearer sk-search-b095adcc724f4f8a"},
             json={
                 "model": self.model,
                 "max_tokens": 3,
@@ -211,7 +211,7 @@ def test_bad_command_canary_is_rolled_back_on_the_gateways_samples(platform: Slu
         hit = Counter(
             c.post(
                 "/v1/chat/completions",
-                headers={"Authorization": "Bearer sk-search"},
+                headers={"Authorization": "Bearer sk-search-b095adcc724f4f8a"},
                 json={"model": "m-risk", "messages": [{"role": "user", "content": "hi"}]},
             ).headers["x-sluice-group"]
             for _ in range(10)

@@ -69,8 +69,8 @@ groups:
         )
         + """
 tenants:
-  - {name: alpha-tenant, api_keys: [sk-scoped-alpha-1]}
-  - {name: zeta-tenant, api_keys: [sk-scoped-other-1]}
+  - {name: alpha-tenant, api_keys: [sk-scoped-alpha-1-233c23a655fe17ab]}
+  - {name: zeta-tenant, api_keys: [sk-scoped-other-1-aab02f5bbea50f0a]}
 """
         + extra_tenant
         + """
@@ -103,8 +103,11 @@ UNSCOPED = "all-viewer"
 
 def ready(s: Sluice) -> bool:
     return both_ready(
-        s, {"alpha-team", "zeta-hidden", "zeta-canary"}, "sk-scoped-alpha-1", ("m-alpha",)
-    ) and both_ready(s, set(), "sk-scoped-other-1", ("m-zeta",))
+        s,
+        {"alpha-team", "zeta-hidden", "zeta-canary"},
+        "sk-scoped-alpha-1-233c23a655fe17ab",
+        ("m-alpha",),
+    ) and both_ready(s, set(), "sk-scoped-other-1-aab02f5bbea50f0a", ("m-zeta",))
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +161,9 @@ def make_zeta_and_alpha_objects(s: Sluice) -> dict[str, Any]:
         "POST",
         "/v1/proposals",
         json={
-            "yaml": spec("  - {name: zeta-newco, api_keys: [sk-scoped-other-2]}\n"),
+            "yaml": spec(
+                "  - {name: zeta-newco, api_keys: [sk-scoped-other-2-1d684b24be2a32d0]}\n"
+            ),
             "reason": "zeta proposal",
         },
     )
@@ -265,7 +270,10 @@ def test_a_scoped_viewer_reads_nothing_of_another_team_on_any_route(platform: Sl
     scoped = s.token(SCOPED, role="viewer", groups="alpha-team")
     unscoped = s.token(UNSCOPED, role="viewer")
     # traffic of both teams, so the data plane and history have something of each
-    for key, model in (("sk-scoped-alpha-1", "m-alpha"), ("sk-scoped-other-1", "m-zeta")):
+    for key, model in (
+        ("sk-scoped-alpha-1-233c23a655fe17ab", "m-alpha"),
+        ("sk-scoped-other-1-aab02f5bbea50f0a", "m-zeta"),
+    ):
         with httpx.Client(base_url=s.endpoint, trust_env=False, timeout=30) as c:
             r = c.post(
                 "/v1/chat/completions",

@@ -44,7 +44,7 @@ groups:
     drain_timeout_s: 5
     autoscaling: {{min: 1, max: 3}}
 tenants:
-  - {{name: search, api_keys: [sk-search]}}
+  - {{name: search, api_keys: [sk-search-b095adcc724f4f8a]}}
 routes:
   - {{tag: chat, match: {{models: [m-chat]}}, to: chat}}
 """
@@ -117,7 +117,7 @@ ROLLOUT_SPEC = (
     "gateway: {host: 127.0.0.1, port: 0}\n"
     "pools:\n  - {name: gpu, accelerator: fake-gpu, count: 4, memory_gb: 16}\n"
     "groups:" + command_group("chat", 0.02) + command_group("chat-v2", 0.3) + "tenants:\n"
-    "  - {name: search, api_keys: [sk-search]}\n"
+    "  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}\n"
     "routes:\n  - {tag: chat, match: {models: [m-chat]}, to: chat}\n"
     "rollouts:\n  - {name: v2, baseline: chat, canary: chat-v2, steps: [50, 100], hold_s: 60}\n"
 )
@@ -137,7 +137,7 @@ def test_a_command_canarys_server_latency_is_shown_beside_its_analysis(tmp_path:
             for _ in range(30):  # bounded: 30 requests, one at a time
                 r = c.post(
                     "/v1/chat/completions",
-                    headers={"Authorization": "Bearer sk-search"},
+                    headers={"Authorization": "Bearer sk-search-b095adcc724f4f8a"},
                     json={"model": "m-chat", "messages": [{"role": "user", "content": "hi"}]},
                 )
                 assert r.status_code == 200

@@ -73,7 +73,7 @@ groups:
     health: {{interval_s: 0.5, failure_threshold: 3, timeout_s: 5, startup_timeout_s: {STARTUP_S}}}
     drain_timeout_s: 60
 tenants:
-  - {{name: search, api_keys: [sk-search]}}
+  - {{name: search, api_keys: [sk-search-b095adcc724f4f8a]}}
 routes:
   - {{tag: r-tf, match: {{models: ["{model}"]}}, to: tf}}
 """
@@ -91,7 +91,7 @@ def stream(
         with client.stream(
             "POST",
             "/v1/chat/completions",
-            headers={"Authorization": "Bearer sk-search"},
+            headers={"Authorization": "Bearer sk-search-b095adcc724f4f8a"},
             json={
                 "model": model,
                 "max_tokens": max_tokens,
@@ -179,7 +179,7 @@ def test_transformers_serve_behind_a_command_group(tmp_path: Path, tiny_lm: Tiny
             assert log.count('"POST /v1/chat/completions HTTP/1.1" 200') == 2, log[-2000:]
 
         # non-streaming through the gateway to the official client, with usage
-        client = s.client("sk-search")
+        client = s.client("sk-search-b095adcc724f4f8a")
         r = client.chat.completions.create(
             model=model, max_tokens=5, messages=[{"role": "user", "content": "hello world"}]
         )
@@ -206,7 +206,7 @@ def test_transformers_serve_behind_a_command_group(tmp_path: Path, tiny_lm: Tiny
         # a model the server was not started with: its own 400 comes through the gateway
         bad = httpx.post(
             f"{s.endpoint}/v1/chat/completions",
-            headers={"Authorization": "Bearer sk-search"},
+            headers={"Authorization": "Bearer sk-search-b095adcc724f4f8a"},
             json={"model": "other", "messages": [{"role": "user", "content": "x"}]},
             timeout=30,
         )

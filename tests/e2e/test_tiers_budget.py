@@ -29,7 +29,7 @@ groups:
     drain_timeout_s: 5
     quota: {{guaranteed: 1}}{budget}
 tenants:
-  - {{name: search, api_keys: [sk-search]}}
+  - {{name: search, api_keys: [sk-search-b095adcc724f4f8a]}}
 """
 
 

@@ -43,8 +43,8 @@ groups:
     + GROUP.format(name="risk", business="risk", model="m-risk", sim=SIM)
     + """
 tenants:
-  - {name: search, api_keys: [sk-search], groups: [chat, chat-canary, chat-backup]}
-  - {name: risk, api_keys: [sk-risk], groups: [risk]}
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a], groups: [chat, chat-canary, chat-backup]}
+  - {name: risk, api_keys: [sk-risk-86e971a281319d90], groups: [risk]}
 routes:
   - tag: chat-split
     match: {models: [m-chat]}
@@ -84,7 +84,7 @@ def test_90_10_split_lands_within_3_percent(platform: Sluice) -> None:
     with httpx.Client(base_url=platform.endpoint, trust_env=False, timeout=30) as client:
 
         def one(_: int) -> tuple[int, str]:
-            r = call(client, "sk-search", "m-chat")
+            r = call(client, "sk-search-b095adcc724f4f8a", "m-chat")
             return r.status_code, r.headers.get("x-sluice-group", "")
 
         with ThreadPoolExecutor(8) as pool:
@@ -103,7 +103,7 @@ def test_failover_moves_all_traffic_within_a_second_and_back(platform: Sluice) -
         with httpx.Client(base_url=platform.endpoint, trust_env=False, timeout=30) as client:
             deadline = time.monotonic() + 120
             while not stop.is_set() and time.monotonic() < deadline:
-                r = call(client, "sk-search", "m-chat")
+                r = call(client, "sk-search-b095adcc724f4f8a", "m-chat")
                 seen.append((time.monotonic(), r.status_code, r.headers["x-sluice-group"]))
 
     threads = [threading.Thread(target=stream) for _ in range(3)]
@@ -143,12 +143,12 @@ def test_failover_moves_all_traffic_within_a_second_and_back(platform: Sluice) -
 
 def test_tenant_boundaries_hold(platform: Sluice) -> None:
     with httpx.Client(base_url=platform.endpoint, trust_env=False, timeout=30) as client:
-        r = call(client, "sk-risk", "m-chat")
+        r = call(client, "sk-risk-86e971a281319d90", "m-chat")
         assert r.status_code == 403
         assert "chat" not in json.dumps(r.json()).replace("m-chat", "")
         assert "x-sluice-instance" not in r.headers
-        assert call(client, "sk-search", "m-risk").status_code == 403
-        assert call(client, "sk-risk", "m-risk").status_code == 200
+        assert call(client, "sk-search-b095adcc724f4f8a", "m-risk").status_code == 403
+        assert call(client, "sk-risk-86e971a281319d90", "m-risk").status_code == 200
 
 
 def test_dataplane_state_is_visible_from_the_control_api(platform: Sluice) -> None:
@@ -162,7 +162,11 @@ def test_every_access_log_line_carries_its_rule_tag(platform: Sluice) -> None:
     started = int(time.time() * 1000) / 1000  # the log keeps milliseconds
     with httpx.Client(base_url=platform.endpoint, trust_env=False, timeout=30) as client:
         statuses = Counter(
-            call(client, "sk-search" if model == "m-chat" else "sk-risk", model).status_code
+            call(
+                client,
+                "sk-search-b095adcc724f4f8a" if model == "m-chat" else "sk-risk-86e971a281319d90",
+                model,
+            ).status_code
             for model in ("m-chat", "m-risk")
             for _ in range(50)
         )

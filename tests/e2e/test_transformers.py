@@ -37,7 +37,7 @@ groups:
     health: {{startup_timeout_s: 120}}
 tenants:
   - name: e2e
-    api_keys: [sk-e2e]
+    api_keys: [sk-e2e-f78ed04e82bcf081]
 routes:
   - tag: lm-main
     match: {{models: [tiny-lm]}}
@@ -131,7 +131,7 @@ def test_a_client_leaving_mid_stream_reaches_the_instance_as_a_disconnect(platfo
     stats_url = instance["url"] + "/stats"
     before = httpx.get(stats_url, timeout=5).json()
     body = {"model": "tiny-lm", "messages": MESSAGES, "max_tokens": 1000, "stream": True}
-    headers = {"Authorization": "Bearer sk-e2e"}
+    headers = {"Authorization": "Bearer sk-e2e-f78ed04e82bcf081"}
     with (
         httpx.Client(base_url=platform.endpoint, timeout=30, trust_env=False) as client,
         client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r,

@@ -80,11 +80,13 @@ def test_errors_are_clear_json(sluice: Sluice) -> None:
         url,
         json={**body, "model": "nope"},
         trust_env=False,
-        headers={"Authorization": "Bearer sk-e2e"},
+        headers={"Authorization": "Bearer sk-e2e-f78ed04e82bcf081"},
     )
     assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
     with pytest.raises(openai.PermissionDeniedError) as denied:
-        sluice.client("sk-outsider").embeddings.create(model="e2e-embed", input="x")
+        sluice.client("sk-outsider-8091a51d2118c7ee").embeddings.create(
+            model="e2e-embed", input="x"
+        )
     assert "embed" not in json.dumps(denied.value.body).replace("e2e-embed", "")
 
 

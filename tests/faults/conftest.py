@@ -85,12 +85,17 @@ def group_spec(
 
 
 def platform_spec(groups: str, routes: str, rollouts: str = "") -> str:
-    """A whole spec: one pool of 12 units, tenant `search` (key sk-search), `routes:` rules."""
+    """A whole spec: one pool of 12 units, tenant `search` (key sk-search-b095adcc724f4f8a),
+    `routes:` rules."""
     return (
         "gateway: {host: 127.0.0.1, port: 0}\n"
         "pools:\n  - {name: local, count: 12, memory_gb: 32}\n"
-        "groups:" + groups + "tenants:\n  - {name: search, api_keys: [sk-search]}\n"
-        "routes:\n" + routes + (f"rollouts:\n{rollouts}" if rollouts else "")
+        "groups:"
+        + groups
+        + "tenants:\n  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}\n"
+        + "routes:\n"
+        + routes
+        + (f"rollouts:\n{rollouts}" if rollouts else "")
     )
 
 

@@ -51,7 +51,7 @@ groups:
     + GROUP.format(name="chat-v2", sim=SIM)
     + """
 tenants:
-  - {name: search, api_keys: [sk-search]}
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
 routes:
   - {tag: chat-main, match: {models: [m-chat]}, to: chat}
 rollouts:

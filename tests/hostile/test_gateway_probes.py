@@ -39,11 +39,11 @@ groups:
     slow_start_s: 0
     warmup: {requests: 1}
 tenants:
-  - {name: search, api_keys: [sk-probe]}
+  - {name: search, api_keys: [sk-probe-8b6a72e2322f2fb5]}
 routes:
   - {tag: chat-main, match: {models: [m-chat]}, to: chat}
 """
-KEY = "sk-probe"
+KEY = "sk-probe-8b6a72e2322f2fb5"
 TIMEOUT_S = 10.0
 """Each read waits at most this long: a probe that gets neither an answer nor a close hangs."""
 CHAT = json.dumps(
@@ -316,7 +316,9 @@ TOLERATED: dict[str, bytes] = {
     "expect-unknown": request(headers=[("Expect", "200-ok")]),
     "expect-100-continue": request(headers=[("Expect", "100-continue")]),
     "obs-text-in-value": request("GET", "/v1/models", None, [("X-A", "\xff\xfe\x80")]),
-    "no-host": b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer sk-probe\r\n\r\n",
+    "no-host": (
+        b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer sk-probe-8b6a72e2322f2fb5\r\n\r\n"
+    ),
     "two-hosts": request("GET", "/v1/models", None, [("Host", "evil.example")]),
     "te-with-ows": request(
         headers=[("Transfer-Encoding", " chunked")], length=False, body=b"0\r\n\r\n"

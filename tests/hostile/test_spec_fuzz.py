@@ -547,8 +547,8 @@ def test_ordinary_aliases_still_load() -> None:
         "  - &pool {name: a, count: 2, memory_gb: 16}\n"
         "  - {<<: *pool, name: b}\n"
         "tenants:\n"
-        "  - &t {name: t1, api_keys: [k1], groups: &all ['*']}\n"
-        "  - {<<: *t, name: t2, api_keys: [k2], models: *all}\n"
+        "  - &t {name: t1, api_keys: [k1-6ab9f1eb8f7d3388], groups: &all ['*']}\n"
+        "  - {<<: *t, name: t2, api_keys: [k2-015f7e6bc5aeaf48], models: *all}\n"
     )
     loaded = load_outcome(text)
     assert isinstance(loaded, LoadedSpec), loaded
@@ -611,7 +611,7 @@ def test_unreadable_characters_have_a_line(call: Call, char: str) -> None:
         "pools: [{name: p, count: 1, memory_gb: 16, price_per_hour: .inf}]",
         "pools: [{name: p, count: 1, memory_gb: 1e999}]",
         "pools: [{name: p, count: 1, memory_gb: 16}]\n"
-        "tenants: [{name: t, api_keys: [k], rate_limit: {rps: .inf}}]",
+        "tenants: [{name: t, api_keys: [k-8254c329a92850f6], rate_limit: {rps: .inf}}]",
     ],
     ids=["pool-memory", "price", "1e999", "rate-limit-rps"],
 )

@@ -29,7 +29,7 @@ from sluice.policy.routing import (
     api_key_digest,
 )
 
-AUTH = {"Authorization": "Bearer sk-test"}
+AUTH = {"Authorization": "Bearer sk-test-f3abf2a6cc4f0098"}
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 INTERNALS = ("server", "via", "x-powered-by", "x-sluice-worker")
 """Headers every fake answer carries that name internals; the gateway must relay none."""
@@ -229,7 +229,7 @@ def make_snapshot(
             RouteRule("r-secret", (("g-secret", 1),), models=frozenset({"m2"})),
             RouteRule("r1", ((group, 1),), models=frozenset({"m1"})),
         ],
-        tenants={"sk-test": tenant or TenantAccess("t1")},
+        tenants={"sk-test-f3abf2a6cc4f0098": tenant or TenantAccess("t1")},
         models={group: {"m1"}, "g-secret": {"m2"}},
     )
 
@@ -246,10 +246,10 @@ def snapshot(
     max_concurrency: int = 8,
 ) -> RoutingSnapshot:
     """`groups[name]`: its instances, as upstreams or (instance id, port) pairs; every group
-    serves m1 unless `models` says; `tenants` by plain API key (default: sk-test is t1);
-    the instances are settled (ready long ago)."""
+    serves m1 unless `models` says; `tenants` by plain API key (default:
+    sk-test-f3abf2a6cc4f0098 is t1); the instances are settled (ready long ago)."""
     served = {g: frozenset((models or {}).get(g, {"m1"})) for g in groups}
-    keys = tenants if tenants is not None else {"sk-test": TenantAccess("t1")}
+    keys = tenants if tenants is not None else {"sk-test-f3abf2a6cc4f0098": TenantAccess("t1")}
     return RoutingSnapshot(
         version=version,
         routes=RouteTable(list(rules)),
@@ -318,7 +318,10 @@ def log_lines(log: io.StringIO) -> list[dict[str, Any]]:
 
 
 async def chat(
-    client: httpx.AsyncClient, key: str = "sk-test", model: str = "m1", **headers: str
+    client: httpx.AsyncClient,
+    key: str = "sk-test-f3abf2a6cc4f0098",
+    model: str = "m1",
+    **headers: str,
 ) -> httpx.Response:
     """One chat completion with API key `key` (extra headers: underscores become dashes)."""
     extra = {k.replace("_", "-"): v for k, v in headers.items()}

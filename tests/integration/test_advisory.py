@@ -18,7 +18,7 @@ from sluice.control.explain import advisory_view, explain_decisions
 from sluice.core import InstanceState, InstanceStatus, ManualClock
 from sluice.policy import Endpoint
 from sluice.policy.autoscale.base import TrafficSample
-from sluice.spec import GroupSpec, load_spec_text
+from sluice.spec import GroupSpec, Sealer, load_spec_text
 from sluice.store import Store
 
 SPEC = """
@@ -37,8 +37,11 @@ groups:
     autoscaling: {{mode: {mode}, min: 1, max: 5}}
     quota: {{mode: {quota}, limit: {limit}}}
 tenants:
-  - {{name: t, api_keys: [sk-t]}}
+  - {{name: t, api_keys: [sk-t-12ccad2ae47ed66b]}}
 """
+
+SEALER = Sealer(bytes(range(64)))
+"""a fixed secrets key: a test's controllers on one store read each other's revisions"""
 
 
 def spec(mode: str = "advisory", quota: str = "active", limit: int = 8) -> Any:
@@ -101,7 +104,9 @@ async def controller(
     clock = clock or ManualClock(1_800_000_000.0)
     store = Store.for_home(home)
     sup = Supervisor()
-    ctl = Controller(store, sup, EventLog(store, clock), clock, lambda _: None, Load(clock))  # type: ignore[arg-type]
+    ctl = Controller(
+        store, sup, EventLog(store, clock), clock, lambda _: None, Load(clock), sealer=SEALER
+    )  # type: ignore[arg-type]
     await ctl.load_state()
     if text is not None:
         await ctl.apply(text, "tester", "test")

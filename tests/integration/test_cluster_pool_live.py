@@ -11,7 +11,7 @@ import pytest
 from sluice.control import Controller, EventLog
 from sluice.control.inventory import INVENTORY_S
 from sluice.core import Conflict, ManualClock
-from sluice.spec import load_spec_text
+from sluice.spec import Sealer, load_spec_text
 from sluice.store import Store
 from tests.integration.test_advisory import Supervisor
 
@@ -42,6 +42,7 @@ async def test_scale_is_checked_against_the_clusters_count_as_it_changes(tmp_pat
         clock,
         lambda _: None,
         inventory=lambda: dict(cluster),
+        sealer=Sealer(bytes(range(64))),
     )
     try:
         await ctl.load_state()

@@ -108,9 +108,10 @@ def test_a_command_inherits_no_secret_of_sluices_environment(
     """Servers log and dump their environment: keys the spec reads from Sluice's (tenants',
     endpoints'), a drill's key and the CLI's token must not be in it; what a model server
     needs (PATH, HF_HOME...) is."""
-    monkeypatch.setenv("TENANT_KEYS", "sk-tenant-secret")
+    monkeypatch.setenv("TENANT_KEYS", "sk-tenant-secret-0a312270ec024a22")
     monkeypatch.setenv("SLUICE_TOKEN", "slc_secret")
-    monkeypatch.setenv("SLUICE_DRILL_KEY", "sk-ops")  # the README's `sluice up` example
+    # the README's `sluice up` example
+    monkeypatch.setenv("SLUICE_DRILL_KEY", "sk-ops-c391959605db2757")
     monkeypatch.setenv("HF_HOME", "/models/cache")
 
     async def run() -> None:
@@ -122,7 +123,8 @@ def test_a_command_inherits_no_secret_of_sluices_environment(
         finally:
             await rt.stop(handle, grace_s=5)
         assert "TENANT_KEYS" not in env and "SLUICE_TOKEN" not in env
-        assert "SLUICE_DRILL_KEY" not in env and "sk-ops" not in "\0".join(env.values())
+        assert "SLUICE_DRILL_KEY" not in env
+        assert "sk-ops-c391959605db2757" not in "\0".join(env.values())
         assert env["HF_HOME"] == "/models/cache" and "PATH" in env
 
     asyncio.run(run())

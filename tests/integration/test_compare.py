@@ -235,8 +235,8 @@ groups:
     resources: {pool: local, accelerators: 1, memory_gb: 2}
     replicas: 1
 tenants:
-  - {name: ops, api_keys: [sk-ops], operator: true}
-  - {name: app, api_keys: [sk-app]}
+  - {name: ops, api_keys: [sk-ops-c391959605db2757], operator: true}
+  - {name: app, api_keys: [sk-app-72016003589eb0bb]}
 routes:
   - {tag: main, match: {models: [m]}, to: stable}
 """
@@ -271,7 +271,7 @@ def gateway_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         endpoint = json.loads((home / "control.json").read_text())["endpoint"]
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         for group in ("stable", "canary"):
-            headers = {"authorization": "Bearer sk-ops", "x-sluice-group": group}
+            headers = {"authorization": "Bearer sk-ops-c391959605db2757", "x-sluice-group": group}
             deadline = time.monotonic() + 60
             while True:
                 r = httpx.post(endpoint + "/v1/chat/completions", json=body, headers=headers)
@@ -294,7 +294,7 @@ def gateway_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def test_group_targets_go_through_the_gateway(gateway_home: Path) -> None:
     result = compare_json("--suite", str(CHAT_SUITE), "--a", "group:stable", "--b", "group:canary",
-                          home=gateway_home, SLUICE_API_KEY="sk-ops")  # fmt: skip
+                          home=gateway_home, SLUICE_API_KEY="sk-ops-c391959605db2757")  # fmt: skip
     endpoint = json.loads((gateway_home / "control.json").read_text())["endpoint"]
     assert result["a"] == {"target": "group:stable", "url": endpoint, "group": "stable"}
     summary = result["summary"]
@@ -305,7 +305,7 @@ def test_group_targets_go_through_the_gateway(gateway_home: Path) -> None:
     # Only operator tenants may pick a group: for others the header is ignored and the
     # route rules send both sides to the stable group.
     other = compare_json("--suite", str(CHAT_SUITE), "--a", "group:stable", "--b", "group:canary",
-                         "--api-key", "sk-app", home=gateway_home)  # fmt: skip
+                         "--api-key", "sk-app-72016003589eb0bb", home=gateway_home)  # fmt: skip
     assert other["summary"]["exact_match_rate"] == 1.0
     assert {i["b"]["version"] for i in other["items"]} == {"v1"}
 

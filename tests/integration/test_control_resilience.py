@@ -29,7 +29,7 @@ from sluice.control.auth import Role
 from sluice.core import Conflict, InstanceState, InstanceStatus, SystemClock
 from sluice.policy import Endpoint, RoutingSnapshot
 from sluice.runtime import LocalRuntime
-from sluice.spec import GroupSpec, load_spec_text
+from sluice.spec import GroupSpec, Sealer, load_spec_text
 from sluice.store import Store
 
 GROUP = """
@@ -48,7 +48,7 @@ pools:
 groups:
 {groups}
 tenants:
-  - {{name: t, api_keys: [sk-t]}}
+  - {{name: t, api_keys: [sk-t-12ccad2ae47ed66b]}}
 routes:
   - {{tag: main, match: {{models: [m]}}, to: chat}}
 {rollouts}
@@ -62,6 +62,9 @@ rollouts:
     hold_s: 600
     analysis: {min_samples: 100000}
 """
+
+SEALER = Sealer(bytes(range(64)))
+"""a fixed secrets key: a test's controllers on one store read each other's revisions"""
 
 
 def spec_text(rollout: bool = False, chat: int = 2) -> str:
@@ -147,7 +150,7 @@ async def platform(tmp_path: Path, text: str) -> AsyncIterator[tuple[Controller,
     events = EventLog(store, clock)  # type: ignore[arg-type]
     sup = FakeSupervisor(events)
     published: list[RoutingSnapshot] = []
-    ctl = Controller(store, sup, events, clock, publish=published.append)  # type: ignore[arg-type]
+    ctl = Controller(store, sup, events, clock, publish=published.append, sealer=SEALER)  # type: ignore[arg-type]
     await ctl.apply(load_spec_text(text, "test.yaml"), "tester", "test")
     for g in ctl.spec.groups:
         for k in range(g.replicas):

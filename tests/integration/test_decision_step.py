@@ -61,7 +61,7 @@ groups:
     quota: {guaranteed: 1}
     budget: {max_accelerators: 2}
 tenants:
-  - {name: t, api_keys: [sk-t]}
+  - {name: t, api_keys: [sk-t-12ccad2ae47ed66b]}
 """
 
 

@@ -465,7 +465,8 @@ async def test_pipelined_requests_are_answered_in_order() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
         writer.write(
             b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
-            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-test\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
+            b"authorization: Bearer sk-test-f3abf2a6cc4f0098\r\n"
             b'content-length: 14\r\n\r\n{"model":"m1"}'
             b"GET /nowhere HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
         )
@@ -484,7 +485,8 @@ async def test_expect_100_continue_is_answered() -> None:
     async with running(FakeUpstream("i1")) as (gw, _client, _log):
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
         writer.write(
-            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-test\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
+            b"authorization: Bearer sk-test-f3abf2a6cc4f0098\r\n"
             b"expect: 100-continue\r\ncontent-length: 14\r\nconnection: close\r\n\r\n"
         )
         async with asyncio.timeout(5):
@@ -505,7 +507,9 @@ async def test_openai_client_through_the_gateway() -> None:
     async with (
         running(up) as (gw, _client, _log),
         openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{gw.port}/v1", api_key="sk-test", max_retries=0
+            base_url=f"http://127.0.0.1:{gw.port}/v1",
+            api_key="sk-test-f3abf2a6cc4f0098",
+            max_retries=0,
         ) as oai,
     ):
         completion = await oai.chat.completions.create(model="m1", messages=CHAT["messages"])
@@ -546,7 +550,7 @@ async def test_weighted_split_then_failover_and_back() -> None:
 @pytest.mark.asyncio
 async def test_overload_sheds_low_then_normal_then_high() -> None:
     up = FakeUpstream("i1", latency=0.5)
-    tenants = {"sk-test": TenantAccess("t1", priority_header=True)}
+    tenants = {"sk-test-f3abf2a6cc4f0098": TenantAccess("t1", priority_header=True)}
     snap = g1(up, tenants=tenants, traffic={"g1": q(max_queue=2)}, max_concurrency=1)
     async with running(up, snapshot=snap) as (gw, client, log):
         calls = []
@@ -594,7 +598,7 @@ async def test_rules_on_headers_and_priority() -> None:
         RouteRule("low", (("gc", 1),), priorities=frozenset({"low"})),
         RouteRule("rest", (("ga", 1),)),
     ]
-    tenants = {"sk-test": TenantAccess("t1", priority_header=True)}
+    tenants = {"sk-test-f3abf2a6cc4f0098": TenantAccess("t1", priority_header=True)}
     snap = lambda: snapshot(1, {"ga": [a], "gb": [b], "gc": [c]}, rules, tenants=tenants)  # noqa: E731
     async with running(a, b, c, snapshot=snap) as (_gw, client, _log):
         for headers, route in [({"X-Cohort": "beta-2"}, "beta"), ({"x-cohort": "gamma"}, "rest")]:
@@ -718,7 +722,7 @@ async def test_affinity_header_pins_a_key_to_one_instance() -> None:
 @pytest.mark.asyncio
 async def test_rate_limit_is_429_with_retry_after() -> None:
     up = FakeUpstream("i1")
-    snap = g1(up, tenants={"sk-test": TenantAccess("t1", rate_limit=(0.5, 2))})
+    snap = g1(up, tenants={"sk-test-f3abf2a6cc4f0098": TenantAccess("t1", rate_limit=(0.5, 2))})
     async with running(up, snapshot=snap) as (_gw, client, log):
         codes = [(await chat(client)).status_code for _ in range(3)]
         resp = await chat(client)
@@ -735,7 +739,10 @@ async def test_metrics_count_requests_and_show_the_data_plane() -> None:
             await chat(client)
         await chat(client, model="nope")  # 404: no group, no route
         public = await client.get("/metrics")  # not on the public port, to anyone
-        for headers in ({"Authorization": "Bearer sk-test"}, {"Accept": "text/plain"}):
+        for headers in (
+            {"Authorization": "Bearer sk-test-f3abf2a6cc4f0098"},
+            {"Accept": "text/plain"},
+        ):
             assert (await client.get("/metrics", headers=headers)).status_code == 404
         body, content_type = gw.metrics_text()
 

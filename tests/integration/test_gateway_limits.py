@@ -38,7 +38,7 @@ from .gateway_fakes import (
 from .gateway_fakes import running as running_gateway
 from .gateway_fakes import snapshot as make_routing
 
-KEY = b"authorization: Bearer sk-test\r\n"
+KEY = b"authorization: Bearer sk-test-f3abf2a6cc4f0098\r\n"
 
 
 # -- raw HTTP helpers -------------------------------------------------------------------------

@@ -216,7 +216,7 @@ def cluster() -> Iterator[tuple[Cluster, str, str]]:
         "RAY_health_check_failure_threshold": "3",
         # in every node's environment, hence every actor's: what an instance must not get
         "SLUICE_TOKEN": "token-of-the-cli",
-        "RAY_TEST_TENANT_KEY": "sk-secret",
+        "RAY_TEST_TENANT_KEY": "sk-secret-746b4ad1ca9129e1",
         "RAY_TEST_PLAIN": "plain",
     }
     port = free_port()
@@ -517,7 +517,7 @@ groups:
     resources: {{pool: y, accelerators: 1, memory_gb: 1}}
     replicas: 2
 tenants:
-  - {{name: search, api_keys: [sk-search]}}
+  - {{name: search, api_keys: [sk-search-b095adcc724f4f8a]}}
 """
 
 

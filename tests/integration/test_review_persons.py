@@ -22,7 +22,7 @@ from sluice.control import Controller, EventLog, ReviewBoard, TokenAdmin
 from sluice.control.auth import Authenticator, Principal, Role
 from sluice.control.tokens import INSTALLATION
 from sluice.core import Forbidden, ManualClock
-from sluice.spec import load_spec_text
+from sluice.spec import Sealer, load_spec_text
 from sluice.store import Store
 from tests.databases import Database
 
@@ -42,6 +42,9 @@ groups:
 routes:
   - {{tag: {tag}, match: {{models: [m]}}, to: chat}}
 """
+
+SEALER = Sealer(bytes(range(64)))
+"""a fixed secrets key: a test's controllers on one store read each other's revisions"""
 
 
 class Supervisor:
@@ -63,7 +66,9 @@ class Platform:
         self.tokens = TokenAdmin(store, clock)
         self.auth = Authenticator(store, clock)
         sup = Supervisor()
-        self.ctl = Controller(store, sup, EventLog(store, clock), clock, lambda _: None)  # type: ignore[arg-type]
+        self.ctl = Controller(
+            store, sup, EventLog(store, clock), clock, lambda _: None, sealer=SEALER
+        )  # type: ignore[arg-type]
         self.board = ReviewBoard(self.ctl, store, clock, access_log=None)
         self.secrets: dict[str, str] = {}
 

@@ -29,7 +29,13 @@ def test_the_kuberay_example_runs_controllers_and_gateways_apart() -> None:
     assert controller["replicas"] >= 2
     [c] = controller["template"]["spec"]["containers"]
     assert c["command"][:2] == ["sluice", "controller"]
-    assert [e["name"] for e in c["env"]] == ["SLUICE_DATABASE_URL"]
+    assert [e["name"] for e in c["env"]] == ["SLUICE_DATABASE_URL", "SLUICE_SECRETS_KEY_FILE"]
+    # every controller seals and opens stored secrets with one key, mounted from a secret
+    key_file = next(e["value"] for e in c["env"] if e["name"] == "SLUICE_SECRETS_KEY_FILE")
+    volumes = {v["name"]: v for v in controller["template"]["spec"]["volumes"]}
+    [mount] = [m for m in c["volumeMounts"] if key_file.startswith(m["mountPath"] + "/")]
+    assert volumes[mount["name"]]["secret"]["secretName"] == "sluice-secrets-key"
+    assert "create secret generic sluice-secrets-key" in MANIFEST.read_text()
     assert c["readinessProbe"]["tcpSocket"]["port"] == "control"
     [g] = gateway["template"]["spec"]["containers"]
     assert g["command"][:2] == ["sluice", "gateway"] and "--token-file" in g["command"]

@@ -87,7 +87,8 @@ drills:
 def test_a_real_worker_has_no_key_in_its_environment_or_command_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`SLUICE_DRILL_KEY=sk-ops sluice up ...`: the instance processes must not have it."""
+    """`SLUICE_DRILL_KEY=sk-ops-c391959605db2757 sluice up ...`: the instance processes must
+    not have it."""
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("HF_HOME", "/models/cache")

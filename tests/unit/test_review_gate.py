@@ -21,14 +21,16 @@ routes: [{{tag: {tag}, match: {{models: [m]}}, to: chat}}]
 """
 
 
-def spec(review: str = "true", replicas: int = 1, key: str = "k1", tag: str = "main"):
+def spec(
+    review: str = "true", replicas: int = 1, key: str = "k1-6ab9f1eb8f7d3388", tag: str = "main"
+):
     text = BASE.format(review=review, replicas=replicas, key=key, tag=tag)
     return load_spec_text(text).spec
 
 
 def test_routes_and_tenants_are_gated_groups_are_not() -> None:
     assert gated_changes(spec(), spec(tag="other")) == ["routes"]
-    assert gated_changes(spec(), spec(key="k2")) == ["tenants"]
+    assert gated_changes(spec(), spec(key="k2-015f7e6bc5aeaf48")) == ["tenants"]
     assert gated_changes(spec(), spec(replicas=3)) == []
 
 

@@ -14,8 +14,8 @@ HEAD = """\
 pools:
   - {name: gpu, count: 10, memory_gb: 80}
 tenants:
-  - {name: tools, api_keys: [k1]}
-  - {name: payments, api_keys: [k2], groups: [chat, chat-v2]}
+  - {name: tools, api_keys: [k1-6ab9f1eb8f7d3388]}
+  - {name: payments, api_keys: [k2-015f7e6bc5aeaf48], groups: [chat, chat-v2]}
 groups:
 """
 

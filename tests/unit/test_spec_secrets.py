@@ -37,7 +37,11 @@ routes:
     match: {models: [m]}
     to: chat
 """
-KEY_A, KEY_B, KEY_C = "sk-live-alpha-0001", "sk-live-bravo-0002", "sk-live-charlie-0003"
+KEY_A, KEY_B, KEY_C = (
+    "sk-live-alpha-0001",
+    "sk-live-bravo-0002",
+    "sk-live-charlie-0003-62664aa4eba92b8c",
+)
 KEYS = (KEY_A, KEY_B, KEY_C)
 
 FLOW = f"""\
@@ -354,22 +358,36 @@ def test_keys_from_env_and_file_are_kept_only_as_digests(tmp_path: Path) -> None
     spec = load_spec_text(text).spec
     beta = spec.tenants[1]
     assert (beta.api_keys_env, beta.api_keys_file) == ("BETA_KEYS", str(keyfile))
-    environ = {"BETA_KEYS": f" {KEY_A}x, sk-env-2\n sk-env-3\t", "OTHER": "x"}
+    environ = {
+        "BETA_KEYS": f" {KEY_A}x, sk-env-2-47f45509700a0ef2\n sk-env-3-d5f2ba29b3f4d2cb\t",
+        "OTHER": "x",
+    }
     read = lambda p: Path(p).read_text(encoding="utf-8")  # noqa: E731
     resolved = resolve_key_sources(spec, environ, read)
-    want = [key_digest(k) for k in (f"{KEY_A}x", "sk-env-2", "sk-env-3", KEY_B, KEY_C)]
+    want = [
+        key_digest(k)
+        for k in (
+            f"{KEY_A}x",
+            "sk-env-2-47f45509700a0ef2",
+            "sk-env-3-d5f2ba29b3f4d2cb",
+            KEY_B,
+            KEY_C,
+        )
+    ]
     assert resolved.tenants[1].api_key_sha256 == want
     assert resolved.tenants[1].api_keys == []
     assert resolved.tenants[0] == spec.tenants[0]
     assert spec.tenants[1].api_key_sha256 == []  # the input is untouched
     dumped = resolved.model_dump_json()
-    assert not any(k in dumped for k in (KEY_B, KEY_C, "sk-env-2"))
+    assert not any(k in dumped for k in (KEY_B, KEY_C, "sk-env-2-47f45509700a0ef2"))
     snapshot = build_routing_snapshot(resolved, {}, 1)
-    found = snapshot.tenant_for_key("sk-env-3")
+    found = snapshot.tenant_for_key("sk-env-3-d5f2ba29b3f4d2cb")
     assert found is not None and found.name == "beta"
     # Resolving again refreshes (a rotated variable replaces the old digests).
-    again = resolve_key_sources(resolved, {"BETA_KEYS": "sk-env-9"}, read)
-    assert again.tenants[1].api_key_sha256 == [key_digest(k) for k in ("sk-env-9", KEY_B, KEY_C)]
+    again = resolve_key_sources(resolved, {"BETA_KEYS": "sk-env-9-1d50a2aab3ed52fb"}, read)
+    assert again.tenants[1].api_key_sha256 == [
+        key_digest(k) for k in ("sk-env-9-1d50a2aab3ed52fb", KEY_B, KEY_C)
+    ]
     redacted = redact_secrets(text)  # the sources are names, not secrets: left as written
     assert redacted.split("  - name: beta\n")[1] == text.split("  - name: beta\n")[1]
 
