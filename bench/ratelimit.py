@@ -238,11 +238,15 @@ def kill_workers_of(home: Path) -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
 
 
-async def offer(endpoints: list[str], rate: float, warmup: float, seconds: float) -> list[int]:
-    """Open loop: request k due at start + k / rate, to endpoints[k % n]; the statuses of
-    the requests due after `warmup` (0: no HTTP answer)."""
+async def offer(
+    endpoints: list[str], rate: float, warmup: float, seconds: float, key: str = KEY
+) -> list[int]:
+    """Open loop to 127.0.0.1 only: request k (to model `m-chat`, with tenant key `key`) due
+    at start + k / rate, to endpoints[k % n]; the statuses of the requests due after
+    `warmup` (0: no HTTP answer). Bounded: (warmup + seconds) * rate requests in all. The
+    e2e test of tests/e2e/test_rate_limits.py offers its load with it too."""
     body = {"model": "m-chat", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
-    headers = {"Authorization": f"Bearer {KEY}"}
+    headers = {"Authorization": f"Bearer {key}"}
     clients = [
         httpx.AsyncClient(base_url=e, trust_env=False, timeout=30, headers=headers)
         for e in endpoints

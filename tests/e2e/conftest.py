@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from sluice.runtime.local import pid_runs_instance
+from tests.databases import BACKENDS, database_for
 
 
 @dataclass
@@ -452,3 +453,15 @@ def shared_secrets_key(directory: Path) -> dict[str, str]:
         path.write_text(secrets.token_hex(64) + "\n")
         path.chmod(0o600)
     return {"SLUICE_SECRETS_KEY_FILE": str(path)}
+
+
+def leads(s: Sluice) -> bool:
+    """`sluice up` printed that it took the leader lease."""
+    return any(line.startswith("leader:") for line in s.output)
+
+
+@pytest.fixture(params=BACKENDS)
+def shared_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of one empty database several control planes share (SQLite, PostgreSQL)."""
+    with database_for(request.param, tmp_path / "db") as db:
+        yield db.url

@@ -14,17 +14,14 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from tests.databases import BACKENDS, database_for
-from tests.e2e.conftest import Sluice, kill_workers_of, shared_secrets_key
+from tests.e2e.conftest import Sluice, kill_workers_of, leads, shared_secrets_key
 
 KEY = "sk-search-5d0c81e2a4b9f376"
 SPEC = f"""
@@ -62,16 +59,6 @@ STAMPED = {
     "failovers": "set_at",
 }
 """The tables whose rows say the epoch of the leader that wrote them, and their time."""
-
-
-def leads(s: Sluice) -> bool:
-    return any(line.startswith("leader:") for line in s.output)
-
-
-@pytest.fixture(params=BACKENDS)
-def shared_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with database_for(request.param, tmp_path / "db") as db:
-        yield db.url
 
 
 def _rows(url: str, query: str, **params: Any) -> list[tuple[Any, ...]]:

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.databases import BACKENDS, database_for
-from tests.e2e.conftest import Sluice, kill_workers_of, shared_secrets_key
+from tests.e2e.conftest import Sluice, kill_workers_of, leads, shared_secrets_key
 
 SPEC = """
 gateway: {host: 127.0.0.1, port: 0}
@@ -39,16 +38,6 @@ tenants:
 
 def waits_as_standby(s: Sluice) -> bool:
     return any("standby:" in line for line in s.output)
-
-
-def leads(s: Sluice) -> bool:
-    return any(line.startswith("leader:") for line in s.output)
-
-
-@pytest.fixture(params=BACKENDS)
-def shared_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with database_for(request.param, tmp_path / "db") as db:
-        yield db.url
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import httpx
-
+from bench.ratelimit import offer
 from tests.e2e.conftest import Sluice, remote_gateway, running
 
 KEY = "sk-capped-5d0b8e61f2a94c37"
@@ -44,42 +43,6 @@ tenants:
 """
 
 
-async def offer(endpoints: list[str], rate: float, warmup: float, seconds: float) -> list[int]:
-    """Open loop to 127.0.0.1 only: request k due at start + k / rate, to endpoints[k % n];
-    the statuses of those due after `warmup` (0: no HTTP answer). Bounded: (warmup +
-    seconds) * rate requests in all."""
-    body = {"model": "m-chat", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
-    headers = {"Authorization": f"Bearer {KEY}"}
-    clients = [
-        httpx.AsyncClient(base_url=e, trust_env=False, timeout=30, headers=headers)
-        for e in endpoints
-    ]
-    total, first = int((warmup + seconds) * rate), int(warmup * rate)
-    statuses = [0] * (total - first)
-
-    async def one(k: int) -> None:
-        try:
-            r = await clients[k % len(clients)].post("/v1/chat/completions", json=body)
-            code = r.status_code
-        except httpx.HTTPError:
-            code = 0
-        if k >= first:
-            statuses[k - first] = code
-
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    tasks = []
-    for k in range(total):
-        delay = start + k / rate - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(k)))
-    await asyncio.gather(*tasks)
-    for c in clients:
-        await c.aclose()
-    return statuses
-
-
 def test_a_tenants_rate_limit_holds_across_three_gateway_processes(tmp_path: Path) -> None:
     def chat_ready(s: Sluice) -> bool:
         return len(s.ready("chat")) == 1
@@ -97,7 +60,8 @@ def test_a_tenants_rate_limit_holds_across_three_gateway_processes(tmp_path: Pat
                 timeout=30,
             )
             seconds = 10.0
-            statuses = asyncio.run(offer([s.endpoint, a.endpoint, b.endpoint], 15.0, 3.0, seconds))
+            endpoints = [s.endpoint, a.endpoint, b.endpoint]
+            statuses = asyncio.run(offer(endpoints, 15.0, 3.0, seconds, key=KEY))
     admitted = statuses.count(200) / seconds
     others = [c for c in statuses if c not in (200, 429)]
     assert not others, others
