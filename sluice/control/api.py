@@ -292,9 +292,15 @@ def build_control_api(
     async def group_spec(group: str) -> dict[str, Any]:
         """The group's part of the live spec: what a token scoped to the group may read of
         it (a drill plans from it); the whole spec is `/v1/revisions`, for unscoped tokens.
-        A webhook channel shows only where it points, as everywhere."""
+        A webhook channel shows only where it points, as everywhere, and a command server's
+        `env` only its names (its values are sealed at rest: they may be credentials)."""
         g = controller.group(group)
-        return {**g.model_dump(mode="json"), "alert_channel": redact_channel(g.alert_channel)}
+        doc = g.model_dump(mode="json")
+        doc["alert_channel"] = redact_channel(g.alert_channel)
+        for model in doc["models"].values():
+            if model.get("command"):
+                model["command"]["env"] = dict.fromkeys(model["command"]["env"], "…")
+        return doc
 
     @api.get("/v1/instances")
     async def instances(me: Me, group: str | None = None) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
-"""Secrets a spec holds are sealed before it is stored (issue 31): a tenant key's digest and
-an alert webhook's URL are encrypted with the installation's secrets key, which lives
-outside the store (`sluice.control.secrets_key`), so `state.db`, a backup of it and every
-API answer that serves a revision carry neither a key digest nor a webhook's token.
+"""Secrets a spec holds are sealed before it is stored (issue 31): a tenant key's digest, an
+alert webhook's URL and the values of a command server's `env` are encrypted with the
+installation's secrets key, which lives outside the store (`sluice.control.secrets_key`),
+so `state.db`, a backup of it and every API answer that serves a revision carry neither a
+key digest, a webhook's token nor a server's credentials.
 
 Why sealing and not a keyed digest (HMAC) for keys: the gateway keeps looking a request's
 key up by its sha256 (one hash and a dict lookup per request), remote gateways never need
@@ -49,6 +50,7 @@ _MARK = " " + SEALED_PREFIX
 
 _API_KEY = b"sluice tenant api key sha256"
 _CHANNEL = b"sluice alert channel"
+_ENV = b"sluice command env"
 
 
 class SealError(ValueError):
@@ -112,6 +114,19 @@ class Sealer:
             return self._open(part, _CHANNEL).decode()
         except UnicodeDecodeError:
             raise SealError("a sealed channel holds UTF-8 text") from None
+
+    def seal_env(self, value: str) -> str:
+        """`sealed:<...>` for a value of a command server's `env`."""
+        return SEALED_PREFIX + self._seal(value.encode("utf-8", "surrogatepass"), _ENV)
+
+    def open_env(self, sealed: str) -> str:
+        part = sealed_part(sealed)
+        if part is None:
+            raise SealError("not a sealed value")
+        try:
+            return self._open(part, _ENV).decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            raise SealError("a sealed value holds UTF-8 text") from None
 
     def _seal(self, plain: bytes, field: bytes) -> str:
         sealed = AESSIV(self.key).encrypt(plain, [field])

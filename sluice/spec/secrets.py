@@ -37,7 +37,7 @@ from sluice.spec.keys import (
 )
 from sluice.spec.loader import _dotted, _line_for, _line_map, _yaml_issue, check_shape
 from sluice.spec.models import PlatformSpec, TenantSpec
-from sluice.spec.sealing import Sealer, SealError, sealed_part
+from sluice.spec.sealing import SEALED_PREFIX, Sealer, SealError, sealed_part
 
 __all__ = [
     "key_digest",
@@ -75,11 +75,12 @@ def redact_secrets(text: str, source: str = "<spec>") -> str:
 
 
 def seal_secrets(text: str, source: str, sealer: Sealer) -> str:
-    """`text` as the store keeps it: `redact_secrets`, then every key digest and alert
-    webhook URL sealed with the installation's key (`sluice.spec.sealing`); values sealed
-    already must open with it. Lines and comments stay where they were. Deterministic and
-    idempotent, so an unchanged spec seals to the same text. A plain key that is too easy
-    to guess (`weak_key_reason`) is refused here, where a spec is applied or proposed."""
+    """`text` as the store keeps it: `redact_secrets`, then every key digest, alert webhook
+    URL and command `env` value sealed with the installation's key (`sluice.spec.sealing`);
+    values sealed already must open with it. Lines and comments stay where they were.
+    Deterministic and idempotent, so an unchanged spec seals to the same text. A plain key
+    that is too easy to guess (`weak_key_reason`) is refused here, where a spec is applied
+    or proposed."""
     root, _ = _compose(text, source)
     weak = [
         SpecIssue("tenants", why, source, node.start_mark.line + 1)
@@ -106,12 +107,18 @@ def seal_secrets(text: str, source: str, sealer: Sealer) -> str:
         elif channel_kind(node.value) == "webhook":
             sealed = sealer.seal_channel(node.value.strip())
             _replace(edits, text, node, starts, json.dumps(sealed, ensure_ascii=False))
+    for node in _env_scalars(root):
+        if node.value.startswith(SEALED_PREFIX):
+            _opened(sealer.open_env, node, source)
+        elif node.tag != _NULL_TAG:
+            _replace(edits, text, node, starts, json.dumps(sealer.seal_env(node.value)))
     return _edited(text, edits)
 
 
 def open_secrets(text: str, source: str, sealer: Sealer) -> str:
     """The stored `text` with its sealed values opened: keys back to `sha256:<hex>`
-    digests, webhooks to their URLs (what the controller parses; never stored or served).
+    digests, webhooks to their URLs, env values to their text (what the controller parses;
+    never stored or served).
     Raises SpecError naming the line of a value that does not open with `sealer`."""
     root, starts = _compose(text, source)
     edits: dict[int, tuple[int, str]] = {}
@@ -123,6 +130,10 @@ def open_secrets(text: str, source: str, sealer: Sealer) -> str:
         if sealed_part(node.value) is not None:
             url = _opened(sealer.open_channel, node, source)
             _replace(edits, text, node, starts, json.dumps(url))
+    for node in _env_scalars(root):
+        if node.value.startswith(SEALED_PREFIX):
+            value = _opened(sealer.open_env, node, source)
+            _replace(edits, text, node, starts, json.dumps(value))
     return _edited(text, edits)
 
 
@@ -282,33 +293,66 @@ def _key_scalars(root: yaml.Node | None) -> Iterator[yaml.ScalarNode]:
 
 
 def _channel_scalars(root: yaml.Node | None) -> Iterator[yaml.ScalarNode]:
-    """Every `groups[*].alert_channel` scalar (merged mappings followed once)."""
-    seen: set[int] = set()
+    """Every `groups[*].alert_channel` scalar."""
+    for group in _group_maps(root):
+        yield from _fields(group, "alert_channel")
 
-    def group_maps(node: yaml.Node) -> Iterator[yaml.MappingNode]:
-        if not isinstance(node, yaml.MappingNode) or id(node) in seen:
-            return
-        seen.add(id(node))
-        yield node
-        for key, value in node.value:
-            if key.tag == _MERGE_TAG:
-                for merged in value.value if isinstance(value, yaml.SequenceNode) else [value]:
-                    yield from group_maps(merged)
 
+def _env_scalars(root: yaml.Node | None) -> Iterator[yaml.ScalarNode]:
+    """Every value of `groups[*].models.*.command.env`: what a server is given besides
+    its argv, tokens included (`HF_TOKEN`, an upstream's key)."""
+    for group in _group_maps(root):
+        for models in _field_nodes(group, "models"):
+            if not isinstance(models, yaml.MappingNode):
+                continue
+            for _, model in models.value:
+                for command in _field_nodes(_merged(model), "command"):
+                    for env in _field_nodes(_merged(command), "env"):
+                        if isinstance(env, yaml.MappingNode):
+                            for _, value in env.value:
+                                if isinstance(value, yaml.ScalarNode):
+                                    yield value
+
+
+def _group_maps(root: yaml.Node | None) -> Iterator[yaml.MappingNode]:
+    """Each group's mapping under `groups`, with the mappings it merges (`<<: *base`)."""
     if not isinstance(root, yaml.MappingNode):
         return
     for key, value in root.value:
         if _is_key(key, "groups") and isinstance(value, yaml.SequenceNode):
             for item in value.value:
-                for group in group_maps(item):
-                    for field, channel in group.value:
-                        if (
-                            _is_key(field, "alert_channel")
-                            and isinstance(channel, yaml.ScalarNode)
-                            and id(channel) not in seen
-                        ):
-                            seen.add(id(channel))
-                            yield channel
+                yield from _merged_maps(item, set())
+
+
+def _merged_maps(node: yaml.Node, seen: set[int]) -> Iterator[yaml.MappingNode]:
+    if not isinstance(node, yaml.MappingNode) or id(node) in seen:
+        return
+    seen.add(id(node))
+    yield node
+    for key, value in node.value:
+        if key.tag == _MERGE_TAG:
+            for merged in value.value if isinstance(value, yaml.SequenceNode) else [value]:
+                yield from _merged_maps(merged, seen)
+
+
+def _merged(node: yaml.Node) -> list[yaml.MappingNode]:
+    return list(_merged_maps(node, set()))
+
+
+def _field_nodes(maps: yaml.MappingNode | list[yaml.MappingNode], name: str) -> Iterator[yaml.Node]:
+    """The value of field `name` in the first of `maps` that has it (a mapping's own field
+    wins over a merged one)."""
+    for m in [maps] if isinstance(maps, yaml.MappingNode) else maps:
+        for field, value in m.value:
+            if _is_key(field, name):
+                yield value
+                return
+
+
+def _fields(group: yaml.MappingNode, name: str) -> Iterator[yaml.ScalarNode]:
+    for value in _field_nodes(group, name):
+        if isinstance(value, yaml.ScalarNode):
+            yield value
 
 
 def _is_key(node: yaml.Node, name: str) -> bool:

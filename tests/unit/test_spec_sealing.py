@@ -10,6 +10,8 @@ import pytest
 
 from sluice.core import SpecError
 from sluice.spec import Sealer, load_spec_text, open_revision, seal_secrets
+from tests.unit.test_spec_servers import COMMAND
+from tests.unit.test_spec_servers import spec as command_spec
 
 KEY = "sk-acme-3f9c2b7a41d86e05c9b1"
 DIGEST = hashlib.sha256(b"given-as-digest-7c1e94b2d0a6f3").hexdigest()
@@ -106,3 +108,13 @@ def test_a_weak_key_is_refused_naming_its_line_never_its_text(weak: str) -> None
 def test_the_sealer_never_shows_its_key() -> None:
     assert bytes(range(64)).hex() not in repr(SEALER)
     assert repr(SEALER) != repr(OTHER)
+
+
+def test_a_command_servers_env_values_are_sealed_and_its_names_stay_readable() -> None:
+    token = "hf_" + "Q7v" * 10
+    text = command_spec(COMMAND + f'          env: {{HF_TOKEN: "{token}", OMP_NUM_THREADS: 4}}\n')
+    stored = seal_secrets(text, "p.yaml", SEALER)
+    assert token not in stored and "HF_TOKEN" in stored and "OMP_NUM_THREADS" in stored
+    command = open_revision(stored, "revision 1", SEALER).spec.groups[0].models["qwen"].command
+    assert command is not None and command.env == {"HF_TOKEN": token, "OMP_NUM_THREADS": "4"}
+    assert seal_secrets(stored, "p.yaml", SEALER) == stored
