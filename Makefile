@@ -1,8 +1,10 @@
 # The checks CI runs (.ci/run calls `make test`). Each target also runs alone.
 PY ?= python3
 # pytest-randomly shuffles the test order; the seed is printed so an order can be repeated.
-# In-process tests run on every core (pytest-xdist); the end-to-end and fault tests, which
-# time real processes against each other, run one at a time.
+# In-process tests run on every core (pytest-xdist); the end-to-end and fault tests run two
+# at a time (a module's tests in one worker, sharing its platform), except those marked
+# `serial`, which measure time or rates (a knee, a p99 ratio, an admitted rate, lease timing)
+# and run alone afterwards.
 ifndef SEED
 SEED := $(shell $(PY) -c 'import random; print(random.randrange(10**9))')
 endif
@@ -34,4 +36,5 @@ e2e:
 test: lint typecheck imports
 	@echo "test order: pytest-randomly seed $(SEED) (make test SEED=$(SEED) repeats it)"
 	$(PY) -m pytest tests/unit tests/hostile tests/integration -q -p randomly --randomly-seed=$(SEED) -n auto -p no:benchmark
-	$(PY) -m pytest tests/e2e tests/faults -q -p randomly --randomly-seed=$(SEED) --durations=40
+	$(PY) -m pytest tests/e2e tests/faults -q -p randomly --randomly-seed=$(SEED) -m 'not serial' -n 2 --dist loadfile -p no:benchmark --durations=25
+	$(PY) -m pytest tests/e2e tests/faults -q -p randomly --randomly-seed=$(SEED) -m serial --durations=25

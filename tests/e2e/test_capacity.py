@@ -20,6 +20,8 @@ import pytest
 from sluice.policy.drill import time_to_scale_tolerance
 from tests.e2e.conftest import Sluice, running
 
+pytestmark = pytest.mark.serial  # it measures time or rates: run alone (Makefile)
+
 SERVICE_S, SLOTS = 0.1, 4
 CAPACITY_RPS = SLOTS / SERVICE_S
 ELASTIC = """

@@ -15,6 +15,8 @@ import pytest
 
 from tests.e2e.conftest import Sluice, running
 
+pytestmark = pytest.mark.serial  # it measures time or rates: run alone (Makefile)
+
 KEY = "sk-drill-ops-543f5d805c12a500"
 SPEC = """
 gateway: {{host: 127.0.0.1, port: 0}}
@@ -99,10 +101,19 @@ def run_now(platform: Sluice, schedule: str) -> dict[str, Any]:
     raise AssertionError(f"{schedule} never started")
 
 
+def judged(fire: dict[str, Any]) -> bool:
+    """The drill ran and was judged: passed or failed, or inconclusive because its load
+    generator fell behind (a busy machine: the drill says so rather than pass silently)."""
+    if fire["status"] in ("passed", "failed"):
+        return True
+    reasons = (fire.get("detail") or {}).get("reasons", [])
+    return fire["status"] == "inconclusive" and "fell behind" in " ".join(reasons)
+
+
 def test_a_drill_fires_on_its_cron_with_its_own_short_lived_token(platform: Sluice) -> None:
     # the first minute boundary after start, plus the drill (10 s of load) and its reading
     fire = ran(platform, "every-minute", "cron", timeout=150)
-    assert fire["status"] in ("passed", "failed"), fire  # ran and was judged
+    assert judged(fire), fire
     assert fire["actor"] == "schedule/every-minute"
     assert fire["due_at"] % 60 == 0 and fire["started_at"] - fire["due_at"] < 10
     token = fire["token"]
@@ -157,5 +168,5 @@ def test_run_now_starts_one_drill_per_group_and_records_what_could_not_run(
     assert code != 0 and "operator" in doc["error"]["message"], doc
 
     fire = ran(platform, "every-minute", "manual", timeout=90)
-    assert fire["id"] == started["id"] and fire["status"] in ("passed", "failed"), fire
+    assert fire["id"] == started["id"] and judged(fire), fire
     assert fire["actor"] == "ops-admin"

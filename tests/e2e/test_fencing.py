@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 from tests.e2e.conftest import Sluice, kill_workers_of, leads, shared_secrets_key
+
+pytestmark = pytest.mark.serial  # it measures time or rates: run alone (Makefile)
 
 KEY = "sk-search-5d0c81e2a4b9f376"
 SPEC = f"""

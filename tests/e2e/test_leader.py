@@ -17,6 +17,8 @@ import pytest
 
 from tests.e2e.conftest import Sluice, kill_workers_of, leads, shared_secrets_key
 
+pytestmark = pytest.mark.serial  # it measures time or rates: run alone (Makefile)
+
 SPEC = """
 gateway: {host: 127.0.0.1, port: 0}
 control: {leader_election: {lease_duration_s: 3, renew_deadline_s: 2, retry_period_s: 0.5}}

@@ -17,6 +17,8 @@ import pytest
 
 from tests.e2e.conftest import OpenLoop, Sluice, running
 
+pytestmark = pytest.mark.serial  # it measures time or rates: run alone (Makefile)
+
 SPEC = """
 gateway: {host: 127.0.0.1, port: 0}
 observability:

@@ -13,8 +13,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from bench.ratelimit import offer
 from tests.e2e.conftest import Sluice, remote_gateway, running
+
+pytestmark = pytest.mark.serial  # it measures time or rates: run alone (Makefile)
 
 KEY = "sk-capped-5d0b8e61f2a94c37"
 LIMIT = 5.0

@@ -32,6 +32,8 @@ from tests.e2e.conftest import Sluice, running
 from tests.faults.conftest import Api, Load, Outcome, in_flight, lines, report, wait_until
 from tests.tiny_lm import TinyLM
 
+pytestmark = pytest.mark.serial  # it measures time or rates: run alone (Makefile)
+
 pytest.importorskip("fastapi")
 pytest.importorskip(
     "accelerate", reason="`transformers serve` loads models with accelerate: the embedding extra"

@@ -15,6 +15,8 @@ import pytest
 from tests.e2e.conftest import Sluice, running
 from tests.tiny_lm import TinyLM
 
+pytestmark = pytest.mark.serial  # it measures time or rates: run alone (Makefile)
+
 SPEC = """
 gateway: {{host: 127.0.0.1, port: 0}}
 pools:

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.e2e.conftest import running
 from tests.faults.conftest import (
     Api,
@@ -39,6 +41,8 @@ from tests.faults.conftest import (
     report,
     wait_until,
 )
+
+pytestmark = pytest.mark.serial  # it measures time or rates: run alone (Makefile)
 
 SIM = "{startup_s: 0.2, service_time: {kind: fixed, seconds: 0.05}, memory_gb: 1}"
 SPEC = platform_spec(
