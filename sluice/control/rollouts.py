@@ -258,19 +258,29 @@ class RolloutRunner:
             if run.spec.name not in names:
                 continue  # the rollout left the spec; its state holds until it is back
             self._roll_window(run)
-            analysis = self._latest_analysis(run, now)
-            if analysis is None:
-                continue  # the first analysis of this window is under way
-            state = machine.evaluate(run.spec, run.state, analysis, now)
-            if state.transitions != run.state.transitions:
-                await self._save(run, state, now)
-            else:
-                run.state = state  # latest analysis kept in memory; archived on change
+            analysis = self._latest_analysis(run)
+            if analysis is not None:
+                state = machine.evaluate(run.spec, run.state, analysis, now)
+                if state.transitions != run.state.transitions:
+                    await self._save(run, state, now)
+                else:
+                    run.state = state  # latest analysis kept in memory; archived on change
+            if not run.state.final:
+                self._roll_window(run)
+                self._start_analysis(run, now)
 
-    def _latest_analysis(self, run: _Run, now: float) -> Analysis | None:
-        """The newest analysis of the run's current window (None before the first), and a
-        new one started in a thread when the window, the looks taken or the hold changed
-        since, and one is due."""
+    def _latest_analysis(self, run: _Run) -> Analysis | None:
+        """The newest analysis of the run's current window (None before the first)."""
+        if run.analysis_key is None or run.analysis_key[0] != run.window_at:
+            return None
+        return run.analysis
+
+    def _start_analysis(self, run: _Run, now: float) -> None:
+        """A new analysis in a thread when the window, the looks taken or the hold changed
+        since the last, and one is due. Called only after the state machine has been fed
+        the latest result, so the looks it counts from (`looks_done`) include every look
+        taken: an analysis never re-spends the look just taken (the state machine discards
+        a result whose `after` is not its count anyway)."""
         base = self._collector.window(run.spec.baseline)
         canary = self._collector.window(run.spec.canary)
         previous = run.state.percent >= 100.0 and bool(run.previous_baseline)
@@ -302,9 +312,6 @@ class RolloutRunner:
             run.analyzing = loop.create_task(
                 self._analyze(run, job), name=f"analysis-{run.spec.name}"
             )
-        if run.analysis_key is None or run.analysis_key[0] != run.window_at:
-            return None
-        return run.analysis
 
     async def _analyze(self, run: _Run, job: _Job) -> None:
         loop = asyncio.get_running_loop()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from sluice.policy.canary_plan import FAST_SHARE, StepPlan, single_look
@@ -189,7 +189,9 @@ class Analysis:
     """All criteria for one window, and the overall verdict (never `skip`). `look`: the
     planned look this call took (1-based; 0: none was due, criteria were not judged) of
     `looks`; `alpha`: what that look spent; `fast`: the verdict is the fast path's;
-    `tables`: this window's 2x2 tables, which later steps pool (`Prior`)."""
+    `tables`: this window's 2x2 tables, which later steps pool (`Prior`); `after`: the
+    looks already taken when it ran (`looks_done`): the state machine accepts its look only
+    if that is still the count, so a look is never spent twice."""
 
     verdict: Literal["pass", "fail", "wait"]
     reason: str
@@ -202,6 +204,7 @@ class Analysis:
     alpha: float = 0.0
     fast: bool = False
     tables: dict[str, Table] = field(default_factory=dict)
+    after: int = 0
 
     def criterion(self, name: str) -> Criterion | None:
         return next((c for c in self.criteria if c.name == name), None)
@@ -218,6 +221,7 @@ class Analysis:
             "alpha": self.alpha,
             "fast": self.fast,
             "tables": {k: t.to_json() for k, t in self.tables.items()},
+            "after": self.after,
             "criteria": [c.to_json() for c in self.criteria],
         }
 
@@ -237,6 +241,7 @@ class Analysis:
             alpha=float(data.get("alpha", 0.0)),
             fast=bool(data.get("fast", False)),
             tables={k: Table.from_json(v) for k, v in data.get("tables", {}).items()},
+            after=int(data.get("after", max(0, int(data.get("look", 1)) - 1))),
         )
 
 
@@ -399,7 +404,8 @@ def analyze(
         crits = [gross if c.name == "error_rate" else c for c in crits]
     done = look or looks_done
     hidden = [n for n in CRITERIA if n in unseen and n not in disabled]
-    return _overall(crits, n_b, n_c, step, look, done, alpha, gross is not None, tables, hidden)
+    out = _overall(crits, n_b, n_c, step, look, done, alpha, gross is not None, tables, hidden)
+    return replace(out, after=looks_done)
 
 
 def _overall(

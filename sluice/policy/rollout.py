@@ -20,9 +20,11 @@
 kept in `RolloutState.transitions`, and each step's latest analysis in `RolloutState.steps`,
 so the archive (`to_json`) holds the whole timeline with its numbers (C6).
 
-Looks are counted here (`StepRecord.looks`): an analysis that judged a look already taken
-(the controller analyses again before it sees the first result) decides nothing, so each
-planned look spends its alpha once (`sluice.policy.canary_plan`). The fast path's `fail`
+Looks are counted here (`StepRecord.looks`): an analysis counts only if it was computed
+after exactly the looks this stay has taken (`Analysis.after`, fixed when the previous
+result was accepted); one that judged a look already taken, or that ran before the
+previous result was accepted (and so re-spent its alpha), decides nothing, so each planned
+look spends its alpha once (`sluice.policy.canary_plan`). The fast path's `fail`
 is valid at any time and always counts. `evidence_before` hands the next analysis what the
 earlier steps saw.
 
@@ -290,7 +292,9 @@ def evaluate(
     """Feed one analysis of the current step's window (answers since `step_started_at`).
 
     A fast-path `fail` rolls back at once, also while paused; so does a `fail` at a look
-    this stay has not taken yet (a repeat of a taken look decides nothing). `pass` (the
+    this stay has not taken yet, by an analysis that ran after exactly the looks taken so
+    far (`analysis.after`; a repeat of a taken look, or a look computed before the previous
+    one was accepted, decides nothing and spends nothing). `pass` (the
     step's last look) advances once `spec.hold_s` has passed since the step began (the
     promotion after the last, 100%, step). `wait` stays, until the smaller side has had no
     new answer for `spec.max_wait_s`; then `spec.on_no_data` decides. Pending and final
@@ -299,13 +303,15 @@ def evaluate(
     if state.phase not in (RolloutPhase.STEPPING, RolloutPhase.PAUSED) or not state.steps:
         return state
     last = state.steps[-1]
-    fresh = analysis.look > last.looks
+    # a look counts only if it was taken after exactly the looks this stay has taken: one
+    # computed before the previous result was accepted re-spends that look's alpha
+    fresh = analysis.look > last.looks and analysis.after == last.looks
     smaller = min(analysis.baseline_samples, analysis.canary_samples)
     record = replace(
         last,
         evaluations=last.evaluations + 1,
         analysis=analysis,
-        looks=max(last.looks, analysis.look),
+        looks=analysis.look if fresh else last.looks,
     )
     if smaller > last.progress:
         record = replace(record, progress=smaller, progress_at=now)

@@ -5,6 +5,7 @@ step, the evidence handed to the next step, and the archive's JSON round trip.""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Callable
@@ -161,6 +162,44 @@ def test_each_look_counts_once_and_only_the_fast_path_acts_between_looks() -> No
     assert gross.fast and gross.look == 0
     done = evaluate(SPEC, kept, gross, clock.now() + 3)
     assert done.phase is RolloutPhase.ROLLED_BACK and "gross failure" in done.transitions[-1].reason
+
+
+def test_two_looks_due_a_second_apart_spend_the_plans_alpha_once_each() -> None:
+    """Issue 32: the controller started the next analysis before the state machine had
+    accepted the look just taken, so that analysis re-spent it (look 2 at alpha 1 + 2).
+    A result computed after fewer looks than the stay has taken decides nothing; the look
+    is taken again by an analysis that counts from the accepted looks, at its own alpha."""
+    step = StepPlan(0, 1.0, 100, (25, 50, 100), (0.001, 0.001, 0.002))
+    base, canary = clean(400, seed=1), clean(400, seed=2)
+
+    def transform(rows: list[RequestSample]) -> list[RequestSample]:
+        return [dataclasses.replace(r, latency_s=r.latency_s * 3) for r in rows]
+
+    state, clock = started()
+    spent: list[float] = []
+
+    def feed(analysis: Analysis, at: float) -> RolloutState:
+        before = state.steps[-1].looks
+        after = evaluate(SPEC, state, analysis, at)
+        if after.steps[-1].looks > before:
+            spent.append(analysis.alpha)
+        return after
+
+    first = analyze(base[:30], canary[:30], None, None, SPEC.analysis, step, looks_done=0)
+    # started a second later, before `first` was fed: it counts from 0 looks
+    early = analyze(base[:60], transform(canary[:60]), None, None, SPEC.analysis, step)
+    assert (first.look, early.look, early.after) == (1, 2, 0)
+    assert early.alpha == pytest.approx(0.002) and early.verdict == "fail"
+    state = feed(first, clock.now() + 1)
+    state = feed(early, clock.now() + 2)
+    assert state.phase is RolloutPhase.STEPPING and state.steps[-1].looks == 1
+    second = analyze(base[:60], canary[:60], None, None, SPEC.analysis, step, looks_done=1)
+    assert second.look == 2 and second.after == 1
+    state = feed(second, clock.now() + 3)
+    state = feed(second, clock.now() + 4)  # fed again next tick: nothing more is spent
+    assert state.steps[-1].looks == 2
+    assert spent == [pytest.approx(0.001), pytest.approx(0.001)]
+    assert sum(spent) <= sum(step.alphas[:2]) + 1e-12
 
 
 def test_the_next_step_gets_the_earlier_steps_evidence() -> None:
