@@ -15,6 +15,11 @@ the state machine counts the looks, so analysing again never re-tests. A failing
 wakes the controller at once. A change the store refused is archived on a later tick (the
 split it asks for is in force already).
 
+A step's window holds the requests that arrived under its split, and a look compares only
+those that arrived at least a horizon before the instant both sides have been read up to,
+and finished by it (`sluice.policy.windows`): the same rule for both sides, so a good canary
+is compared with its baseline on exchangeable samples however long its answers take.
+
 Command servers (vLLM, SGLang, ...) and external endpoints keep no per-request samples:
 their groups' answers are the rows the gateway records of them (status, latency, time to the
 first body byte of streamed answers as TTFT; `SampleCollector` reads them in-process), and
@@ -54,6 +59,7 @@ from sluice.policy.analysis import (
 from sluice.policy.canary_plan import RATIO_CAP, RolloutPlan, plan_rollout, step_seconds
 from sluice.policy.rollout import RolloutPhase, RolloutState, evidence_before
 from sluice.policy.routing import CanarySplit
+from sluice.policy.windows import horizon_s, look_rows
 from sluice.spec import PlatformSpec
 from sluice.spec.rollout import RolloutSpec
 from sluice.store import RolloutRecord, Store
@@ -86,8 +92,8 @@ class _Run:
     """transitions of `state` already in the archive (the rest wait for the store)"""
     analysis: Analysis | None = None
     analysis_key: tuple[object, ...] | None = None
-    """(window, baseline version, canary version, compared with the step before, looks
-    taken, hold over)"""
+    """(window, answers a side a look may use, baseline version, canary version, compared
+    with the step before, looks taken, hold over)"""
     analyzing: asyncio.Task[None] | None = None
     next_analysis_at: float = 0.0
 
@@ -281,23 +287,40 @@ class RolloutRunner:
         the latest result, so the looks it counts from (`looks_done`) include every look
         taken: an analysis never re-spends the look just taken (the state machine discards
         a result whose `after` is not its count anyway)."""
+        loop = asyncio.get_running_loop()
+        busy = run.analyzing is not None and not run.analyzing.done()
+        if busy or loop.time() < run.next_analysis_at or run.window_at is None:
+            return
         base = self._collector.window(run.spec.baseline)
         canary = self._collector.window(run.spec.canary)
         previous = run.state.percent >= 100.0 and bool(run.previous_baseline)
         record = run.state.steps[-1]
         started = run.state.step_started_at if run.state.step_started_at is not None else now
         final_ready = now - started >= run.spec.hold_s
-        key = (run.window_at, base.version, canary.version, previous, record.looks, final_ready)
-        loop = asyncio.get_running_loop()
-        busy = run.analyzing is not None and not run.analyzing.done()
-        if not busy and key != run.analysis_key and loop.time() >= run.next_analysis_at:
-            base_rows, base_use = list(base.samples), _use(base)
-            if previous:
-                base_rows, base_use = run.previous_baseline, run.previous_use
+        # both sides are cut at the same instant (the earlier read), `horizon` before it
+        through = self._collector.through(run.spec.canary)
+        if not previous:
+            through = _earliest(through, self._collector.through(run.spec.baseline))
+        horizon = self._horizon(run)
+        canary_rows = look_rows(canary.samples, run.window_at, through, horizon)
+        base_rows, base_use = look_rows(base.samples, run.window_at, through, horizon), _use(base)
+        if previous:
+            base_rows, base_use = run.previous_baseline, run.previous_use
+        key = (
+            run.window_at,
+            len(base_rows),
+            len(canary_rows),
+            base.version,
+            canary.version,
+            previous,
+            record.looks,
+            final_ready,
+        )
+        if key != run.analysis_key:
             job = _Job(
                 key,
                 base_rows,
-                list(canary.samples),
+                canary_rows,
                 base_use,
                 _use(canary),
                 record.looks,
@@ -345,14 +368,28 @@ class RolloutRunner:
         if result.verdict == "fail":
             self._wake()
 
+    def _horizon(self, run: _Run) -> float:
+        """How long after arriving a request waits to be counted at a look: from the two
+        groups' recent latencies (`sluice.policy.windows.horizon_s`)."""
+        return horizon_s(
+            self._collector.latencies(run.spec.baseline)
+            + self._collector.latencies(run.spec.canary)
+        )
+
     def _roll_window(self, run: _Run) -> None:
-        """A new step (or a resume) starts a new analysis window for both groups."""
+        """A new step (or a resume) starts a new analysis window for both groups; the
+        baseline's answers of the step before are kept (as a look would have cut them) for
+        the 100% step."""
         started = run.state.step_started_at
         if started is None or started == run.window_at:
             return
         base = self._collector.window(run.spec.baseline)
         if run.window_at is not None and base.samples:
-            run.previous_baseline, run.previous_use = list(base.samples), _use(base)
+            through = self._collector.through(run.spec.baseline)
+            run.previous_baseline = look_rows(
+                base.samples, run.window_at, through, self._horizon(run)
+            )
+            run.previous_use = _use(base)
         run.window_at = started
         run.next_analysis_at = 0.0
         # room for the larger side at RATIO_CAP x the step's samples, as the plan assumes
@@ -486,6 +523,11 @@ def plan_report(rs: RolloutSpec, rate_rps: float | None) -> dict[str, Any]:
         row["seconds"] = None if seconds is None else seconds[i]
     report["total_s"] = None if seconds is None else sum(seconds)
     return report
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    """The earlier of two read times; None (nothing known) if either is."""
+    return None if a is None or b is None else min(a, b)
 
 
 def _use(w: GroupSamples) -> ResourceUse | None:

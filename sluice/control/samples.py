@@ -17,6 +17,13 @@ instances to read (`watch`) and reads the windows as they are. Every instance is
 concurrently, each within `INSTANCE_TIMEOUT_S`, so a hung instance costs one round at most
 that long and delays nobody else's samples by more. Memory is bounded: a window keeps a
 uniform random sample (reservoir) of at most `capacity` requests of its step.
+
+A window holds the requests that ARRIVED since it began (a row's finish time `at` less its
+latency), not those that finished since: an answer that started under the step before's
+split belongs to neither side (`sluice.policy.windows`). For each instance the collector
+keeps `through`, the time its answers are known up to (the start of its last read that
+returned all it had), and for each group the latencies of its recent answers (across
+windows), from which the runner picks a look's horizon.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,6 +45,8 @@ __all__ = ["GatewaySampleSource", "GroupSamples", "SampleCollector", "window_row
 
 
 PAGE = 2000
+LATENCY_HISTORY = 4000
+"""Latencies of recent answers kept per group (across windows), for the look horizon."""
 POLL_S = 1.0
 """A round of reads starts this often (or as soon as the last one ended, if it took longer)."""
 INSTANCE_TIMEOUT_S = 1.5
@@ -76,6 +86,9 @@ class _Cursor:
     """monotonic time of the /stats read the two counters above come from"""
     failures: int = 0
     """reads of this instance that failed in a row"""
+    through: float | None = None
+    """epoch time its answers are known up to: the start of its last read that returned
+    every row it had (None: none yet)"""
     error: str = ""
 
 
@@ -134,10 +147,11 @@ class SampleCollector(RoundPoller[tuple[str, str, str]]):
         self._gateway_groups: frozenset[str] = frozenset()
         self._cursors: dict[str, _Cursor] = {}
         self._groups: dict[str, GroupSamples] = {}
+        self._latencies: dict[str, deque[float]] = {}
 
     def reset(self, groups: Iterable[str], now: float, capacity: int = WINDOW_ROWS) -> None:
         """Start a new analysis window for `groups` (a new step) at `now` (epoch seconds):
-        requests that finished before it (warm-up passes included) are not in it."""
+        requests that arrived before it (warm-up passes included) are not in it."""
         for g in groups:
             self._groups[g] = GroupSamples(
                 since=now,
@@ -148,6 +162,26 @@ class SampleCollector(RoundPoller[tuple[str, str, str]]):
 
     def window(self, group: str) -> GroupSamples:
         return self._groups.setdefault(group, GroupSamples())
+
+    def through(self, group: str) -> float | None:
+        """Epoch time up to which the watched instances of `group` have been read (the
+        earliest of theirs); None while one has not been read whole yet, or none answers.
+        An instance whose last read failed is left out, so a hung one holds no look back:
+        its answers are missing from its side, whichever they would have been, which
+        leaves the two sides exchangeable (they come in when it answers again)."""
+        times: list[float] = []
+        for g, iid, _ in self._targets:
+            cur = self._cursors.get(iid)
+            if g != group or (cur is not None and cur.failures):
+                continue
+            if cur is None or cur.through is None:
+                return None
+            times.append(cur.through)
+        return min(times) if times else None
+
+    def latencies(self, group: str) -> list[float]:
+        """Latencies of `group`'s recent answers (the last LATENCY_HISTORY, any window)."""
+        return list(self._latencies.get(group, ()))
 
     def watch(
         self, instances: Iterable[tuple[str, str, str]], from_gateway: Iterable[str] = ()
@@ -192,19 +226,16 @@ class SampleCollector(RoundPoller[tuple[str, str, str]]):
             return
         try:
             async with asyncio.timeout(self._timeout_s):
+                read_at = time.time()
                 r = await self._client.get(
                     f"{url}/sluice/samples", params={"after": cur.after, "limit": PAGE}
                 )
                 r.raise_for_status()
                 body = r.json()
-                # the window as it is now: a reset during the read starts a new one
-                win = self.window(group)
-                rows = [RequestSample.from_json(s) for s in body["samples"] if s["at"] >= win.since]
                 cur.after = int(body["next"])
-                for row in rows:
-                    win.add(row)
-                if rows:
-                    win.version += 1
+                self._take(group, [RequestSample.from_json(s) for s in body["samples"]])
+                if len(body["samples"]) < PAGE:
+                    cur.through = read_at
                 stats = (await self._client.get(f"{url}/stats")).json()
                 self._count(self.window(group), cur, stats, time.monotonic())
         except (httpx.HTTPError, ValueError, KeyError, TypeError, TimeoutError) as exc:
@@ -220,19 +251,30 @@ class SampleCollector(RoundPoller[tuple[str, str, str]]):
             cur.failures += 1
             cur.error = NO_GATEWAY
             return
-        win = self.window(group)
-        win.from_gateway = True
+        self.window(group).from_gateway = True
+        read_at = time.time()
         rows: list[RequestSample] = []
         while True:  # every new row: the ring would drop what a later round did not read
             body, cur.after = self._gateway.samples(iid, cur.after, PAGE)
-            rows += [RequestSample.from_json(s) for s in body if s["at"] >= win.since]
+            rows += [RequestSample.from_json(s) for s in body]
             if len(body) < PAGE:
                 break
-        for row in rows:
-            win.add(row)
-        if rows:
-            win.version += 1
+        self._take(group, rows)
+        cur.through = read_at
         cur.failures, cur.error = 0, ""
+
+    def _take(self, group: str, rows: list[RequestSample]) -> None:
+        """New rows of `group`: their latencies into its history, those that arrived since
+        its window began into the window (as it is now: a reset during a read starts a new
+        one)."""
+        history = self._latencies.setdefault(group, deque(maxlen=LATENCY_HISTORY))
+        history.extend(r.latency_s for r in rows)
+        win = self.window(group)
+        kept = [r for r in rows if r.arrived_at is None or r.arrived_at >= win.since]
+        for row in kept:
+            win.add(row)
+        if kept:
+            win.version += 1
 
     @staticmethod
     def _count(win: GroupSamples, cur: _Cursor, stats: dict[str, Any], now: float) -> None:

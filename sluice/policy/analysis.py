@@ -104,7 +104,9 @@ def unobserved(base_from_gateway: bool, canary_from_gateway: bool) -> dict[str, 
 @dataclass(frozen=True, slots=True)
 class RequestSample:
     """One answered request as the instance saw it. Times in seconds; `ttft_s` and `tpot_s`
-    only for streamed generations; `text`: a prefix of the output (for style drift)."""
+    only for streamed generations; `text`: a prefix of the output (for style drift);
+    `arrived_at`: when the request arrived (epoch s; None: unknown), which says under which
+    split it was routed (`sluice.policy.windows`)."""
 
     status: int
     latency_s: float
@@ -113,18 +115,26 @@ class RequestSample:
     output_tokens: int | None = None
     finish_reason: str | None = None
     text: str | None = None
+    arrived_at: float | None = None
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> RequestSample:
-        """From a worker's `/sluice/samples` row; other keys (seq, at, model) are ignored."""
+        """From a worker's `/sluice/samples` row (or the gateway's): `arrived_at` if the row
+        has it, else its finish time `at` less its latency; other keys (seq, model) are
+        ignored."""
 
         def opt(key: str, kind: type[float] | type[int] | type[str]) -> Any:
             value = row.get(key)
             return None if value is None else kind(value)
 
+        latency = float(row["latency_s"])
+        arrived = opt("arrived_at", float)
+        if arrived is None and row.get("at") is not None:
+            arrived = float(row["at"]) - latency
         return cls(
             status=int(row["status"]),
-            latency_s=float(row["latency_s"]),
+            latency_s=latency,
+            arrived_at=arrived,
             ttft_s=opt("ttft_s", float),
             tpot_s=opt("tpot_s", float),
             output_tokens=opt("output_tokens", int),

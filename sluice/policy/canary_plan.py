@@ -26,6 +26,12 @@ rollout: every step, every criterion, every look. Why that holds:
    than at least G/4. Under any common error rate one of the two nulls holds, so both tests
    pass their bar together with probability at most the fast path's share.
 
+6. The tests assume the two sides' answers are exchangeable when the canary is good. A
+   look compares the requests that arrived under the step's split, cut at the same instant
+   for both sides a horizon before it (`sluice.policy.windows`): answers that started
+   under the step before, or that are still running, bias neither side however long
+   answers take.
+
 Resource gates (CPU per request, memory) are measured ratios, not tests: outside the budget.
 The exact tests are conservative, so the rate measured by `bench/canary.py` sits below the
 promise.

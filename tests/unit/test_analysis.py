@@ -426,7 +426,8 @@ def test_analysis_round_trips_through_json() -> None:
 def test_samples_read_from_worker_rows() -> None:
     row = {"seq": 3, "at": 1.0, "model": "m", "status": 200, "latency_s": 0.5, "ttft_s": 0.1}
     row |= {"tpot_s": None, "output_tokens": 12, "finish_reason": "stop", "text": "Hi."}
-    assert RequestSample.from_json(row) == RequestSample(200, 0.5, 0.1, None, 12, "stop", "Hi.")
+    want = RequestSample(200, 0.5, 0.1, None, 12, "stop", "Hi.", arrived_at=0.5)
+    assert RequestSample.from_json(row) == want  # arrived: finished at 1.0 after 0.5 s
     assert RequestSample.from_json({"status": 502, "latency_s": 0}) == RequestSample(502, 0.0)
 
 
