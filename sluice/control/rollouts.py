@@ -56,12 +56,18 @@ from sluice.policy.analysis import (
     analyze,
     unobserved,
 )
-from sluice.policy.canary_plan import RATIO_CAP, RolloutPlan, plan_rollout, step_seconds
+from sluice.policy.canary_plan import (
+    RATIO_CAP,
+    RolloutPlan,
+    StepPlan,
+    plan_rollout,
+    step_seconds,
+)
 from sluice.policy.rollout import RolloutPhase, RolloutState, evidence_before
 from sluice.policy.routing import CanarySplit
 from sluice.policy.windows import horizon_s, look_rows
 from sluice.spec import PlatformSpec
-from sluice.spec.rollout import RolloutSpec
+from sluice.spec.rollout import AnalysisSpec, RolloutSpec
 from sluice.store import RolloutRecord, Store
 from sluice.tools.compare import CompareOptions, Target, compare
 
@@ -92,8 +98,8 @@ class _Run:
     """transitions of `state` already in the archive (the rest wait for the store)"""
     analysis: Analysis | None = None
     analysis_key: tuple[object, ...] | None = None
-    """(window, answers a side a look may use, baseline version, canary version, compared
-    with the step before, looks taken, hold over)"""
+    """(window, the instant both sides are read up to, baseline version, canary version,
+    compared with the step before, looks taken, hold over)"""
     analyzing: asyncio.Task[None] | None = None
     next_analysis_at: float = 0.0
 
@@ -297,19 +303,13 @@ class RolloutRunner:
         record = run.state.steps[-1]
         started = run.state.step_started_at if run.state.step_started_at is not None else now
         final_ready = now - started >= run.spec.hold_s
-        # both sides are cut at the same instant (the earlier read), `horizon` before it
+        # both sides are cut at the same instant (the earlier read), a horizon before it
         through = self._collector.through(run.spec.canary)
         if not previous:
             through = _earliest(through, self._collector.through(run.spec.baseline))
-        horizon = self._horizon(run)
-        canary_rows = look_rows(canary.samples, run.window_at, through, horizon)
-        base_rows, base_use = look_rows(base.samples, run.window_at, through, horizon), _use(base)
-        if previous:
-            base_rows, base_use = run.previous_baseline, run.previous_use
         key = (
             run.window_at,
-            len(base_rows),
-            len(canary_rows),
+            through,
             base.version,
             canary.version,
             previous,
@@ -317,10 +317,13 @@ class RolloutRunner:
             final_ready,
         )
         if key != run.analysis_key:
+            base_rows, base_use = list(base.samples), _use(base)
+            if previous:
+                base_rows, base_use = run.previous_baseline, run.previous_use
             job = _Job(
                 key,
                 base_rows,
-                canary_rows,
+                list(canary.samples),
                 base_use,
                 _use(canary),
                 record.looks,
@@ -331,6 +334,9 @@ class RolloutRunner:
                     base.from_gateway or run.spec.baseline in self._gateway_sampled,
                     canary.from_gateway or run.spec.canary in self._gateway_sampled,
                 ),
+                run.window_at,
+                through,
+                self._latencies(run),
             )
             run.analyzing = loop.create_task(
                 self._analyze(run, job), name=f"analysis-{run.spec.name}"
@@ -342,9 +348,8 @@ class RolloutRunner:
         step = run.plan.step(run.state.step)
         try:
             result = await asyncio.to_thread(
-                analyze,
-                job.base,
-                job.canary,
+                _judge,
+                job,
                 job.base_use,
                 job.canary_use,
                 run.spec.analysis,
@@ -368,12 +373,10 @@ class RolloutRunner:
         if result.verdict == "fail":
             self._wake()
 
-    def _horizon(self, run: _Run) -> float:
-        """How long after arriving a request waits to be counted at a look: from the two
-        groups' recent latencies (`sluice.policy.windows.horizon_s`)."""
-        return horizon_s(
-            self._collector.latencies(run.spec.baseline)
-            + self._collector.latencies(run.spec.canary)
+    def _latencies(self, run: _Run) -> list[float]:
+        """The two groups' recent latencies, for a look's horizon (`horizon_s`)."""
+        return self._collector.latencies(run.spec.baseline) + self._collector.latencies(
+            run.spec.canary
         )
 
     def _roll_window(self, run: _Run) -> None:
@@ -387,7 +390,7 @@ class RolloutRunner:
         if run.window_at is not None and base.samples:
             through = self._collector.through(run.spec.baseline)
             run.previous_baseline = look_rows(
-                base.samples, run.window_at, through, self._horizon(run)
+                base.samples, run.window_at, through, horizon_s(self._latencies(run))
             )
             run.previous_use = _use(base)
         run.window_at = started
@@ -510,6 +513,30 @@ class _Job:
     prior: Prior
     baseline_reused: bool
     unobserved: Mapping[str, str]
+    since: float
+    """the window's start: requests that arrived before it are in neither side"""
+    through: float | None
+    """the instant both sides are known up to (None: not yet)"""
+    latencies: list[float]
+    """recent latencies of both groups, for the horizon"""
+
+
+def _judge(
+    job: _Job,
+    base_use: ResourceUse | None,
+    canary_use: ResourceUse | None,
+    spec: AnalysisSpec,
+    step: StepPlan,
+    **options: Any,
+) -> Analysis:
+    """In the analysis thread: cut both sides as a look compares them (`look_rows`; the
+    baseline of the step before was cut when it ended), then `analyze`."""
+    horizon = horizon_s(job.latencies)
+    canary = look_rows(job.canary, job.since, job.through, horizon)
+    base = job.base
+    if not job.baseline_reused:
+        base = look_rows(job.base, job.since, job.through, horizon)
+    return analyze(base, canary, base_use, canary_use, spec, step, **options)
 
 
 def plan_report(rs: RolloutSpec, rate_rps: float | None) -> dict[str, Any]:
