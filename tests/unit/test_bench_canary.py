@@ -5,6 +5,7 @@ the bench itself runs the defaults)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -101,3 +102,35 @@ def test_a_good_canary_is_promoted_and_a_bad_one_caught_on_the_virtual_clock(
     slow = bench.rollout(spec, plan, pools["aa"], pools["latency_p95"], 100.0, "bursty", rng)
     assert slow.phase == "rolled_back" and "latency_p95" in slow.blamed and not slow.fast
     assert math.isfinite(slow.seconds)
+
+
+def test_answers_that_take_seconds_end_after_the_horizon_and_a_bad_canary_is_caught(
+    bench: ModuleType,
+    pools: dict[str, list],  # type: ignore[type-arg]
+) -> None:
+    """The timed rollouts (issue 32): answers finish their latency after they arrive, the
+    window is by arrival and cut at the horizon; a good canary is promoted, later than
+    its holds alone (the horizon), and a slower one is caught."""
+    spec = RolloutSpec.model_validate(
+        {
+            "name": "b",
+            "baseline": "a",
+            "canary": "c",
+            "steps": [5, 25, 100],
+            "hold_s": 10,
+            "analysis": {"min_samples": 80},
+        }
+    )
+    plan = plan_rollout(spec)
+    rng = np.random.default_rng(2)
+    slow = _latency(pools["timed aa"])
+    assert 2.0 < np.median(slow) < 6.0 and np.quantile(slow, 0.999) > 30.0
+    good = bench.timed_rollout(spec, plan, pools["timed aa"], pools["timed aa"], 50.0, rng)
+    assert good.phase == "promoted" and not good.blamed
+    assert good.seconds > 3 * spec.hold_s + 30.0  # each step waited out a horizon
+    bad = [
+        dataclasses.replace(s, latency_s=2 * s.latency_s, ttft_s=s.ttft_s and 2 * s.ttft_s)
+        for s in pools["timed aa"]
+    ]
+    caught = bench.timed_rollout(spec, plan, pools["timed aa"], bad, 50.0, rng)
+    assert caught.phase == "rolled_back" and "latency_p50" in caught.blamed
