@@ -307,7 +307,7 @@ def audit(
     control: ControlOpt = None,
 ) -> None:
     """Who changed what, when and why (newest first): ACTOR is the token, PERSON who holds
-    it (recorded for review, token and console actions)."""
+    it (`-` for the platform itself: `sluice up`, a drill schedule)."""
 
     def render(items: list[dict[str, Any]]) -> None:
         t = Table("WHEN", "ACTOR", "PERSON", "ACTION", "TARGET", "REASON", "DETAIL")
@@ -315,7 +315,7 @@ def audit(
             t.add_row(
                 ts(a["at"]),
                 a["actor"],
-                str(a["detail"].get("person") or "-"),  # the acting token's person, if known
+                str(a.get("person") or a["detail"].get("person") or "-"),
                 a["action"],
                 a["target"],
                 a["reason"],

@@ -627,7 +627,8 @@ def build_control_api(
         *,
         me: Me,
     ) -> list[dict[str, Any]]:
-        """Newest first; `since`/`until` are Unix times. A token scoped to groups reads the
+        """Newest first; `since`/`until` are Unix times; `person` is who held the acting
+        token. A token scoped to groups reads the
         entries about its groups (`group/G`), their rollouts and its own proposals; never a
         revision's, a token's or a console session's."""
         targets = None
@@ -652,7 +653,13 @@ def build_control_api(
             until=until,
             limit=limit,
         )
-        return [e.to_json() for e in entries]
+        # Every row says who: the person its row recorded, else the one holding its token
+        # (tokens are never renamed nor reused); None for an actor that is no token.
+        holders = {t.name: t.person for t in await asyncio.to_thread(store.list_tokens)}
+        return [
+            {**e.to_json(), "person": e.detail.get("person") or holders.get(e.actor)}
+            for e in entries
+        ]
 
     @api.get("/v1/events")
     async def events(me: Me, group: str | None = None, limit: Limit = 100) -> list[dict[str, Any]]:
@@ -710,7 +717,7 @@ def build_control_api(
     @guarded(Role.GATEWAY)
     async def whoami(me: Me) -> dict[str, Any]:
         groups = None if me.groups is None else sorted(me.groups)
-        return {"name": me.name, "role": me.role.value, "groups": groups}
+        return {"name": me.name, "person": me.person, "role": me.role.value, "groups": groups}
 
     @api.post("/v1/gc")
     @guarded(Role.ADMIN)

@@ -126,6 +126,10 @@ def test_no_secret_nor_key_digest_is_stored_logged_served_or_on_a_command_line(
     assert code != 0 and "too easy to guess" in out["error"]["message"], out
     [refused] = s.cli("audit", "--action", "apply-refused")
     assert refused["actor"] == "leak-admin" and "weak.yaml:" in refused["reason"], refused
+    assert refused["person"] == "leak-admin", refused
+    # every audit row names the person holding its token, recorded or looked up (a scale)
+    scaled = s.cli("audit", "--action", "scale")
+    assert scaled and all(row["person"] == "admin" for row in scaled), scaled
     assert len(admin(s, "GET", "/v1/revisions")) == 1
 
     places: list[tuple[str, bytes]] = list(every_file(s.home))
