@@ -3,9 +3,10 @@ keys written inline, read from an environment variable and from a keys file, a m
 a proposal carrying a new key, traffic with every key and a restart of `sluice up`, none of
 those secrets, nor any key's sha256 digest, is in any file of the state directory (state.db
 and its WAL, every log), any answer of any GET route of the control API, `sluice up`'s own
-output, or any process's command line. The keys still work after the restart: what the
-store keeps opens with the installation's key (`$SLUICE_HOME/secrets.key`, which, with
-`admin.token`, is a secret by design and not searched)."""
+output, any process's command line or any instance's environment. The keys still work
+after the restart: what the store keeps opens with the installation's key
+(`$SLUICE_HOME/secrets.key`, which, with `admin.token`, is a secret by design and not
+searched)."""
 
 from __future__ import annotations
 
@@ -142,6 +143,13 @@ def test_no_secret_nor_key_digest_is_stored_logged_served_or_on_a_command_line(
             places.append((f"GET {path}", r.content))
     places.append(("sluice up's output", "\n".join(first_run + s.output).encode()))
     places.extend(command_lines())
+    # `sluice up` has a key in its environment (KEYS_VAR): no instance inherits it
+    pids = [i["pid"] for i in s.instances() if i.get("pid")]
+    assert pids
+    for pid in pids:
+        places.append(
+            (f"environment of instance pid {pid}", Path(f"/proc/{pid}/environ").read_bytes())
+        )
 
     secrets_of_the_flow = {
         "inline key": INLINE_KEY,
