@@ -33,6 +33,7 @@ from sluice.control.events import store_error_text, store_outage
 from sluice.control.explain import advisory_view, explain_decisions
 from sluice.control.guard import SPEC_BODY, ControlGuard, guarded
 from sluice.control.observer import stored_history
+from sluice.control.refusals import RefusalAudit
 from sluice.control.review import ReviewBoard
 from sluice.control.spec_work import offload
 from sluice.control.supervisor import InstanceSupervisor
@@ -145,16 +146,24 @@ def build_control_api(
         _gateway_only_syncs(principal, request.url.path)
         return principal
 
+    refusals = RefusalAudit(lambda *row: controller.audit(*row), tokens.clock)
     app.add_middleware(
         ControlGuard,
         hosts=allowed_hosts,
         caller=caller,
         exempt=lambda path: path == "/healthz" or is_console_path(path),  # the console logs in
         routes=lambda: api.routes,  # every guarded route is on `api`
+        on_refused=refusals.record,
     )
 
     @app.exception_handler(SluiceError)
-    async def _sluice_error(_: Request, exc: SluiceError) -> JSONResponse:
+    async def _sluice_error(request: Request, exc: SluiceError) -> JSONResponse:
+        """A 403 inside a route (another team's group, another gateway's id) goes on record
+        too, unless the route audited it already (`detail.audited`, an approval refused)."""
+        principal = getattr(request.state, "principal", None)
+        if exc.http_status == 403 and principal is not None and not exc.detail.get("audited"):
+            what = f"{request.method} {request.url.path}"
+            await refusals.record(principal, what, 403, exc.message)
         return JSONResponse(exc.to_json(), status_code=exc.http_status)
 
     @app.exception_handler(StarletteHTTPException)

@@ -97,12 +97,14 @@ class ControlGuard:
         caller: Callable[[Request], Awaitable[Principal]],
         exempt: Callable[[str], bool],
         routes: Callable[[], Sequence[BaseRoute]],
+        on_refused: Callable[[Principal, str, int, str], Awaitable[None]] | None = None,
     ) -> None:
         self._app = app
         self._hosts = frozenset(h.lower() for h in hosts)
         self._caller = caller
         self._exempt = exempt
         self._routes = routes
+        self._on_refused = on_refused
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -122,19 +124,29 @@ class ControlGuard:
             return
         try:
             principal = await self._caller(request)
-            guard, group = self._guard(scope)
-            what = f"{scope['method']} {scope['path']}"
+        except SluiceError as exc:  # no one's: answered, not audited
+            await _send_json(send, exc.http_status, exc.to_json())
+            return
+        guard, group = self._guard(scope)
+        what = f"{scope['method']} {scope['path']}"
+        try:
             principal.require(guard.role, what, groups=(group,) if group else ())
         except SluiceError as exc:
+            await self._refused(principal, what, exc.http_status, exc.message)
             await _send_json(send, exc.http_status, exc.to_json())
             return
         scope.setdefault("state", {})["principal"] = principal
         try:
             body = await _bounded_body(request, receive, guard.body_cap)
         except _BodyRefused as refused:
+            await self._refused(principal, what, refused.status, refused.message)
             await _refuse(send, refused.status, refused.code, refused.message)
             return
         await self._app(scope, _replay(body, receive), send)
+
+    async def _refused(self, who: Principal, what: str, status: int, why: str) -> None:
+        if self._on_refused is not None:
+            await self._on_refused(who, what, status, why)
 
     def _guard(self, scope: Scope) -> tuple[Guard, str | None]:
         """The guard of the route this request will reach, and the `{group}` it names."""

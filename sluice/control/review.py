@@ -184,7 +184,7 @@ class ReviewBoard:
                     refusal,
                     {"person": person, "author": p.author, "author_person": p.author_person},
                 )
-                raise Forbidden(refusal, proposal=p.id, person=person)
+                raise Forbidden(refusal, proposal=p.id, person=person, audited=True)
             latest = await asyncio.to_thread(self._store.latest_revision)
             current = latest.number if latest else 0
             if current != p.base_revision:

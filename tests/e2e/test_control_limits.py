@@ -94,6 +94,11 @@ def test_a_viewers_huge_post_is_refused_unread(platform: Sluice) -> None:
     operator = platform.token("limits-operator", "operator")
     r = post(platform, "/v1/groups/chat/scale", operator, content=b"{" + b" " * (1 << 20) + b"}")
     assert r.status_code == 413 and "at most 65536 bytes" in r.json()["error"]["message"]
+    # both attempts are on record: who, whose person, which request, what it got
+    refused = platform.cli("audit", "--action", "request-refused", "--limit", "100")
+    seen = {(row["actor"], row["detail"]["status"], row["target"]) for row in refused}
+    assert ("limits-viewer", 403, "POST /v1/groups/chat/scale") in seen, refused
+    assert ("limits-operator", 413, "POST /v1/groups/chat/scale") in seen, refused
 
 
 def test_spec_sizes_are_capped(platform: Sluice) -> None:

@@ -190,6 +190,9 @@ def test_a_gateway_token_cannot_sync_another_gateway_nor_feed_what_is_not_routed
                 assert r.status_code == 403, r.text
                 message = r.json()["error"]["message"]
                 assert "token 'forger' may sync only gateway 'forger' or" in message
+            # each forged sync is on record, with the token that tried it
+            tried = {row["target"] for row in s.cli("audit", "--actor", "forger")}
+            assert {f"POST /v1/gateways/{i}/sync" for i in (real_id, "gw-9")} <= tried, tried
             time.sleep(3)  # three autoscaler ticks and three syncs of the real gateway
             after = dataplane(s)
             assert set(after["gateways"]) == {"local", real_id} and after["dropped"] == {}

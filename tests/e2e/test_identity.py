@@ -130,6 +130,11 @@ def audit_log(s: Sluice) -> list[dict[str, Any]]:
     return list(r.json())
 
 
+def changes(audit: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The audit rows of what was done, without the refused attempts (`request-refused`)."""
+    return [a for a in audit if a["action"] != "request-refused"]
+
+
 def chat(s: Sluice, key: str, model: str) -> httpx.Response:
     with httpx.Client(base_url=s.endpoint, trust_env=False, timeout=30) as c:
         return c.post(
@@ -237,16 +242,23 @@ def test_viewer_cannot_scale_and_scoped_operator_acts_only_on_its_group(platform
     groups = {g["name"]: g for g in s.cli("get", "groups")}
     assert (groups["alpha"]["desired"], groups["beta"]["desired"]) == (2, 1)
 
-    # The audit names the token, and only the change that happened.
+    # The audit names the token: the change that happened, and each refused attempt as
+    # such (`request-refused`, with the request and its status), nothing else.
     mine = s.cli("audit", "--actor", "t1-op-alpha")
-    assert [(a["actor"], a["action"], a["target"], a["reason"]) for a in mine] == [
+    done = [a for a in mine if a["action"] != "request-refused"]
+    assert [(a["actor"], a["action"], a["target"], a["reason"]) for a in done] == [
         ("t1-op-alpha", "scale", "group/alpha", "t1 peak")
     ]
-    assert mine[0]["detail"]["to"] == 2
-    assert s.cli("audit", "--actor", "t1-viewer") == []
+    assert done[0]["detail"]["to"] == 2
+    tried = {(a["target"], a["detail"]["status"]) for a in mine if a["action"] == "request-refused"}
+    assert ("POST /v1/groups/beta/scale", 403) in tried, tried
+    viewer = s.cli("audit", "--actor", "t1-viewer")
+    assert {(a["action"], a["target"]) for a in viewer} == {
+        ("request-refused", "POST /v1/groups/alpha/scale")
+    }, viewer
     scales = s.cli("audit", "--action", "scale", "--limit", "1000")
     assert scales and {a["action"] for a in scales} == {"scale"}
-    assert mine[0] in scales
+    assert done[0] in scales
     creates = s.cli("audit", "--action", "token-create", "--limit", "1000")
     targets = {a["target"] for a in creates}
     assert {"token/t1-viewer", "token/t1-op-alpha"} <= targets and all(
@@ -462,7 +474,8 @@ def test_every_route_refuses_a_missing_malformed_or_unknown_token(platform: Slui
     s = platform
     assert app_routes() == set(ROUTES), "a control API route was added or removed: list it"
     admin = admin_token(s)
-    viewer = s.token(f"t3-viewer-{secrets.token_hex(3)}", role="viewer")
+    viewer_name = f"t3-viewer-{secrets.token_hex(3)}"
+    viewer = s.token(viewer_name, role="viewer")
     victim_name = f"t3-victim-{secrets.token_hex(3)}"
     victim = s.token(victim_name, role="viewer")
     change = platform_spec(description="changed by an intruder")
@@ -475,7 +488,7 @@ def test_every_route_refuses_a_missing_malformed_or_unknown_token(platform: Slui
 
     with control(s) as c:
         before = {
-            "audit": audit_log(s),
+            "audit": changes(audit_log(s)),
             "tokens": c.get("/v1/tokens", headers=bearer(admin)).json(),
             "revision": revision(s),
             "proposals": c.get("/v1/proposals", params={"all": True}, headers=bearer(admin)).json(),
@@ -524,7 +537,7 @@ def test_every_route_refuses_a_missing_malformed_or_unknown_token(platform: Slui
         assert calls == (len(ROUTES) - 1) * len(bad_auth)
 
         after = {
-            "audit": audit_log(s),
+            "audit": changes(audit_log(s)),
             "tokens": c.get("/v1/tokens", headers=bearer(admin)).json(),
             "revision": revision(s),
             "proposals": c.get("/v1/proposals", params={"all": True}, headers=bearer(admin)).json(),
@@ -533,6 +546,14 @@ def test_every_route_refuses_a_missing_malformed_or_unknown_token(platform: Slui
             ],
         }
         assert after == before
+        # what is on record besides: the viewer's refused attempts, never a missing, malformed
+        # or unknown token's (no one's: answered, not audited)
+        refused = [
+            a
+            for a in audit_log(s)
+            if a["action"] == "request-refused" and a["actor"].startswith("t3-")
+        ]
+        assert refused and {a["actor"] for a in refused} == {viewer_name}, refused
         assert c.get("/v1/whoami", headers=bearer(victim)).json()["name"] == victim_name
 
 
