@@ -253,12 +253,12 @@ class GatewayState:
     def rate_wait(self, tenant: str) -> float:
         """0.0 if `tenant` may send one more request now, else seconds until it may (at
         most the wait for one token at the tenant's whole limit, when it is shared). Counts
-        the arrival either way."""
-        arrivals = self.arrivals
-        arrivals[tenant] = arrivals.get(tenant, 0) + 1
+        the arrival of a limited tenant either way."""
         bucket = self.buckets.get(tenant)
         if bucket is None:
             return 0.0
+        arrivals = self.arrivals
+        arrivals[tenant] = arrivals.get(tenant, 0) + 1
         wait = bucket.try_take(time.monotonic())
         if wait > 0.0 and self._rate_caps:
             return min(wait, self._rate_caps.get(tenant, wait))
