@@ -130,9 +130,10 @@ def split_rate(
         if total <= 0.0:  # no demand among them: evenly
             out.update(dict.fromkeys(free, left / len(free)))
             break
-        low = [g for g, d in free.items() if left * d / total < floor]
+        low = [g for g, d in free.items() if left * (d / total) < floor]
         if not low:
-            out.update({g: left * d / total for g, d in free.items()})
+            out.update({g: left * (d / total) for g, d in free.items()})  # d / total first: a
+            # subnormal d times `left` would round to 0 or skew the sum
             break
         for g in low:  # below the floor: pinned to it, the rest shared again without them
             out[g] = floor

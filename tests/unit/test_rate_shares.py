@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sluice.control.gateways import LOCAL, GatewayFleet, LocalGateway
@@ -62,6 +62,8 @@ def snapshot(version: int = 1, rps: float = 5.0, burst: int = 5) -> RoutingSnaps
     limit=st.floats(0.01, 1e5, allow_nan=False),
     demand=st.dictionaries(st.text("abcdefgh", min_size=1, max_size=3), demands, max_size=12),
 )
+@example(limit=8.0, demand={"a": None, "aa": None, "b": 5e-324})  # subnormal demands: found
+@example(limit=0.5, demand={"a": 5e-324})  # by CI, the parts then summed to 8.33 and 0.025
 def test_the_parts_add_up_to_the_limit_and_every_gateway_keeps_a_floor(
     limit: float, demand: dict[str, float | None]
 ) -> None:
