@@ -83,7 +83,8 @@ def show_plan(plan: dict[str, Any]) -> None:
         f"false rollbacks <= {plan['false_rollback_rate']:.2%} per rollout; regressions of the "
         f"smallest size worth catching are caught with {plan['power']:.0%} by step "
         f"{plan['catch_steps']} ({plan['catch_samples']} canary answers by then); answers a "
-        f"step needs: {why}",
+        f"step needs: {why}; a look counts requests that arrived "
+        f"{plan['horizon_s']:.3g} s before it (the slow tail of recent answers)",
         highlight=False,
     )
     t = Table("STEP", "CANARY %", "ANSWERS A SIDE", "LOOKS AT", "TIME")

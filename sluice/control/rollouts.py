@@ -472,7 +472,8 @@ class RolloutRunner:
         if rs is None:
             known = ", ".join(r.name for r in spec.rollouts) or "none in the spec"
             raise NotFound(f"no rollout named {name!r}; rollouts: {known}", rollout=name)
-        return plan_report(rs, self._rates.rate(rs.baseline))
+        latencies = self._collector.latencies(rs.baseline) + self._collector.latencies(rs.canary)
+        return plan_report(rs, self._rates.rate(rs.baseline), horizon_s(latencies))
 
     def live_state(self, name: str) -> RolloutState | None:
         """The state in memory, with the latest analysis of the current step (the archive
@@ -539,13 +540,15 @@ def _judge(
     return analyze(base, canary, base_use, canary_use, spec, step, **options)
 
 
-def plan_report(rs: RolloutSpec, rate_rps: float | None) -> dict[str, Any]:
-    """The plan's JSON, with `rate_rps`, each step's `seconds` and `total_s` (None when the
-    rate is unknown or zero: then only the samples are known)."""
+def plan_report(rs: RolloutSpec, rate_rps: float | None, horizon: float) -> dict[str, Any]:
+    """The plan's JSON, with `rate_rps`, the look `horizon_s` (from the two groups' recent
+    latencies), each step's `seconds` and `total_s` (None when the rate is unknown or zero:
+    then only the samples are known)."""
     plan = plan_rollout(rs)
     report: dict[str, Any] = {"rollout": rs.name, "baseline": rs.baseline, **plan.to_json()}
     report["rate_rps"] = rate_rps
-    seconds = step_seconds(plan, rs, rate_rps) if rate_rps else None
+    report["horizon_s"] = horizon
+    seconds = step_seconds(plan, rs, rate_rps, horizon) if rate_rps else None
     for i, row in enumerate(report["steps"]):
         row["seconds"] = None if seconds is None else seconds[i]
     report["total_s"] = None if seconds is None else sum(seconds)

@@ -306,14 +306,18 @@ def single_look(spec: AnalysisSpec, samples: int = 100) -> StepPlan:
     return StepPlan(0, 0.0, n, (n,), (alpha,))
 
 
-def step_seconds(plan: RolloutPlan, spec: RolloutSpec, rate_rps: float) -> list[float]:
+def step_seconds(
+    plan: RolloutPlan, spec: RolloutSpec, rate_rps: float, horizon_s: float = 0.0
+) -> list[float]:
     """How long each step takes when the baseline's traffic is `rate_rps` requests a second
     and the canary gets the step's percent of it (tenant pacing aside): the time its smaller
-    side needs for `samples` answers, at least `hold_s`. The last (100%) step compares with
-    the step before's baseline, so only the canary's answers count. inf: no traffic."""
+    side needs for `samples` answers, plus the look horizon (`sluice.policy.windows`: a
+    look counts only requests that arrived `horizon_s` before it), at least `hold_s`. The
+    last (100%) step compares with the step before's baseline, so only the canary's answers
+    count. inf: no traffic."""
     out = []
     for s in plan.steps:
         share = 1.0 if s.percent >= 100 else min(s.percent, 100 - s.percent) / 100
         need = s.samples / (rate_rps * share) if rate_rps > 0 else math.inf
-        out.append(max(spec.hold_s, need))
+        out.append(max(spec.hold_s, need + horizon_s))
     return out

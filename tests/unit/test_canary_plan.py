@@ -108,10 +108,17 @@ def test_step_times_follow_the_traffic() -> None:
     assert at_10[0] == pytest.approx(100 / (10 * 0.01))  # 1%: 0.1 canary answers a second
     assert at_10[6] == rs.hold_s  # 50%: 100 answers a side in 20 s, the hold is longer
     assert at_10[-1] == rs.hold_s  # 100%: only the canary's answers count
-    report = plan_report(rs, 10.0)
+    report = plan_report(rs, 10.0, 0.0)
     assert report["total_s"] == pytest.approx(sum(at_10))
     assert report["steps"][0]["seconds"] == at_10[0] and report["rate_rps"] == 10.0
-    unknown = plan_report(rs, None)
+    # answers that take seconds: a look counts requests a horizon old, so each step that
+    # waits for its samples takes a horizon longer; a step held by hold_s does not
+    slow = step_seconds(plan, rs, 10.0, horizon_s=30.0)
+    assert slow[0] == pytest.approx(at_10[0] + 30.0)
+    assert slow[6] == rs.hold_s
+    report = plan_report(rs, 10.0, 30.0)
+    assert report["horizon_s"] == 30.0 and report["total_s"] == pytest.approx(sum(slow))
+    unknown = plan_report(rs, None, 0.5)
     assert unknown["total_s"] is None and unknown["steps"][0]["seconds"] is None
 
 
