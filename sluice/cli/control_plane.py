@@ -6,19 +6,29 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import uvloop
 
-from sluice.cli.common import HomeOpt, print_error
+from sluice.cli.common import (
+    ControlOpt,
+    HomeOpt,
+    JsonOpt,
+    ReasonOpt,
+    client_for,
+    out,
+    print_error,
+    run,
+)
 from sluice.config import Settings
 from sluice.core import SluiceError
 from sluice.spec import load_spec_file
 
-__all__ = ["controller", "up"]
+__all__ = ["controller", "down", "up"]
 
 SpecFileOpt = Annotated[Path | None, typer.Option("-f", "--file", help="spec YAML")]
 FileReasonOpt = Annotated[
@@ -29,6 +39,18 @@ InsecureOpt = Annotated[
     bool, typer.Option("--insecure", help="allow a non-loopback control API without TLS")
 ]
 LogLevelOpt = Annotated[str, typer.Option(help="debug, info, warning")]
+HealthPortOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="serve GET /livez (the process runs) and /readyz (it leads and serves) over "
+        "plain HTTP on this port, for an orchestrator's probes; answered by standbys too"
+    ),
+]
+HealthHostOpt = Annotated[str, typer.Option(help="address of the health port")]
+
+STOPPING = """Stopping: SIGTERM hands over (the lease is released at once and every instance
+keeps running for the next leader: a standby, or the next start, adopts them); Ctrl-C
+(SIGINT) and `sluice down` stop every instance too."""
 
 
 def up(
@@ -38,13 +60,26 @@ def up(
     insecure: InsecureOpt = False,
     home: HomeOpt = None,
     log_level: LogLevelOpt = "info",
+    health_port: HealthPortOpt = None,
+    health_host: HealthHostOpt = "127.0.0.1",
 ) -> None:
-    """Run controller, gateway and control API in one process until Ctrl-C.
+    """Run controller, gateway and control API in one process until stopped.
 
-    `up -f FILE` starts from FILE on an empty state directory; later, FILE must match the
-    live revision or come with --reason (it then becomes a new revision). `up` alone
-    resumes the live revision."""
-    _serve(home, log_level, file, UpArgs(reason=reason, port=port, insecure=insecure))
+    `up -f FILE` seeds an empty state directory with FILE. After that the store holds the
+    spec: `up` (with or without -f) runs the live revision and says so if FILE differs;
+    `sluice apply` changes it, or `up -f FILE --reason WHY` applies FILE as the next
+    revision."""
+    args = UpArgs(
+        reason=reason,
+        port=port,
+        insecure=insecure,
+        health_port=health_port,
+        health_host=health_host,
+    )
+    _serve(home, log_level, file, args)
+
+
+up.__doc__ = f"{up.__doc__}\n\n{STOPPING}"
 
 
 def controller(
@@ -60,14 +95,27 @@ def controller(
     insecure: InsecureOpt = False,
     home: HomeOpt = None,
     log_level: LogLevelOpt = "info",
+    health_port: HealthPortOpt = None,
+    health_host: HealthHostOpt = "127.0.0.1",
 ) -> None:
-    """Run the controller and control API without a gateway, until Ctrl-C: the data plane
+    """Run the controller and control API without a gateway, until stopped: the data plane
     is `sluice gateway --control URL` processes (any number, on any host) that sync with it.
 
     On a shared database (`SLUICE_DATABASE_URL`) one controller leads, the others wait as
-    standbys. FILE is as for `sluice up`."""
-    args = UpArgs(reason=reason, insecure=insecure, gateway=False, endpoint=endpoint)
+    standbys. FILE is as for `sluice up`: it seeds an empty store, never reverts a live
+    revision (a standby started with -f runs what is live when it takes over)."""
+    args = UpArgs(
+        reason=reason,
+        insecure=insecure,
+        gateway=False,
+        endpoint=endpoint,
+        health_port=health_port,
+        health_host=health_host,
+    )
     _serve(home, log_level, file, args)
+
+
+controller.__doc__ = f"{controller.__doc__}\n\n{STOPPING}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +128,43 @@ class UpArgs:
     insecure: bool = False
     gateway: bool = True
     endpoint: str | None = None
+    health_port: int | None = None
+    health_host: str = "127.0.0.1"
+
+
+def down(
+    reason: ReasonOpt,
+    wait: Annotated[float, typer.Option(help="seconds to wait for it to stop (0: no wait)")] = 300,
+    as_json: JsonOpt = False,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
+) -> None:
+    """Stop every instance and the control plane that leads (what Ctrl-C on `sluice up`
+    does), audited; waits until its control API is gone. A standby on the same store would
+    take over and start the fleet again: stop standbys first (a SIGTERM hands over)."""
+
+    def do() -> dict[str, Any]:
+        client = client_for(home, control)[1]
+        answer = dict(client.post("/v1/control/stop", {"reason": reason}))
+        deadline = time.monotonic() + wait
+        answer["stopped"] = False
+        while time.monotonic() < deadline:
+            try:
+                client.get("/healthz")
+            except SluiceError:  # it no longer answers: drained and gone
+                answer["stopped"] = True
+                break
+            time.sleep(0.5)
+        return answer
+
+    def render(r: dict[str, Any]) -> None:
+        n = r["instances"]
+        if r["stopped"]:
+            out.print(f"stopped: the control plane and its {n} instance(s)")
+        else:
+            out.print(f"stopping: the control plane and its {n} instance(s) (still draining)")
+
+    run(as_json, do, render)
 
 
 def _serve(home: str | None, log_level: str, file: Path | None, args: UpArgs) -> None:

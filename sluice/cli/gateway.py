@@ -69,6 +69,11 @@ def gateway(
     """Serve the inference endpoint from the controller's routes until Ctrl-C; keep the
     last good routes while no controller answers.
 
+    It listens at once, unready until its first sync brings routes: `GET /readyz` (the
+    readiness probe) and every request answer 503 with `Retry-After` until then; `GET
+    /healthz` (liveness) answers 200 while it runs. Both, and `--metrics-port`, say when
+    the routes served are stale (no controller answered for a few seconds).
+
     Create its token once: `sluice token create gw-1 --role gateway` (the role may sync and
     nothing else). A gateway token names its gateway: the token `gw-1` syncs only the ids
     `gw-1` and `gw-1-SUFFIX`; another `--id` is refused at start."""
@@ -80,7 +85,7 @@ def gateway(
             )
         from sluice.cli.gateway_run import GatewayOptions, run_gateways
 
-        run_gateways(
+        code = run_gateways(
             GatewayOptions(
                 controls=tuple(control),
                 token=token,
@@ -98,6 +103,8 @@ def gateway(
     except SluiceError as exc:
         print_error(exc)
         raise typer.Exit(exc.exit_code) from None
+    if code:
+        raise typer.Exit(code)
 
 
 def _token(token_file: Path | None) -> str:

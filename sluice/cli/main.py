@@ -28,7 +28,7 @@ from sluice.cli.common import (
     ts,
 )
 from sluice.cli.compare import compare
-from sluice.cli.control_plane import controller, up
+from sluice.cli.control_plane import controller, down, up
 from sluice.cli.drills import drills_app
 from sluice.cli.estimate import estimate
 from sluice.cli.explain import explain
@@ -62,6 +62,7 @@ app.add_typer(groups_app, name="groups")
 app.add_typer(drills_app, name="drills")
 app.command("up")(up)
 app.command("controller")(controller)
+app.command("down")(down)
 app.command("gateway")(gateway)
 
 

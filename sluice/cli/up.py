@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import getpass
 import json
 import logging
@@ -42,6 +43,7 @@ from sluice.control.alerts_api import alert_routes
 from sluice.control.capacity_api import capacity_routes
 from sluice.control.drill_schedule import DrillScheduler
 from sluice.control.gateways import GatewayFleet, LocalGateway, gateway_routes
+from sluice.control.handover import health_app, stop_route
 from sluice.control.leadership import FencedRuntime, Leadership, new_holder
 from sluice.control.secrets_key import installation_sealer
 from sluice.control.spec_work import warm_up
@@ -59,7 +61,7 @@ from sluice.spec import (
     open_revision,
     seal_secrets,
 )
-from sluice.store import LeaseRecord, Revision, Store
+from sluice.store import LeaseRecord, Store
 
 __all__ = ["UpOptions", "serve"]
 
@@ -83,15 +85,22 @@ class UpOptions:
     insecure: bool = False
     gateway: bool = True
     endpoint: str | None = None
+    health_port: int | None = None
+    health_host: str = "127.0.0.1"
 
 
 async def serve(settings: Settings, options: UpOptions) -> None:
-    """Run until SIGINT/SIGTERM, on a state directory the caller holds (`hold_state_dir`).
-    `options.loaded` (from `up -f`) is applied if the state
-    directory is empty or it is the live revision already; a file that differs from the
-    live revision needs a `reason` (then it becomes the next revision, review rules
-    included), so that re-running `up -f` never silently reverts a later `sluice apply`.
-    Plain `up` resumes."""
+    """Run until stopped, on a state directory the caller holds (`hold_state_dir`).
+
+    The store is the truth after the first start: `options.loaded` (from `-f FILE`) seeds
+    an empty store; on a store with a live revision the live revision runs, and a FILE that
+    differs is said once and never applied (a standby started with `-f` must not revert a
+    later `sluice apply` when it takes over, nor a restarted pod crash-loop on it). With
+    `reason` FILE becomes the next revision (review rules included), but only if the live
+    revision is still the one seen at start when this process comes to lead.
+
+    Stopping: SIGTERM hands over (the lease is released, every instance keeps running for
+    the next leader to adopt); SIGINT (Ctrl-C) and `sluice down` stop the fleet too."""
     started = time.monotonic()
     store = await asyncio.to_thread(state_store, settings)
     if settings.database_url is not None:  # the default, state.db, goes without saying
@@ -99,18 +108,16 @@ async def serve(settings: Settings, options: UpOptions) -> None:
     try:
         sealer = installation_sealer(settings.home)
         latest = await asyncio.to_thread(store.latest_revision)
+        first: PlatformSpec | None = None
         if latest is not None:  # it opens with this controller's secrets key, or no start:
             # a standby given another key would take the lease, then fail to read the spec
-            live = open_revision(latest.yaml_text, f"revision {latest.number}", sealer)
-        if options.loaded is not None and options.reason is None:
-            _refuse_silent_revert(options.loaded, latest, sealer)
-        if options.loaded is not None:
+            first = open_revision(latest.yaml_text, f"revision {latest.number}", sealer).spec
+        if options.loaded is not None and (latest is None or options.reason is not None):
             first = options.loaded.spec
-        elif latest is not None:
-            first = live.spec
-        else:
+        if first is None:
             raise NotFound("no spec in this state directory yet: start with `sluice up -f FILE`")
-        await _Up(settings, options, store, started, first, sealer).run()
+        live_at_start = None if latest is None else latest.number
+        await _Up(settings, options, store, started, first, sealer, live_at_start).run()
     finally:
         store.close()
 
@@ -124,14 +131,17 @@ class _Up:
         started: float,
         first: PlatformSpec,
         sealer: Sealer,
+        live_at_start: int | None,
     ):
-        """`first`: the spec at start (the file, else the live revision): it picks the
-        runtime and the lease timing, both read once per start."""
+        """`first`: the spec at start (the live revision, or the file that seeds or
+        replaces it): it picks the runtime and the lease timing, both read once per start.
+        `live_at_start`: the live revision's number then (None: an empty store)."""
         self.settings = settings
         self.options = options
         self.store = store
         self.started = started
         self.sealer = sealer
+        self.live_at_start = live_at_start
         self.clock = SystemClock()
         self.events = EventLog(store, self.clock)
         election = first.control.leader_election
@@ -148,12 +158,26 @@ class _Up:
             inflight=self.fleet.in_flight,
         )
         self.stop = asyncio.Event()
+        self.stop_fleet = False
+        """how it stops: False hands over (instances left running), True stops them too"""
+        self.stop_reason = ""
+        self.stop_actor = LOCAL_ACTOR
+        self._api_started: Callable[[], bool] = lambda: False
+
+    def request_stop(self, fleet: bool, reason: str, actor: str = LOCAL_ACTOR) -> None:
+        """Stop this process; `fleet`: its instances too (Ctrl-C, `sluice down`), else
+        hand them over. A later request may widen a hand-over into a full stop."""
+        if not self.stop.is_set() or (fleet and not self.stop_fleet):
+            self.stop_fleet = self.stop_fleet or fleet
+            self.stop_reason, self.stop_actor = reason, actor
+        self.stop.set()
 
     async def run(self) -> None:
         self.access_log = _open_access_log(self.settings.access_log)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stop.set)
+        loop.add_signal_handler(signal.SIGINT, self.request_stop, True, "Ctrl-C (SIGINT)")
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop, False, "SIGTERM")
+        health = await self._health_server()
         led = False
         try:
             led = await self._lead()
@@ -161,15 +185,127 @@ class _Up:
                 await self.supervisor.start()
                 await self._serve(self.access_log)
         finally:
+            self.serving = False
             with contextlib.suppress(FileNotFoundError):
                 self.settings.control_file.unlink()
             if self.fenced:
                 print("sluice stopped: deposed, its instances left to the new leader", flush=True)
             elif led:
-                await self.supervisor.shutdown()
-                await self.leadership.release()
-                print("sluice stopped; all instances stopped", flush=True)
+                await self._step_down()
+            if health is not None:
+                health.should_exit = True
             self.access_log.close()
+
+    async def _step_down(self) -> None:
+        """Stop leading, said in the audit log: stop every instance (`stop_fleet`), or leave
+        them running and release the lease so a standby takes over at once."""
+        running = len(self.supervisor.statuses())
+        what = "stopped every instance" if self.stop_fleet else f"left {running} running"
+        with contextlib.suppress(Exception):  # the store may be away: the lease lapses then
+            await asyncio.to_thread(
+                self.store.append_audit,
+                actor=self.stop_actor,
+                action="stop" if self.stop_fleet else "hand-over",
+                target="controller",
+                reason=f"{self.stop_reason or 'stopped'}: {what}",
+                detail={"holder": self.leadership.holder, "instances": running},
+                now=self.clock.now(),
+            )
+        if self.stop_fleet:
+            await self.supervisor.shutdown()
+            await self.leadership.release()
+            print("sluice stopped; all instances stopped", flush=True)
+            return
+        left = await self.supervisor.detach()
+        await self.leadership.release()
+        print(
+            f"sluice stopped: handed over, {left} instance(s) left running for the next "
+            "leader (a standby, or the next `sluice up`, adopts them; `sluice down` or "
+            "Ctrl-C stops them)",
+            flush=True,
+        )
+
+    async def _health_server(self) -> QuietServer | None:
+        """`--health-port`: liveness (`/livez`, 200 while this process runs, leader or
+        standby) and readiness (`/readyz`, 200 only while it leads with its control API
+        up) over plain HTTP, for an orchestrator's probes; up before the lease is sought."""
+        port = self.options.health_port
+        if port is None:
+            return None
+        app = health_app(self._role, self._ready)
+        server = QuietServer(
+            uvicorn.Config(
+                app, log_level="warning", lifespan="off", access_log=False, server_header=False
+            )
+        )
+        host = self.options.health_host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            sock = socket.create_server((host, port), family=family)
+        except OSError as exc:
+            raise Conflict(
+                f"the health port cannot listen on {host}:{port}: {exc.strerror}"
+            ) from None
+        task = asyncio.create_task(server.serve(sockets=[sock]), name="health")
+        task.add_done_callback(lambda _t: sock.close())
+        return server
+
+    def _role(self) -> str:
+        if self.stop.is_set() or self.fenced:
+            return "stopping"
+        if self.leadership.lease is None:
+            return "standby"
+        return "leader" if self._api_started() else "starting"
+
+    def _ready(self) -> bool:
+        return self._role() == "leader"
+
+    async def _file_to_apply(self) -> LoadedSpec | None:
+        """The start-up file to apply now that this process leads, read against the live
+        revision of now (a standby may have waited while others applied): the file seeds
+        an empty store, and with `--reason` replaces the live revision only if that is
+        still the one seen at start. Otherwise the live revision runs, and a file that
+        differs from it is said once here."""
+        loaded = self.options.loaded
+        if loaded is None:
+            return None
+        latest = await asyncio.to_thread(self.store.latest_revision)
+        if latest is None:
+            return loaded
+        if latest.yaml_text == seal_secrets(loaded.text, loaded.source, self.sealer):
+            return None
+        if self.options.reason is not None and latest.number == self.live_at_start:
+            return loaded
+        print(
+            f"{loaded.source} differs from the live revision {latest.number} (applied by "
+            f"{latest.author}: {latest.reason!r}): running revision {latest.number}. The "
+            f"store holds the spec after the first start; `sluice apply -f {loaded.source} "
+            "--reason WHY` makes the file live",
+            flush=True,
+        )
+        return None
+
+    def _bind_control(self, control: ControlSpec) -> socket.socket | None:
+        """The control API's socket; None when `sluice controller` finds its port held (by
+        a deposed controller on this host not yet gone): the API binds it once free."""
+        try:
+            return _control_socket(control, self.options.insecure)
+        except _PortInUse:
+            if self.options.gateway:
+                raise
+            print(
+                f"the control port {control.host}:{control.port} is in use (a controller on "
+                "this host that has not exited yet?): leading meanwhile, the control API "
+                "listens once it is free",
+                flush=True,
+            )
+            return None
+
+    async def _wait_for_port(self, control: ControlSpec) -> socket.socket:
+        while True:
+            with contextlib.suppress(_PortInUse):
+                return _control_socket(control, self.options.insecure)
+            await asyncio.sleep(self.leadership.timing.retry_period_s)
 
     async def _lead(self) -> bool:
         """Wait for the controller lease (at once unless another control plane on this
@@ -215,9 +351,9 @@ class _Up:
         settings, options, store = self.settings, self.options, self.store
         # renew the lease from the start: the set-up below awaits spec work and the store
         leading = asyncio.create_task(self._keep_leading(), name="leadership")
-        loaded = options.loaded
+        loaded = await self._file_to_apply()
         first = loaded.spec if loaded else await _latest_spec(store, self.sealer)
-        control_sock = _control_socket(first.control, options.insecure)
+        control_sock = self._bind_control(first.control)
         gateway = None
         if options.gateway:
             gateway = Gateway(
@@ -261,7 +397,7 @@ class _Up:
         await observer.load()
         controller.hold_scale_up(observer.holds)
         if loaded is not None:
-            why = options.reason or f"sluice up -f {loaded.source}"
+            why = options.reason or f"sluice up -f {loaded.source}: the first spec"
             await controller.apply(loaded, LOCAL_ACTOR, why)
         tokens = TokenAdmin(store, self.clock)
         admin_token = await tokens.bootstrap(settings.home)
@@ -273,12 +409,13 @@ class _Up:
             try:
                 await gateway.start()
             except OSError as exc:
-                control_sock.close()
+                if control_sock is not None:
+                    control_sock.close()
                 raise Conflict(
                     f"the gateway cannot listen on {gateway.host}:{gateway.port}: "
                     f"{exc.strerror}; free the port or pick another with --port"
                 ) from None
-        control_port = control_sock.getsockname()[1]
+        control_port = first.control.port if control_sock is None else control_sock.getsockname()[1]
         tls = spec.control.tls
         scheme = "https" if tls else "http"
         control_url = f"{scheme}://{_url_host(spec.control.host)}:{control_port}"
@@ -310,6 +447,7 @@ class _Up:
         await drills.load()
 
         def more_routes(api: APIRouter) -> None:
+            stop_route(api, self.request_stop, lambda: len(self.supervisor.statuses()))
             alert_routes(api, alerting, lambda: controller.spec, DURATION_BUCKETS_S)
             capacity_routes(api, controller, store, self.clock.now, drills)
             gateway_routes(api, fleet)
@@ -349,11 +487,13 @@ class _Up:
 
         async def control_api(attempt: int) -> None:
             nonlocal current, control_sock
-            if attempt:  # a fresh server on a fresh socket, same address
-                with contextlib.suppress(OSError):
-                    control_sock.close()
+            if attempt or control_sock is None:  # a fresh socket, same address
+                if control_sock is not None:
+                    with contextlib.suppress(OSError):
+                        control_sock.close()
                 again = spec.control.model_copy(update={"port": control_port})
-                control_sock = _control_socket(again, options.insecure)
+                control_sock = await self._wait_for_port(again)
+            if attempt:
                 current = QuietServer(server.config)
             await current.serve(sockets=[control_sock])
 
@@ -407,10 +547,23 @@ class _Up:
             print(f"leader: {lease.holder} (epoch {lease.epoch})", flush=True)
         if admin_token is not None:
             print(f"admin token: written to {admin_token} (the CLI here uses it)", flush=True)
+        print(
+            "stop: Ctrl-C or `sluice down` stops every instance; SIGTERM hands over, leaving "
+            "them running for the next leader",
+            flush=True,
+        )
+        self._api_started = lambda: current.started
         announcer = asyncio.create_task(_announce_ready(controller, self.supervisor, self.started))
         stopper = asyncio.create_task(stopping.wait())
         failure = await until_stopped(stopper, tasks)
-        print("stopping: gateway first, then draining instances", file=sys.stderr, flush=True)
+        if self.stop_fleet:
+            print("stopping: gateway first, then draining instances", file=sys.stderr, flush=True)
+        else:
+            print(
+                f"handing over ({self.stop_reason or 'stopped'}): the instances keep running",
+                file=sys.stderr,
+                flush=True,
+            )
         current.should_exit = True
         await drills.close()  # a drill cut short by the stop is closed as such, not judged
         if gateway is not None:
@@ -453,19 +606,6 @@ def _open_access_log(path: Path) -> TextIO:
     return open(path, "a", buffering=1 << 16, encoding="utf-8")
 
 
-def _refuse_silent_revert(loaded: LoadedSpec, latest: Revision | None, sealer: Sealer) -> None:
-    if latest is None or latest.yaml_text == seal_secrets(loaded.text, loaded.source, sealer):
-        return
-    raise Conflict(
-        f"revision {latest.number} is live (applied by {latest.author}: {latest.reason!r}) "
-        f"and {loaded.source} differs from it. Run `sluice up` to resume revision "
-        f"{latest.number}, or `sluice up -f {loaded.source} --reason WHY` to apply the file "
-        f"as revision {latest.number + 1}. Nothing was started or stopped; instances a "
-        "previous run left behind are taken over by the next `sluice up`.",
-        live_revision=latest.number,
-    )
-
-
 def _runtime(
     spec: PlatformSpec, home: Path
 ) -> tuple[Runtime, Callable[[], Mapping[str, int]] | None]:
@@ -487,6 +627,10 @@ async def _latest_spec(store: Store, sealer: Sealer) -> PlatformSpec:
     return open_revision(latest.yaml_text, f"revision {latest.number}", sealer).spec
 
 
+class _PortInUse(Conflict):
+    """The control API's address is held by another process."""
+
+
 def _control_socket(control: ControlSpec, insecure: bool) -> socket.socket:
     """The control API's listening socket: loopback, or TLS, or explicitly `--insecure`."""
     if not is_loopback_host(control.host) and control.tls is None:
@@ -506,7 +650,8 @@ def _control_socket(control: ControlSpec, insecure: bool) -> socket.socket:
     try:
         return socket.create_server((control.host, control.port), family=family)
     except OSError as exc:
-        raise Conflict(
+        kind = _PortInUse if exc.errno == errno.EADDRINUSE else Conflict
+        raise kind(
             f"the control API cannot listen on {control.host}:{control.port}: {exc.strerror}"
         ) from None
 

@@ -61,6 +61,9 @@ EXIT_POLL_S = 0.2
 """How often a running instance's process is checked: a kill -9 is seen within this."""
 DRAIN_SETTLE_S = 0.5
 """After leaving the routing table, requests already on their way may still arrive."""
+LAUNCH_SETTLE_S = 15.0
+"""How long a controller handing over lets launches under way finish (so each started
+process is named in its record for the next leader)."""
 STOP_GRACE_S = 5.0
 """SIGTERM to SIGKILL, at least: a drained instance gets what is left of its group's
 `drain_timeout_s` if that is more (a request may slip in after the last idle poll)."""
@@ -106,6 +109,8 @@ class InstanceSupervisor:
         self._events = events
         self._instances: dict[str, Supervised] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._launching: set[str] = set()
+        """instances whose process is being started (`detach` lets them finish)"""
         self._http: httpx.AsyncClient | None = http
         self._asks: Prober | None = None
         self._writes: asyncio.Queue[InstanceRecord | str | _Durable | None] = asyncio.Queue()
@@ -253,6 +258,21 @@ class InstanceSupervisor:
             )
         self.changed.set()
 
+    async def detach(self) -> int:
+        """Stop supervising without stopping anything (a controller handing over): every
+        instance keeps running under its record as last written, for the next leader to
+        adopt (`recover`). Launches under way finish first (up to `LAUNCH_SETTLE_S`), so no
+        process is left running that no record names. Returns the instances left."""
+        settle = asyncio.get_running_loop().time() + LAUNCH_SETTLE_S
+        while self._launching and asyncio.get_running_loop().time() < settle:
+            await asyncio.sleep(0.05)
+        left = len(self._instances)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._close_writer()
+        return left
+
     async def shutdown(self) -> None:
         """Stop every instance (drain READY ones) and wait for all of them."""
         for inst in list(self._instances.values()):
@@ -262,6 +282,10 @@ class InstanceSupervisor:
                 self.remove(inst.id, "sluice is shutting down")
         # every task still running, also of instances already gone (writing "stopped")
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._close_writer()
+
+    async def _close_writer(self) -> None:
+        """Write what is queued (each record tried once more), then close."""
         self._closing.set()
         self._retry_now.set()
         self._writes.put_nowait(None)
@@ -289,7 +313,11 @@ class InstanceSupervisor:
                 placement=inst.placement,
             )
             await self._record_launch(inst, deadline)
-            inst.handle = await self._runtime.launch(request)
+            self._launching.add(inst.id)
+            try:
+                inst.handle = await self._runtime.launch(request)
+            finally:
+                self._launching.discard(inst.id)
             self._set_state(inst, InstanceState.STARTING, "process started")
             await self._wait_ready(inst, deadline)
             self._set_state(inst, InstanceState.WARMING, "model loaded")

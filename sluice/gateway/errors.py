@@ -15,6 +15,7 @@ __all__ = [
     "HeaderTooLarge",
     "JsonTooDeep",
     "MethodNotAllowed",
+    "NotReady",
     "Overloaded",
     "PayloadTooLarge",
     "QueueTimeout",
@@ -79,6 +80,15 @@ class TooManyConnections(Unavailable):
     retry_after_s: ClassVar[int] = 1
 
 
+class NotReady(Unavailable):
+    """The gateway has no routes yet (it never synced with a controller): it cannot tell a
+    valid API key from an unknown one, so it answers 503, not 401 (see `readiness`)."""
+
+    code = "not_ready"
+    retry_after_s: ClassVar[int] = 1
+    """a gateway syncs every second: by then it may have its routes"""
+
+
 class UpstreamTimeout(UpstreamError):
     http_status = 504
     code = "upstream_timeout"
@@ -107,4 +117,5 @@ class RateLimited(SluiceError):
 
     def __init__(self, message: str, retry_after_s: int, **detail: Any) -> None:
         super().__init__(message, **detail)
-        self.retry_after_s = retry_after_s
+        # per refusal (the bucket's wait), not per class as the tree's other errors
+        self.retry_after_s = retry_after_s  # type: ignore[misc]

@@ -218,9 +218,17 @@ class Exchange(UpstreamRelay):
                 if self.method != b"POST":
                     raise MethodNotAllowed("use POST for this path")
                 self._proxy()
-            elif path == b"/healthz":
+            elif path == b"/healthz":  # liveness: 200 while the process runs
                 self._require(b"GET")
-                self._respond(200, {"status": "ok", "version": self.state.snapshot.version})
+                health = self.state.readiness.report(time.monotonic())
+                self._respond(
+                    200, {"status": "ok", "version": self.state.snapshot.version, **health}
+                )
+            elif path == b"/readyz":  # readiness: 503 until the first routes are in
+                self._require(b"GET")
+                ready = self.state.readiness.report(time.monotonic())
+                ready["version"] = self.state.snapshot.version
+                self._respond(200 if ready["ready"] else 503, ready)
             elif path == b"/v1/models":
                 self._require(b"GET")
                 self._list_models()
@@ -249,13 +257,23 @@ class Exchange(UpstreamRelay):
             raise MethodNotAllowed(f"use {method.decode()} for this path")
 
     def _tenant(self) -> TenantAccess:
+        """The request's tenant, or 401. An unready gateway (no routes yet) knows no key
+        and answers 503 instead (`NotReady`): checked only on the way to a 401, so a known
+        key pays nothing for it."""
         if self.auth is None:
+            self._unready()
             raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
         tenant = self.state.tenant_for(self.auth)
         if tenant is None:
+            self._unready()
             raise Unauthorized("unknown API key")
         self.tenant = tenant.name
         return tenant
+
+    def _unready(self) -> None:
+        readiness = self.state.readiness
+        if not readiness.routed:
+            raise readiness.error(time.monotonic())
 
     def _list_models(self) -> None:
         models = self.state.snapshot.models_for(self._tenant())
@@ -482,7 +500,8 @@ class Exchange(UpstreamRelay):
 
     def _fail(self, err: SluiceError) -> None:
         self.error_code = err.code
-        retry_after: int = getattr(err, "retry_after_s", 1)
+        # None (the tree's default: no header) or absent: a 503 or 429 still says 1 s
+        retry_after: int = getattr(err, "retry_after_s", None) or 1
         self._send_json(err.http_status, json_body(err.to_json()), retry_after)
 
     def _send_json(self, status: int, body: bytes, retry_after_s: int = 1) -> None:

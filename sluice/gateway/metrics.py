@@ -9,6 +9,9 @@ serve (never the public data-plane port).
 Per instance (O1): answers by status class and a latency histogram for each (group,
 instance), so one slow or failing instance shows on the gateway's `/metrics` with an
 `instance` label, not only on its own worker's port. See `InstanceStats` for what bounds them.
+
+Readiness (issue 33): `sluice_gateway_ready`, `sluice_gateway_synced` and
+`sluice_gateway_last_sync_age_seconds`, read from `readiness.Readiness` at scrape time.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from sluice.gateway.groups import GroupRuntime
+    from sluice.gateway.readiness import Readiness
 
 __all__ = [
     "CODE_CLASSES",
@@ -211,12 +215,14 @@ class GatewayMetrics:
         self,
         runtimes: Callable[[], dict[str, GroupRuntime]],
         version: Callable[[], int],
+        readiness: Readiness | None = None,
     ) -> None:
+        """`readiness`: what the readiness gauges say (none without it)."""
         self.groups: dict[str, GroupMetrics] = {}
         self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
         """Clients refused by `gateway.limits`, by reason (see `REFUSAL_REASONS`)."""
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(self, runtimes, version))
+        self.registry.register(_Collector(self, runtimes, version, readiness))
 
     def group(self, name: str) -> GroupMetrics:
         gm = self.groups.get(name)
@@ -281,10 +287,12 @@ class _Collector(Collector):
         metrics: GatewayMetrics,
         runtimes: Callable[[], dict[str, GroupRuntime]],
         version: Callable[[], int],
+        readiness: Readiness | None,
     ) -> None:
         self._metrics = metrics
         self._runtimes = runtimes
         self._version = version
+        self._readiness = readiness
 
     def collect(self) -> Iterator[Metric]:
         groups = self._metrics.groups
@@ -398,3 +406,30 @@ class _Collector(Collector):
         )
         version.add_metric((), self._version())
         yield from (queue_length, inflight, slots, instances, version)
+        if self._readiness is not None:
+            yield from _readiness_gauges(self._readiness, now)
+
+
+def _readiness_gauges(readiness: Readiness, now: float) -> Iterator[Metric]:
+    """`sluice_gateway_ready`, `sluice_gateway_synced` and, once a controller answered a
+    sync, `sluice_gateway_last_sync_age_seconds` (see `sluice.gateway.readiness`)."""
+    ready = GaugeMetricFamily(
+        "sluice_gateway_ready",
+        "1 once the gateway has routes to serve (/readyz 200); 0 before its first sync.",
+    )
+    ready.add_metric((), 1.0 if readiness.routed else 0.0)
+    synced = GaugeMetricFamily(
+        "sluice_gateway_synced",
+        "1 while the routes served are fresh: a controller answered a sync in the last few "
+        "seconds (or feeds this gateway in its process); 0 when unready or stale.",
+    )
+    synced.add_metric((), 1.0 if readiness.routed and not readiness.stale(now) else 0.0)
+    yield from (ready, synced)
+    age = readiness.age(now)
+    if age is not None:
+        last = GaugeMetricFamily(
+            "sluice_gateway_last_sync_age_seconds",
+            "Seconds since a controller last answered this gateway's sync.",
+        )
+        last.add_metric((), age)
+        yield last

@@ -7,10 +7,13 @@ For the groups under canary analysis whose servers keep no samples, the controll
 the groups to record in its answer; the gateway records their answers and sends the new
 ones with each sync (status, latency, time to the first byte, size: never the text).
 
-When no controller answers (it is down, restarting, or a standby is taking over), the
+Until its first sync brings routes, the gateway is unready (`sluice.gateway.readiness`):
+`/readyz` and every request answer 503 with `Retry-After`, never 401 (issue 33). When no
+controller answers later (it is down, restarting, or a standby is taking over), the
 gateway keeps serving the last good snapshot: the instances it routes to outlive the
-controller, so requests keep flowing. It says so once per outage, and again when a
-controller answers.
+controller, so requests keep flowing. It says so once per outage in its log, and again
+when a controller answers; `/readyz`, `/healthz` and `/metrics` say the routes are stale
+and how long since the last sync.
 
 Rate limits hold fleet-wide (issue 31, `sluice.policy.rate_shares`): each sync pushes the
 gateway's arrivals per limited tenant and its answer sets the gateway's share of each
@@ -19,9 +22,10 @@ tenant's rate. Without a controller the gateway keeps its last shares for `RATE_
 enforces limit / n, n the number of gateways it last heard of: never the whole limit. An
 answer without shares (a controller of before) gets limit / n too.
 
-A gateway token names its gateway (issue 31): before it serves, `sluice gateway` asks the
-control API whose token it holds (`whoami`), names itself after it and checks an `--id` it
-was given against the rule, so a wrong id stops it at start rather than at every sync.
+A gateway token names its gateway (issue 31): before it syncs, `sluice gateway` asks the
+control API whose token it holds (`whoami`, while it already listens, unready), names
+itself after it and checks an `--id` it was given against the rule, so a wrong id stops
+it at start rather than at every sync.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +58,9 @@ MAX_SYNC_ROWS = 20_000
 """Recorded answers one sync carries at most (the controller refuses more); the rest go
 with the next one."""
 _ROW_FIELDS = ("at", "status", "latency_s", "ttft_s", "output_bytes")
-WHOAMI_RETRY_S = 2.0
+WHOAMI_RETRY_S = 1.0
+"""How often a gateway that does not know its name yet asks again: each second without it
+is a second of 503s once a controller is back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +71,7 @@ class Identity:
     role: str
 
 
-def whoami(
+async def whoami(
     controls: Sequence[str],
     token: str,
     *,
@@ -73,20 +79,24 @@ def whoami(
     timeout_s: float = SYNC_TIMEOUT_S,
     retry_s: float = WHOAMI_RETRY_S,
     wait_s: float | None = None,
+    waiting: Callable[[str], None] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> Identity:
     """Who the token is, from the first controller that answers; while none does (it is
-    starting, a standby is taking over), ask again every `retry_s` (for ever, or `wait_s`).
-    A token the controller refuses raises `Unauthorized` at once."""
+    starting, a standby is taking over), ask again every `retry_s` (for ever, or `wait_s`),
+    telling `waiting` why each round got no answer (the gateway listens meanwhile, unready:
+    its readiness says why). A token the controller refuses raises `Unauthorized` at once.
+    `transport`: httpx's (tests pass a `MockTransport`); None: the network."""
     headers = {"authorization": f"Bearer {token}"}
     started = time.monotonic()
     said = False
-    with httpx.Client(timeout=timeout_s, verify=verify) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, verify=verify, transport=transport) as client:
         while True:
             problems = []
             for control in controls:
                 url = f"{control.rstrip('/')}/v1/whoami"
                 try:
-                    r = client.get(url, headers=headers)
+                    r = await client.get(url, headers=headers)
                 except httpx.HTTPError as exc:
                     problems.append(f"{control}: {type(exc).__name__}")
                     continue
@@ -102,17 +112,20 @@ def whoami(
                 except (ValueError, KeyError):
                     pass
                 problems.append(f"{control}: HTTP {r.status_code} {r.text[:200]}")
+            why = "; ".join(problems)
+            if waiting is not None:
+                waiting(why)
             if wait_s is not None and time.monotonic() - started >= wait_s:
-                raise Unavailable("no control API answered: " + "; ".join(problems))
+                raise Unavailable("no control API answered: " + why)
             if not said:
                 log.warning(
                     "no controller answers yet (%s): asking again every %g s to learn this "
-                    "gateway's name",
-                    "; ".join(problems),
+                    "gateway's name (unready until it syncs)",
+                    why,
                     retry_s,
                 )
                 said = True
-            time.sleep(retry_s)
+            await asyncio.sleep(retry_s)
 
 
 def _message(r: httpx.Response) -> str:
@@ -200,9 +213,12 @@ class ControlSync:
             self._current = i
             self._refused = None
             self._sent.update(cursors)
+            self._gateway.readiness.synced(time.monotonic())
             self._recovered()
             return True
-        self._lost("; ".join(problems))
+        why = "; ".join(problems)
+        self._gateway.readiness.failed(why)
+        self._lost(why)
         return False
 
     def _body(self) -> tuple[dict[str, Any], dict[str, int]]:

@@ -1,5 +1,9 @@
 """The data plane's front door: listen, swap routing snapshots, drain on stop.
 
+Unready until the first snapshot (`readiness`): `/readyz` 503 and every request 503 with
+`Retry-After`, never 401; `/healthz` (liveness) 200 while it runs, and both say whether the
+routes are stale (no sync a controller answered lately).
+
 The per-connection work lives in `ClientProtocol`; this owns what all connections share.
 `metrics_text()` (Prometheus) and `status()` (for the control API's `GET /v1/dataplane`)
 show admission, ejection and traffic per group. Neither is served on the public port: they
@@ -11,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 from sluice.gateway.accesslog import AccessLog
 from sluice.gateway.client import ClientProtocol
 from sluice.gateway.limits import Limits
 from sluice.gateway.metrics import CONTENT_TYPE
+from sluice.gateway.readiness import Readiness
 from sluice.gateway.state import GatewayState
 from sluice.gateway.upstream import UpstreamPool
 from sluice.policy.autoscale.base import TrafficSample
@@ -44,24 +49,35 @@ class Gateway:
         access_log: TextIO | None = None,
         upstream_timeout_s: float = 300.0,
         limits: GatewayLimits | None = None,
+        controls: Sequence[str] = (),
     ) -> None:
         """`limits`: what one client may cost (`gateway.limits` in the spec; its defaults
-        when None) until a snapshot brings others (`update`)."""
+        when None) until a snapshot brings others (`update`). `controls`: the control URLs
+        whose syncs feed it (`sluice gateway`, for what `/readyz` says); empty: a controller
+        in its process feeds it (`sluice up`)."""
         self.host = host
         self.port = port
         self._limits = Limits(limits)
         self._pool = UpstreamPool()
+        self.readiness = Readiness(controls)
+        """Unready until the first `update`; a sync (`remote.ControlSync`) reports to it."""
         self._state = GatewayState(
             rng=rng,
             pool=self._pool,
             access_log=AccessLog(access_log) if access_log is not None else None,
             limits=self._limits,
             default_traffic=GroupTraffic(timeout_s=upstream_timeout_s),
+            readiness=self.readiness,
         )
         self._conns: set[ClientProtocol] = set()
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._drained: asyncio.Event | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether it has routes to serve (`/readyz` 200): from the first `update` on."""
+        return self.readiness.routed
 
     @property
     def snapshot_version(self) -> int:

@@ -22,6 +22,7 @@ from sluice.gateway.errors import QueueTimeout
 from sluice.gateway.groups import GroupRuntime
 from sluice.gateway.limits import Limits
 from sluice.gateway.metrics import GatewayMetrics
+from sluice.gateway.readiness import Readiness
 from sluice.gateway.responses import sluice_headers
 from sluice.gateway.samples import GatewaySampling
 from sluice.gateway.upstream import UpstreamPool
@@ -51,7 +52,8 @@ QUEUE_TICK_S = 0.05
 EMPTY_SNAPSHOT = RoutingSnapshot(
     version=0, routes=RouteTable(()), tenants_by_key={}, endpoints={}, group_models={}
 )
-"""Served until the controller's first `update()`: every key is unknown, so every call is 401."""
+"""Served until the controller's first `update()`: every key is unknown, and the gateway is
+unready (`Readiness.routed` is False), so every call is 503 (`NotReady`), not 401."""
 
 
 class GatewayState:
@@ -80,6 +82,7 @@ class GatewayState:
         "metrics",
         "outstanding",
         "pool",
+        "readiness",
         "rng",
         "sampling",
         "served",
@@ -94,8 +97,12 @@ class GatewayState:
         access_log: AccessLog | None,
         limits: Limits | None = None,
         default_traffic: GroupTraffic | None = None,
+        readiness: Readiness | None = None,
     ) -> None:
         self.snapshot = EMPTY_SNAPSHOT
+        self.readiness = readiness or Readiness()
+        """ready once the first snapshot is in (`set_snapshot`); read per request only on
+        the way to a 401 (see `Exchange._tenant`)"""
         self.outstanding: dict[str, int] = {}
         self.served: dict[str, int] = {}
         """Requests sent to each instance, ever (explain: did traffic reach a new one?)."""
@@ -119,7 +126,9 @@ class GatewayState:
         (`set_rate_shares`); None: it is alone, and enforces every limit in full."""
         self._rate_caps: dict[str, float] = {}
         """Per tenant whose rate is shared: the longest Retry-After to answer."""
-        self.metrics = GatewayMetrics(lambda: self.groups, lambda: self.snapshot.version)
+        self.metrics = GatewayMetrics(
+            lambda: self.groups, lambda: self.snapshot.version, self.readiness
+        )
         # Request ids: a random prefix per gateway plus a counter; unique, and cheap per request.
         self._rid_prefix = b"%012x-" % rng.getrandbits(48)
         self._rid_seq = 0
@@ -139,6 +148,7 @@ class GatewayState:
         (its `limits` too, when it has them: see `Limits.configure`)."""
         now = time.monotonic()
         self.snapshot = snapshot
+        self.readiness.routed = True
         if snapshot.limits is not None:
             self.limits.configure(snapshot.limits)
         self._tenants = {}

@@ -45,6 +45,8 @@ class Sluice:
     """Set for `sluice up` and the CLI on top of this process's environment."""
     command: str = "up"
     """`controller`: no gateway in the process (`endpoint` stays empty)"""
+    extra_args: list[str] = field(default_factory=list)
+    """More options for the command (say `--health-port N`)"""
 
     def env(self) -> dict[str, str]:
         """The CLI's environment: it finds the admin token `sluice up` wrote in the home."""
@@ -86,6 +88,7 @@ class Sluice:
             cmd += ["--port", str(self.port)]
         if with_spec:
             cmd += ["-f", str(self.spec)]
+        cmd += self.extra_args
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env()
         )
@@ -109,8 +112,17 @@ class Sluice:
             raise AssertionError("sluice up did not print its endpoint:\n" + "".join(self.output))
 
     def stop(self, timeout: float = 60) -> int:
+        """Ctrl-C: stop it and every instance (SIGINT; a SIGTERM only hands over)."""
+        return self._signal(signal.SIGINT, timeout)
+
+    def hand_over(self, timeout: float = 60) -> int:
+        """SIGTERM, as Kubernetes sends: it releases the lease and leaves its instances
+        running for the next leader."""
+        return self._signal(signal.SIGTERM, timeout)
+
+    def _signal(self, sig: signal.Signals, timeout: float) -> int:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(sig)
         code = self.proc.wait(timeout)
         self._close()
         return code

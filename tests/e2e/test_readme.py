@@ -98,7 +98,7 @@ class Up:
             raise AssertionError("no `ready:` line:\n" + "".join(self.lines))
 
     def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(signal.SIGINT)  # Ctrl-C, as the README says
         return self.proc.wait(60)
 
     def close(self) -> None:

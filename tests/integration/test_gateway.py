@@ -87,13 +87,17 @@ async def test_healthz_and_models() -> None:
         gw.update(make_snapshot(4, [("i1", 1)], tenant=tenant))
         health = await client.get("/healthz")
         assert health.status_code == 200
-        assert health.json() == {"status": "ok", "version": 4}
+        # fed in process (no sync): ready from the first snapshot on, never stale
+        assert health.json() == {"status": "ok", "version": 4, "ready": True, "stale": False}
+        ready = await client.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json() == {"ready": True, "stale": False, "version": 4}
         assert gw.snapshot_version == 4
         models = (await client.get("/v1/models", headers=AUTH)).json()
         assert models["data"] == [{"id": "m1", "object": "model", "owned_by": "sluice"}]
         assert models["object"] == "list"
         assert (await client.get("/v1/models")).status_code == 401
-        assert len(log_lines(log)) == 3
+        assert len(log_lines(log)) == 4
 
 
 @pytest.mark.asyncio

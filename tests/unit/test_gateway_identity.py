@@ -7,6 +7,7 @@ sluice.gateway.remote)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -254,9 +255,7 @@ def test_sluice_gateway_names_itself_after_its_token_and_refuses_another_id() ->
         choose_gateway_id(remote.Identity("alice", "viewer"), None, "host-a", 8080, 1)
 
 
-def test_whoami_waits_for_a_controller_and_stops_at_a_refused_token(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_whoami_waits_for_a_controller_and_stops_at_a_refused_token() -> None:
     answers: list[httpx.Response | Exception] = []
 
     def controller(request: httpx.Request) -> httpx.Response:
@@ -266,25 +265,27 @@ def test_whoami_waits_for_a_controller_and_stops_at_a_refused_token(
             raise answer
         return answer
 
-    real = httpx.Client
-    monkeypatch.setattr(
-        remote.httpx,
-        "Client",
-        lambda **kw: real(transport=httpx.MockTransport(controller), **kw),
-    )
+    transport = httpx.MockTransport(controller)
+    waited: list[str] = []
+
+    def whoami(controls: list[str], **kw: Any) -> remote.Identity:
+        return asyncio.run(remote.whoami(controls, "tok", retry_s=0, transport=transport, **kw))
+
     answers[:] = [
         httpx.ConnectError("refused"),
         httpx.Response(503, text="starting"),
         httpx.Response(200, json={"name": "gw-1", "role": "gateway", "groups": None}),
     ]
-    me = remote.whoami(["http://a", "http://b"], "tok", retry_s=0)
+    me = whoami(["http://a", "http://b"], waiting=waited.append)
     assert me == remote.Identity("gw-1", "gateway") and not answers
+    # the round no controller answered was told (the gateway's readiness says it)
+    assert waited == ["http://a: ConnectError; http://b: HTTP 503 starting"]
     answers[:] = [httpx.Response(401, json={"error": {"message": "unknown token"}})]
     with pytest.raises(Unauthorized, match=r"refused this gateway's token.*unknown token"):
-        remote.whoami(["http://a"], "tok", retry_s=0)
+        whoami(["http://a"])
     answers[:] = [httpx.ConnectError("refused")]
     with pytest.raises(Unavailable, match="no control API answered"):
-        remote.whoami(["http://a"], "tok", retry_s=0, wait_s=0)
+        whoami(["http://a"], wait_s=0)
 
 
 def test_the_bound_is_the_modules(monkeypatch: pytest.MonkeyPatch) -> None:
