@@ -61,7 +61,7 @@ from sluice.spec import (
     open_revision,
     seal_secrets,
 )
-from sluice.store import LeaseRecord, Store
+from sluice.store import Fenced, LeaseRecord, Store
 
 __all__ = ["UpOptions", "serve"]
 
@@ -558,7 +558,7 @@ class _Up:
         failure = await until_stopped(stopper, tasks)
         if self.stop_fleet:
             print("stopping: gateway first, then draining instances", file=sys.stderr, flush=True)
-        else:
+        elif not self.fenced:
             print(
                 f"handing over ({self.stop_reason or 'stopped'}): the instances keep running",
                 file=sys.stderr,
@@ -573,6 +573,8 @@ class _Up:
         await asyncio.gather(*tasks, return_exceptions=True)
         try:
             await observer.close()
+        except Fenced as exc:  # deposed: the new leader keeps the history from now on
+            log.warning("the minute in progress of the metrics history was not stored: %s", exc)
         except Exception:
             log.exception("the minute in progress of the metrics history was not stored")
         await controller.close()

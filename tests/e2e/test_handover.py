@@ -11,6 +11,7 @@ takes over, never the file. `sluice down` stops the fleet, audited.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -231,5 +232,44 @@ def test_a_standby_is_alive_not_ready_and_sluice_down_stops_the_fleet(tmp_path: 
         assert row.reason == "sluice down: end of the test: stopped every instance", row
     finally:
         for s in (a, b):
+            s.kill()
+            kill_workers_of(s.home)
+
+
+def test_a_paused_leader_on_the_same_host_leaves_a_leader_and_steps_down_quietly(
+    tmp_path: Path,
+) -> None:
+    """Two controllers on one host share a control port: the leader is paused (SIGSTOP,
+    as a long GC pause or a frozen VM would); the standby takes over and leads while the
+    port is still held, and binds it once the resumed leader, deposed, has gone: one
+    controller answers throughout the end, and the deposed one exits without tracebacks."""
+    control_port = free_port()
+    spec = tmp_path / "platform.yaml"
+    spec.write_text(SPEC.format(control_port=control_port, more_tenants=""))
+    a, b = controllers(tmp_path, f"sqlite:///{tmp_path / 'state.db'}", spec)
+    try:
+        a.start()
+        a.wait_for("a leads with 2 ready", lambda: len(a.ready("chat")) == 2)
+        b.start(wait_endpoint=False)
+        b.wait_for("b waits", lambda: any("standby:" in line for line in b.output), timeout=30)
+        copy_admin_token(a, b)
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGSTOP)
+        wait_leads(b, timeout=30)
+        b.wait_for(
+            "b says the port is held",
+            lambda: any("is in use" in line for line in b.output),
+            timeout=10,
+        )
+        a.proc.send_signal(signal.SIGCONT)
+        assert a.proc.wait(30) == 0
+        said = "".join(a.output)
+        assert "deposed" in said and "Traceback" not in said, said
+        b.wait_for("b answers on the port", lambda: len(b.ready("chat")) == 2, timeout=30)
+        assert b.control_url.endswith(f":{control_port}")
+    finally:
+        for s in (a, b):
+            if s.proc is not None and s.proc.poll() is None:
+                s.proc.send_signal(signal.SIGCONT)
             s.kill()
             kill_workers_of(s.home)
