@@ -431,15 +431,33 @@ def token_create(
             metavar="EMAIL-OR-NAME",
             help="the person it belongs to; default: yours (the installation's admin "
             "token: a person named like the token). Only the installation's admin token "
-            "may name another person",
+            "(or --store) may name another person",
         ),
+    ] = None,
+    store: Annotated[
+        bool,
+        typer.Option(
+            "--store",
+            help="break glass: mint it in the store itself ($SLUICE_DATABASE_URL, else the "
+            "state directory's state.db), with no control API and no token, as the "
+            "installation would; audited as local:<your user> with --reason. For a lost "
+            "admin token, or a token put straight into a Kubernetes secret",
+        ),
+    ] = False,
+    reason: Annotated[
+        str | None, typer.Option("--reason", help="why (required with --store); audited")
     ] = None,
     as_json: JsonOpt = False,
     home: HomeOpt = None,
     control: ControlOpt = None,
 ) -> None:
     """Issue a token. It is shown once: Sluice keeps only its sha256. Every token belongs to
-    a person, and review needs two persons, not two tokens."""
+    a person, and review needs two persons, not two tokens.
+
+    --store (break glass) mints it in the store, not through the control API:
+    whoever opens the store holds the installation, so any role for any person,
+    e.g. `--role admin --owner admin` for an installation token like the first
+    `admin`. The audit row names local:<user> and --reason."""
 
     def do() -> Any:
         body = {
@@ -449,7 +467,79 @@ def token_create(
             "expires_in_s": duration_s(expires) if expires else None,
             **({"owner": owner} if owner is not None else {}),
         }
-        return post(home, control, "/v1/tokens", body)
+        if not store:
+            return post(home, control, "/v1/tokens", body)
+        return mint_in_store(body)
+
+    def mint_in_store(body: dict[str, Any]) -> Any:
+        # Imported here: only the break-glass path pays for the store and the API's models.
+        import asyncio
+        import getpass
+        import os
+
+        from pydantic import ValidationError
+
+        from sluice.cli.common import state_store
+        from sluice.config import Settings
+        from sluice.control.api import TokenRequest
+        from sluice.control.tokens import TokenAdmin
+        from sluice.core import NotFound, SpecError, SpecIssue, SystemClock
+        from sluice.spec import load_spec_text
+
+        here = "sluice token create"
+        if control is not None:
+            raise SpecError([SpecIssue("--store", "mints in the store: drop --control", here)])
+        if not (reason or "").strip():
+            why = "with --store, say why (it goes to the audit log): --reason TEXT"
+            raise SpecError([SpecIssue("--reason", why, here)])
+        try:
+            request = TokenRequest.model_validate(body)
+        except ValidationError as exc:
+            issues = [
+                SpecIssue(".".join(str(p) for p in e["loc"]) or "token", e["msg"], here)
+                for e in exc.errors()
+            ]
+            raise SpecError(issues) from None
+        settings = Settings.from_env(home)
+        db = settings.home / "state.db"
+        if settings.database_url is None and not db.is_file():
+            raise NotFound(
+                f"no state database at {db}: point --home / $SLUICE_HOME at the state "
+                "directory, or $SLUICE_DATABASE_URL at the store",
+                home=str(settings.home),
+            )
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # a container's user with no name
+            user = f"uid-{os.getuid()}"
+        with state_store(settings) as opened:
+            if request.groups:
+                live = opened.latest_revision()
+                known = (
+                    set()
+                    if live is None
+                    else {g.name for g in load_spec_text(live.yaml_text, "live").spec.groups}
+                )
+                unknown = sorted(set(request.groups) - known)
+                if unknown:
+                    raise NotFound(
+                        f"no group named {', '.join(unknown)} in the live revision "
+                        f"(groups: {', '.join(sorted(known)) or 'none'})",
+                        groups=unknown,
+                    )
+            admin = TokenAdmin(opened, SystemClock())
+            token, record = asyncio.run(
+                admin.create(
+                    request.name,
+                    request.role,
+                    request.groups,
+                    request.expires_in_s,
+                    by=f"local:{user}",
+                    person=request.owner or request.name,
+                    reason=f"break glass, minted in the store (--store): {reason}",
+                )
+            )
+        return {**record.to_json(), "token": token}
 
     def render(r: dict[str, Any]) -> None:
         scope = f" on {', '.join(r['groups'])}" if r["groups"] else ""

@@ -96,11 +96,14 @@ class TokenAdmin:
         by: str,
         person: str | None = None,
         by_person: str | None = None,
+        reason: str | None = None,
     ) -> tuple[str, TokenRecord]:
         """A new token (returned once, never stored) and its record. `person` holds it
         (default: a person named like the token); `by` is the minting token or the part of
-        the platform minting it, and `by_person` its person (None: looked up by `by`). No
-        rule is checked here: the API mints through `mint`."""
+        the platform minting it, and `by_person` its person (None: looked up by `by`);
+        `reason`, the audit row's why (default: what was minted for whom). No rule is
+        checked here: the API mints through `mint`, `sluice token create --store` (direct
+        store access: whoever holds the store is the installation) through this."""
         by_person = by_person if by_person is not None else await self._person_of(by)
         token = new_token()
         now = self.clock.now()
@@ -127,7 +130,7 @@ class TokenAdmin:
             actor=by,
             action="token-create",
             target=f"token/{name}",
-            reason=f"{role.value} token for person {record.person}",
+            reason=reason or f"{role.value} token for person {record.person}",
             detail=detail,
             now=now,
         )

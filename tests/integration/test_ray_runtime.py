@@ -1,16 +1,29 @@
 """RayRuntime on a real two-node Ray cluster on this machine (`ray start` twice), with real
 `python -m sluice.worker` processes: placement by accelerator type, a real request, a lost
-node, stop, and adoption by a second driver.
+node, stop, and adoption by a second driver; `sluice up` on the cluster, with
+examples/ray.yaml as shipped among others.
 
 Ray missing skips the module, except under CI ($CI), where it is a failure (`.ci/run`
 installs the `ray` extra). The cluster's processes are found by its own temp dir and
 killed, no others (`ray stop` would kill every cluster on the machine).
+
+Loopback only: every node gets its own address in 127.0.0.0/8 from 127.0.0.2 up (the head
+127.0.0.2, each node added the next one). Not 127.0.0.1 nor `localhost`: Ray (2.60 seen)
+replaces those, as a node address and in a cluster address, by the machine's routable
+address (`ray._private.services.resolve_ip_for_localhost`), and every node, driver and
+instance then talks over it. Any other loopback address is kept as given, and a driver
+joining at 127.0.0.2 takes that as its own address. `test_the_cluster_talks_only_on_loopback`
+checks what Ray advertises and every connection its processes hold. (Ray's gRPC servers
+still listen on the wildcard address, which no option of Ray changes; nothing connects to
+them but over loopback.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import itertools
 import json
 import os
 import random
@@ -23,7 +36,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -31,6 +44,7 @@ import pytest
 
 from sluice.core import SluiceError
 from sluice.runtime import CommandLaunch, InstanceHandle, LaunchRequest, Placement
+from sluice.spec import load_spec_file
 
 try:
     import ray
@@ -53,6 +67,8 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+HEAD_IP = "127.0.0.2"
+"""The head node's address; nodes added later take 127.0.0.3, 127.0.0.4, ... (module doc)."""
 START_TIMEOUT_S = 120.0
 """A node joining on a busy 2-core machine: normally ~2 s."""
 LOST_WITHIN_S = 60.0
@@ -89,6 +105,9 @@ class Cluster:
     address: str
     temp_dir: Path
     env: dict[str, str]
+    _next_ip: Iterator[str] = field(
+        default_factory=lambda: (f"127.0.0.{i}" for i in itertools.count(3)), repr=False
+    )
 
     def node_ports(self) -> list[str]:
         """Every port a node would otherwise take by default (two clusters of parallel test
@@ -109,6 +128,7 @@ class Cluster:
         before = {n["NodeID"] for n in ray.nodes()}
         ray_start(
             self,
+            next(self._next_ip),
             f"--address={self.address}",
             "--num-cpus=2",
             f"--resources={json.dumps(resources)}",
@@ -131,11 +151,14 @@ def client_port() -> list[str]:
     return [] if get_ray_client_dependency_error() else [f"--ray-client-server-port={free_port()}"]
 
 
-def ray_start(cluster: Cluster, *args: str) -> None:
+def ray_start(cluster: Cluster, node_ip: str, *args: str) -> None:
+    """`ray start` of a node that advertises `node_ip` (a loopback address other than
+    127.0.0.1, which Ray would replace: module doc)."""
+    assert ipaddress.ip_address(node_ip).is_loopback and node_ip != "127.0.0.1", node_ip
     cmd = [
         str(Path(sys.executable).with_name("ray")),
         "start",
-        "--node-ip-address=127.0.0.1",
+        f"--node-ip-address={node_ip}",
         f"--temp-dir={cluster.temp_dir}",
         "--disable-usage-stats",
         *args,
@@ -202,6 +225,58 @@ def node_address(node_id: str) -> str:
     return str(next(n for n in ray.nodes() if n["NodeID"] == node_id)["NodeManagerAddress"])
 
 
+def on_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return (mapped or ip).is_loopback
+
+
+def off_loopback_nodes() -> list[str]:
+    """What Ray advertises of its nodes that is not on loopback (their node manager and
+    object manager addresses)."""
+    return [
+        f"{n['NodeID']}: {key} {n[key]}"
+        for n in ray.nodes()
+        for key in ("NodeManagerAddress", "ObjectManagerAddress")
+        if n.get(key) and not on_loopback(n[key])
+    ]
+
+
+_TCP_LISTEN = "0A"
+
+
+def tcp_sockets(pids: set[int]) -> list[tuple[int, str, str, str]]:
+    """The TCP sockets the processes `pids` hold: (pid, state, local, remote), addresses
+    as `ip` strings (state: the kernel's hex code, 0A listening, 01 established)."""
+    owner: dict[str, int] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:["):
+                        owner[link[8:-1]] = pid
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                cols = line.split()
+                local, remote, state, inode = cols[1], cols[2], cols[3], cols[9]
+                if inode in owner:
+                    found.append((owner[inode], state, _ip(local), _ip(remote)))
+    return found
+
+
+def _ip(hex_address: str) -> str:
+    """`0100007F:1F90` (or the 32-digit IPv6 form) of /proc/net/tcp* -> the address."""
+    raw = bytes.fromhex(hex_address.split(":")[0])
+    # the kernel writes each 32-bit word in host (little-endian) order
+    ordered = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(ordered)
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return str(mapped or ip)
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Cluster, str, str]]:
     """Head (2 CPUs, accelerator_type:A 2, X 1) and a node (2 CPUs, B 2); the node ids."""
@@ -220,11 +295,12 @@ def cluster() -> Iterator[tuple[Cluster, str, str]]:
         "RAY_TEST_PLAIN": "plain",
     }
     port = free_port()
-    address = f"127.0.0.1:{port}"
+    address = f"{HEAD_IP}:{port}"
     c = Cluster(address, temp_dir, env)
     try:
         ray_start(
             c,
+            HEAD_IP,
             "--head",
             f"--port={port}",
             "--num-cpus=2",
@@ -240,6 +316,7 @@ def cluster() -> Iterator[tuple[Cluster, str, str]]:
         while sum(n["Alive"] for n in ray.nodes()) < 2:
             assert time.monotonic() < deadline, "the cluster never showed 2 nodes"
             time.sleep(0.5)
+        assert off_loopback_nodes() == [], "Ray advertises a node off loopback"
         yield c, head, other
     finally:
         if ray.is_initialized():
@@ -301,6 +378,32 @@ async def test_instance_lands_on_the_node_with_its_accelerator_type_and_serves(
         log = rt.log_path(iid)
         assert log is not None and f"{iid}.log" in log and handle.host in log
         print(f"launch on Ray took {took:.2f}s")
+    finally:
+        await rt.stop(handle, grace_s=5)
+
+
+async def test_the_cluster_talks_only_on_loopback(cluster: tuple[Cluster, str, str]) -> None:
+    """Every node advertises a loopback address, an instance listens on its node's, and
+    every connection of the cluster's processes (GCS, raylets, workers, instances) and of
+    this driver has both ends on 127.0.0.0/8 while a request is served. Listening sockets
+    are on loopback or Ray's wildcard (module doc), never on another address."""
+    c, _head, node_b = cluster
+    rt = runtime(c)
+    handle = await rt.launch(request(new_id(), "B"))
+    try:
+        await serves(handle)
+        assert off_loopback_nodes() == []
+        assert on_loopback(handle.host) and handle.host == node_address(node_b) != "127.0.0.1"
+        sockets = tcp_sockets(cluster_pids(c.temp_dir) | {os.getpid()})
+        assert len(sockets) > 10, sockets  # the check found the cluster's sockets
+        wildcard = {"0.0.0.0", "::"}
+        listening = [s for s in sockets if s[1] == _TCP_LISTEN]
+        connected = [s for s in sockets if s[1] != _TCP_LISTEN]
+        assert [s for s in listening if s[2] not in wildcard and not on_loopback(s[2])] == []
+        assert connected, sockets
+        off = [s for s in connected if not (on_loopback(s[2]) and on_loopback(s[3]))]
+        assert off == [], off
+        assert any(s[3] == HEAD_IP for s in connected), connected  # the GCS, at the head's
     finally:
         await rt.stop(handle, grace_s=5)
 
@@ -562,6 +665,41 @@ async def test_sluice_up_sizes_a_pool_by_the_cluster_as_nodes_join_and_leave(
         time.sleep(6)  # a few ticks: nothing is started on a pool with no accelerators
         alive = [i for i in s.instances("chat") if i["state"] in ("starting", "ready")]
         assert alive == [], alive
+    finally:
+        s.kill()
+        kill_workers_of(s.home)
+        kill_all(node_pids)
+
+
+async def test_the_ray_example_serves_as_shipped(
+    cluster: tuple[Cluster, str, str], tmp_path: Path
+) -> None:
+    """`sluice up -f examples/ray.yaml`, the file as shipped, on the cluster (found by its
+    `address: auto` through $RAY_ADDRESS) with a node of its `cpu-a` units: the group's two
+    instances start on that node and the example's tenant key gets an answer; a request
+    without a key is refused."""
+    from tests.e2e.conftest import Sluice, kill_workers_of
+
+    c, _, _ = cluster
+    spec = ROOT / "examples" / "ray.yaml"
+    [key] = load_spec_file(spec).spec.tenants[0].api_keys
+    environ = {"PYTHONPATH": c.env["PYTHONPATH"], "RAY_ADDRESS": c.address}
+    node = c.add_node({"accelerator_type:cpu-a": 2})
+    node_pids = cluster_pids_of_raylet(raylet_pid(node))
+    s = Sluice(tmp_path / "home", spec, environ=environ)
+    s.start()
+    try:
+        s.wait_for("2 ready on the cpu-a node", lambda: len(s.ready("chat")) == 2, timeout=120)
+        hosts = {httpx.URL(i["url"]).host for i in s.ready("chat")}
+        assert hosts == {node_address(node)}, hosts
+        body = {"model": "demo-sim", "messages": [{"role": "user", "content": "hi"}]}
+        async with httpx.AsyncClient(base_url=s.endpoint, trust_env=False, timeout=30) as client:
+            r = await client.post(
+                "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"], r.text
+            assert (await client.post("/v1/chat/completions", json=body)).status_code == 401
     finally:
         s.kill()
         kill_workers_of(s.home)
