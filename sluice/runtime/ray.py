@@ -318,7 +318,7 @@ def _connect(address: str, namespace: str) -> Any:
         import ray
     except ImportError:
         raise SluiceError(
-            "instances.runtime is ray but Ray is not installed: pip install 'sluice[ray]'"
+            "instances.runtime is ray but Ray is not installed: pip install 'sluice-serve[ray]'"
         ) from None
     if not ray.is_initialized():
         try:
