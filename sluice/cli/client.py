@@ -1,4 +1,9 @@
-"""The CLI's HTTP client for the control API of a running `sluice up`."""
+"""The CLI's HTTP client for the control API of a running `sluice up`.
+
+Whatever the control API answers, or if it does not answer at all, the command ends with a
+`SluiceError` (one line, the error's exit code), never a traceback: 503 `store_unavailable`
+exits 7, a control API that cannot be reached or does not answer in time exits 6.
+"""
 
 from __future__ import annotations
 
@@ -10,24 +15,55 @@ from typing import Any
 import httpx
 
 from sluice.config import Settings
-from sluice.core import SluiceError, Unavailable
+from sluice.core import (
+    Conflict,
+    Forbidden,
+    NotFound,
+    SluiceError,
+    SpecError,
+    StoreUnavailable,
+    Unauthorized,
+    Unavailable,
+    UpstreamError,
+)
 
-__all__ = ["ControlClient"]
+__all__ = ["TIMEOUT_S", "ControlClient"]
+
+TIMEOUT_S = 30.0
+"""How long a call may wait for the control API's answer."""
+
+_EXIT_BY_CODE = {
+    kind.code: kind.exit_code
+    for kind in (
+        SpecError,
+        Conflict,
+        NotFound,
+        Unauthorized,
+        Forbidden,
+        Unavailable,
+        StoreUnavailable,
+        UpstreamError,
+    )
+}
+"""An answer's `error.code` -> the exit code of the error it names (errors.py's tree)."""
+_EXIT_BY_STATUS = {401: 5, 403: 5, 404: 4, 409: 3, 422: 2, 502: 6, 503: 6, 504: 6}
 
 
 class _RemoteError(SluiceError):
-    """An error the control API reported; keeps its HTTP status for the exit code."""
+    """An error the control API reported; keeps its HTTP status and code for the exit code."""
 
     def __init__(self, status: int, body: dict[str, Any]) -> None:
         err = body.get("error", {})
+        err = err if isinstance(err, dict) else {"message": str(err)}
         detail = body.get("detail")
         message = err.get("message") or (json.dumps(detail) if detail else f"HTTP {status}")
-        super().__init__(message, **{k: v for k, v in err.items() if k != "message"})
+        super().__init__(str(message), **{k: v for k, v in err.items() if k != "message"})
         self.status = status
 
     @property
     def exit_code(self) -> int:  # type: ignore[override]
-        return {401: 5, 403: 5, 404: 4, 409: 3, 422: 2}.get(self.status, 1)
+        found = _EXIT_BY_CODE.get(str(self.detail.get("code")))
+        return found if found is not None else _EXIT_BY_STATUS.get(self.status, 1)
 
 
 class ControlClient:
@@ -64,14 +100,30 @@ class ControlClient:
                 method,
                 self._url + path,
                 headers=self._headers,
-                timeout=30.0,
+                timeout=TIMEOUT_S,
                 trust_env=False,
                 verify=self._verify,
                 **kw,
             )
+        except httpx.TimeoutException:
+            raise Unavailable(
+                f"the control API at {self._url} did not answer within {TIMEOUT_S:g} s; "
+                "is its process stopped or overloaded?",
+                url=self._url,
+            ) from None
         except httpx.HTTPError as exc:
-            raise Unavailable(f"cannot reach the control API at {self._url}: {exc}") from None
-        body = r.json() if r.content else None
+            why = " ".join(str(exc).split()) or type(exc).__name__
+            raise Unavailable(
+                f"cannot reach the control API at {self._url}: {why}; is `sluice up` (or "
+                "`sluice controller`) running there?",
+                url=self._url,
+            ) from None
+        try:
+            body = r.json() if r.content else None
+        except ValueError:  # not JSON: a proxy's page, or a crash's "Internal Server Error"
+            text = " ".join(r.text.split())[:200]
+            message = f"the control API at {self._url} answered HTTP {r.status_code}: {text}"
+            raise _RemoteError(r.status_code, {"error": {"message": message}}) from None
         if r.status_code >= 400:
             raise _RemoteError(r.status_code, body if isinstance(body, dict) else {})
         return body

@@ -1,5 +1,9 @@
 """What every `sluice` command shares: the consoles, the common options, and how a command's
-result or error is printed (--json: exactly one JSON document; errors: their exit code)."""
+result or error is printed (--json: exactly one JSON document; errors: one line and their
+exit code, listed in the README: 1 internal, 2 invalid spec, 3 conflict, 4 not found, 5
+unauthorized or forbidden, 6 unavailable (the control API does not answer), 7 the state
+store does not answer or take writes). A store that fails under a command that reads it
+directly is an error too, not a traceback."""
 
 from __future__ import annotations
 
@@ -13,10 +17,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from sluice.cli.client import ControlClient
 from sluice.config import Settings
-from sluice.core import SluiceError, SpecError, SpecIssue
+from sluice.core import SluiceError, SpecError, SpecIssue, StoreUnavailable
 from sluice.spec import load_spec_file
 
 if TYPE_CHECKING:
@@ -57,12 +62,15 @@ def run(as_json: bool, fn: Callable[[], Any], render: Callable[[Any], None]) -> 
     """Run a command; print its result as JSON or via `render`; map errors to exit codes."""
     try:
         result = fn()
-    except SluiceError as exc:
+    except Exception as exc:
+        error = exc if isinstance(exc, SluiceError) else _store_outage(exc)
+        if error is None:
+            raise  # a bug: its traceback
         if as_json:
-            print(json.dumps(exc.to_json()))
+            print(json.dumps(error.to_json()))
         else:
-            print_error(exc)
-        raise typer.Exit(exc.exit_code) from None
+            print_error(error)
+        raise typer.Exit(error.exit_code) from None
     if as_json:
         print(json.dumps(result, default=str))
     else:
@@ -76,7 +84,23 @@ def print_error(exc: SluiceError) -> None:
         for issue in exc.issues:
             err.print(f"  {issue}", markup=False, highlight=False, soft_wrap=True)
     else:
-        err.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
+        # one line, even when a driver's message (quoted in it) spans several
+        message = escape(re.sub(r"\s*\n\s*", " ", exc.message.strip()))
+        err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+
+
+def _store_outage(exc: Exception) -> StoreUnavailable | None:
+    """`exc` as a `StoreUnavailable` if it says the state store cannot be reached or written
+    (a report reading it as PostgreSQL goes away); None for anything else. SQLAlchemy is
+    imported only if it raised `exc`."""
+    if not type(exc).__module__.startswith(_DB_MODULES):
+        return None
+    from sluice.store import store_unavailable
+
+    return store_unavailable(exc)
+
+
+_DB_MODULES = ("sqlalchemy", "sqlite3", "psycopg")
 
 
 _token_flag: str | None = None
@@ -107,10 +131,22 @@ def post_spec(home: str | None, control: str | None, path: str, file: Path, reas
 def state_store(settings: Settings) -> Store:
     """The one way a command opens the state: `settings.database_url` ($SLUICE_DATABASE_URL,
     e.g. PostgreSQL) if set, else the SQLite file in the state directory; migrated to head.
-    (Imported here, not at the top: other commands need not pay for SQLAlchemy.)"""
-    from sluice.store import Store
+    A file that cannot be opened or written (a read-only or full state directory) is a
+    `StoreUnavailable` naming it. (Imported here, not at the top: other commands need not
+    pay for SQLAlchemy.)"""
+    from sluice.store import Store, redacted, store_unavailable
 
-    return Store.for_home(settings.home, settings.database_url)
+    try:
+        return Store.for_home(settings.home, settings.database_url)
+    except Exception as exc:
+        if isinstance(exc, SluiceError):
+            raise
+        url = settings.database_url
+        where = redacted(url) if url else f"sqlite:///{settings.home / 'state.db'}"
+        outage = store_unavailable(exc, where)
+        if outage is None:
+            raise
+        raise outage from None
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

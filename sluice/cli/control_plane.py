@@ -189,3 +189,13 @@ def _serve(home: str | None, log_level: str, file: Path | None, args: UpArgs) ->
     except SluiceError as exc:
         print_error(exc)
         raise typer.Exit(exc.exit_code) from None
+    except Exception as exc:  # the store failing at start: one line, exit 7
+        from sluice.store import store_unavailable
+        from sluice.store.store import redacted
+
+        where = redacted(settings.database_url) if settings.database_url else str(settings.home)
+        outage = store_unavailable(exc, where)
+        if outage is None:
+            raise
+        print_error(outage)
+        raise typer.Exit(outage.exit_code) from None

@@ -17,7 +17,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping
+from asyncio import Task
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -26,7 +27,7 @@ import uvicorn
 from fastapi import APIRouter
 
 from sluice.cli.common import state_store
-from sluice.cli.serving import QuietServer, keep_serving, until_stopped
+from sluice.cli.serving import QuietServer, keep_serving, quiet_store_outages, until_stopped
 from sluice.config import Settings
 from sluice.control import (
     Controller,
@@ -102,6 +103,7 @@ async def serve(settings: Settings, options: UpOptions) -> None:
     Stopping: SIGTERM hands over (the lease is released, every instance keeps running for
     the next leader to adopt); SIGINT (Ctrl-C) and `sluice down` stop the fleet too."""
     started = time.monotonic()
+    quiet_store_outages()  # a store outage is one line, then one a minute, not tracebacks
     store = await asyncio.to_thread(state_store, settings)
     if settings.database_url is not None:  # the default, state.db, goes without saying
         log.info("state: %s", store.location)
@@ -513,24 +515,21 @@ class _Up:
             await drills.run(lambda: controller.spec)
 
         stopping = self.stop
+        where = store.location
+
+        def part(name: str, run_once: Callable[[int], Awaitable[None]], task: str) -> Task[None]:
+            started = (lambda: current.started) if name == "control API" else None
+            return asyncio.create_task(
+                keep_serving(name, run_once, stopping, started, store=where), name=task
+            )
+
         tasks = [
-            asyncio.create_task(
-                keep_serving("controller", control_loop, stopping), name="controller"
-            ),
-            asyncio.create_task(
-                keep_serving("control API", control_api, stopping, lambda: current.started),
-                name="control-api",
-            ),
-            asyncio.create_task(
-                keep_serving("housekeeping", housekeeping, stopping), name="housekeeping"
-            ),
-            asyncio.create_task(keep_serving("observer", observing, stopping), name="observer"),
-            asyncio.create_task(
-                keep_serving("alert delivery", alert_delivery, stopping), name="alerts"
-            ),
-            asyncio.create_task(
-                keep_serving("drill schedules", drill_schedules, stopping), name="drills"
-            ),
+            part("controller", control_loop, "controller"),
+            part("control API", control_api, "control-api"),
+            part("housekeeping", housekeeping, "housekeeping"),
+            part("observer", observing, "observer"),
+            part("alert delivery", alert_delivery, "alerts"),
+            part("drill schedules", drill_schedules, "drills"),
             leading,
         ]
         if gateway is not None:

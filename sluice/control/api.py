@@ -1,13 +1,17 @@
 """The control API (operators, CLI, console): groups, instances, scale, apply, audit, events.
 
 Not on the request path, so FastAPI is fine here. Errors are the platform's error tree
-rendered as `{"error": {...}}` with the error's HTTP status.
+rendered as `{"error": {...}}` with the error's HTTP status. A store that cannot be reached
+or written (PostgreSQL away, SQLite locked, read-only or full) is a 503 `store_unavailable`
+naming the store (never its password) with a `Retry-After`, not a 500: the gateways keep
+serving their last routes meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Annotated, Any
 
@@ -15,7 +19,8 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice.control.auth import (
@@ -29,7 +34,6 @@ from sluice.control.auth import (
 from sluice.control.bodies import TextBody
 from sluice.control.console import is_console_path, mount_console
 from sluice.control.controller import Controller
-from sluice.control.events import store_error_text, store_outage
 from sluice.control.explain import advisory_view, explain_decisions
 from sluice.control.guard import SPEC_BODY, ControlGuard, guarded
 from sluice.control.observer import stored_history
@@ -43,7 +47,7 @@ from sluice.core.urls import redact_channel
 from sluice.policy import route_rules
 from sluice.spec import parse_spec
 from sluice.spec.names import Name
-from sluice.store import Proposal, Store
+from sluice.store import Proposal, Store, store_unavailable
 
 __all__ = ["build_control_api"]
 
@@ -164,7 +168,7 @@ def build_control_api(
         if exc.http_status == 403 and principal is not None and not exc.detail.get("audited"):
             what = f"{request.method} {request.url.path}"
             await refusals.record(principal, what, 403, exc.message)
-        return JSONResponse(exc.to_json(), status_code=exc.http_status)
+        return _error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -173,18 +177,18 @@ def build_control_api(
         body = {"error": {"code": code, "message": str(exc.detail)}}
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
-    @app.exception_handler(OperationalError)
-    async def _store_refused(_: Request, exc: OperationalError) -> JSONResponse:
-        """The store refused a write (read-only, full, locked): 503, and the controller's
-        status turns degraded until a write goes through again."""
-        problem = store_outage(exc) or "store unavailable"
+    async def _store_error(_: Request, exc: Exception) -> JSONResponse:
+        """The store cannot be reached or written: 503 naming it, and (a write refused) the
+        controller's status turns degraded until a write goes through again. Any other
+        database error is a bug: raised on, a 500 with its traceback in the log."""
+        outage = store_unavailable(exc, store.location)
+        if outage is None:
+            raise exc
         controller.store_refused(exc)
-        message = (
-            f"{problem}: {store_error_text(exc)}; the change could not be recorded, try "
-            "again once the store takes writes (GET /v1/status says when)"
-        )
-        body = {"error": {"code": "store_unavailable", "message": message}}
-        return JSONResponse(body, status_code=503)
+        return _error_response(outage)
+
+    for kind in (DBAPIError, PoolTimeout, sqlite3.OperationalError):
+        app.add_exception_handler(kind, _store_error)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -752,6 +756,12 @@ def build_control_api(
     app.include_router(api)
     mount_console(app, authenticator, tokens.clock)
     return app
+
+
+def _error_response(exc: SluiceError) -> JSONResponse:
+    """`exc` as its JSON body and status, with its `Retry-After` if it has one."""
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
+    return JSONResponse(exc.to_json(), status_code=exc.http_status, headers=headers)
 
 
 def own_proposal(me: Principal, p: Proposal) -> bool:

@@ -19,6 +19,9 @@ token with `groups` acts only on those groups.
 
 Every token belongs to a person (`Principal.person`); who may mint a token for whom is
 `sluice.control.tokens`' rule. Two-person review compares persons, not token names.
+
+A check that cannot reach the store (PostgreSQL away, SQLite locked or read-only) is a
+`StoreUnavailable` (503, naming the store), never a 401: the token may well be good.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any, TypeVar
 
 from sluice.core import Clock, Forbidden, Unauthorized
-from sluice.store import Store, TokenRecord
+from sluice.store import Store, TokenRecord, store_unavailable
 
 __all__ = [
     "CSRF_HEADER",
@@ -56,6 +61,8 @@ _SESSION_SHAPE = re.compile(r"[A-Za-z0-9_-]{43}")
 SESSION_TTL_S = 12 * 3600.0
 """A console session lasts a working day at most (less if its token expires first)."""
 CSRF_HEADER = "x-csrf-token"
+
+T = TypeVar("T")
 
 
 class Role(StrEnum):
@@ -157,7 +164,7 @@ class Authenticator:
 
     async def _live_token(self, authorization: str | None) -> TokenRecord:
         token = _bearer(authorization)
-        record = await asyncio.to_thread(self._store.token_by_digest, token_digest(token))
+        record = await self._stored(self._store.token_by_digest, token_digest(token))
         if record is None:
             raise Unauthorized("unknown token: it was never issued here (`sluice token list`)")
         _check_live(record, self._clock.now())
@@ -173,7 +180,7 @@ class Authenticator:
         if record.expires_at is not None:
             ends = min(ends, record.expires_at)
         session = secrets.token_urlsafe(32)
-        await asyncio.to_thread(
+        await self._stored(
             self._store.add_session,
             digest=token_digest(session),
             token_name=record.name,
@@ -187,7 +194,7 @@ class Authenticator:
         """The holder of a live console session (its token still live too), or a 401."""
         if not session or not _SESSION_SHAPE.fullmatch(session):
             raise Unauthorized("not logged in: log in to the console with a token")
-        found = await asyncio.to_thread(self._store.session_by_digest, token_digest(session))
+        found = await self._stored(self._store.session_by_digest, token_digest(session))
         now = self._clock.now()
         if found is None or found[0].ended_at is not None or now >= found[0].expires_at:
             raise Unauthorized("the console session ended: log in again")
@@ -199,11 +206,11 @@ class Authenticator:
 
     async def log_out(self, session: str, principal: Principal) -> None:
         digest = token_digest(session)
-        await asyncio.to_thread(self._store.end_session, digest, now=self._clock.now())
+        await self._stored(self._store.end_session, digest, now=self._clock.now())
         await self._audit(principal.name, principal.person, "logout", "console session")
 
     async def _audit(self, actor: str, person: str, action: str, reason: str) -> None:
-        await asyncio.to_thread(
+        await self._stored(
             self._store.append_audit,
             actor=actor,
             action=action,
@@ -212,6 +219,17 @@ class Authenticator:
             detail={"person": person},
             now=self._clock.now(),
         )
+
+    async def _stored(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`call` on a worker thread; a store that cannot be reached or written raises
+        `StoreUnavailable` (503) instead of the driver's error."""
+        try:
+            return await asyncio.to_thread(call, *args, **kwargs)
+        except Exception as exc:
+            outage = store_unavailable(exc, self._store.location)
+            if outage is None:
+                raise
+            raise outage from exc
 
 
 def _principal(record: TokenRecord) -> Principal:

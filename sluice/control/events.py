@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.exc import OperationalError
-
 from sluice.core import Clock
-from sluice.store import Store
+from sluice.store import Store, outage_reason
 
 __all__ = ["EventLog", "StoreHealth", "store_outage"]
 
@@ -30,14 +27,15 @@ UNSTORED_EVENTS = 1000
 
 def store_outage(exc: BaseException) -> str | None:
     """What a store error says about the store ("store read-only", "store full", "store
-    locked", "store unavailable"), or None when `exc` is no store outage (a bug is not one).
-    SQLite reports all of these as OperationalError, wrapped by SQLAlchemy."""
-    if not isinstance(exc, OperationalError | sqlite3.OperationalError):
+    locked", "store unavailable"), or None when `exc` is no store outage (a bug is not one;
+    `sluice.store.outage_reason` decides, for SQLite and PostgreSQL alike)."""
+    reason = outage_reason(exc)
+    if reason is None:
         return None
-    text = store_error_text(exc).lower()
-    if "readonly" in text or "read-only" in text:
+    text = f"{reason} {store_error_text(exc)}".lower()
+    if "readonly" in text or "read-only" in text or "read only" in text:
         return "store read-only"
-    if "disk is full" in text or "disk full" in text:
+    if "disk is full" in text or "disk full" in text or "no space" in text:
         return "store full"
     if "locked" in text or "busy" in text:
         return "store locked"

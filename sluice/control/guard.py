@@ -7,7 +7,8 @@ parsed and answered 422, and grew the process (which also runs the gateway in `s
 by 460 MB. Here, in order, before routing:
 
 1. the `Host` is one this API serves (DNS rebinding): 421;
-2. the caller is authenticated (bearer token or console session): 401;
+2. the caller is authenticated (bearer token or console session): 401 (503 with a
+   `Retry-After` when the store that holds the tokens cannot be reached: no traceback);
 3. the route's guard (`guarded`) admits the caller's role, and a token scoped to groups
    names the route's `{group}`: 403;
 4. the body fits the route's cap: a `Content-Length` over it is refused unread, a chunked
@@ -125,7 +126,7 @@ class ControlGuard:
         try:
             principal = await self._caller(request)
         except SluiceError as exc:  # no one's: answered, not audited
-            await _send_json(send, exc.http_status, exc.to_json())
+            await _send_json(send, exc.http_status, exc.to_json(), exc.retry_after_s)
             return
         guard, group = self._guard(scope)
         what = f"{scope['method']} {scope['path']}"
@@ -212,13 +213,17 @@ async def _refuse(send: Send, status: int, code: str, message: str) -> None:
     await _send_json(send, status, {"error": {"code": code, "message": message}})
 
 
-async def _send_json(send: Send, status: int, payload: Any) -> None:
+async def _send_json(
+    send: Send, status: int, payload: Any, retry_after_s: int | None = None
+) -> None:
     body = orjson.dumps(payload)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),  # an unread body may still be on its way
     ]
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

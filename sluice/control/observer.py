@@ -270,7 +270,8 @@ class Observer:
                     raise
                 groups = len({g for g, _, _ in self._unstored})
                 self._unstored = self._unstored[-60 * max(1, groups) :]
-                log.warning("metrics history not stored yet (%d minutes wait)", len(closed))
+                minutes = len({m for _, m, _ in self._unstored})
+                log.warning("metrics history not stored yet (%d minutes wait)", minutes)
                 return
             self._unstored = []
         this_hour = bucket_start(now, HOUR_S)

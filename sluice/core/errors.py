@@ -6,8 +6,14 @@ SluiceError                    500 / exit 1
 ├── Unauthorized               401 / exit 5   no or unknown API key
 ├── Forbidden                  403 / exit 5   tenant outside its allowance
 ├── Conflict                   409 / exit 3   request clashes with state (capacity, ...)
-├── Unavailable                503 / exit 6   nothing ready to serve right now
+├── Unavailable                503 / exit 6   nothing ready to serve right now; the control
+│   │                                         API does not answer
+│   └── StoreUnavailable       503 / exit 7   the state store does not answer or take writes
+│                                             (PostgreSQL away, a full disk, a read-only state
+│                                             directory); the data plane serves on
 └── UpstreamError              502 / exit 6   an instance failed mid-request
+
+An error with `retry_after_s` set is answered with that `Retry-After` (seconds) over HTTP.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ __all__ = [
     "SluiceError",
     "SpecError",
     "SpecIssue",
+    "StoreUnavailable",
     "Unauthorized",
     "Unavailable",
     "UpstreamError",
@@ -33,6 +40,8 @@ class SluiceError(Exception):
     http_status: ClassVar[int] = 500
     exit_code: ClassVar[int] = 1
     code: ClassVar[str] = "internal_error"
+    retry_after_s: ClassVar[int | None] = None
+    """Sent as `Retry-After` by an HTTP edge: when asking again may work (None: no header)."""
 
     def __init__(self, message: str, **detail: Any) -> None:
         super().__init__(message)
@@ -119,6 +128,16 @@ class Unavailable(SluiceError):
     http_status = 503
     exit_code = 6
     code = "unavailable"
+
+
+class StoreUnavailable(Unavailable):
+    """The state store cannot be reached or written: the control plane cannot record or read
+    what it needs, while the gateways keep serving their last routes. Say which store (its
+    URL without the password, or the state directory) and why, on one line."""
+
+    exit_code = 7
+    code = "store_unavailable"
+    retry_after_s = 5
 
 
 class UpstreamError(SluiceError):

@@ -6,21 +6,42 @@ a flush is a system call, and losing the last fraction of a second of log on a c
 Floats cost most to render, so `ts` (when the request started, Unix seconds) has millisecond
 precision and is rendered once per millisecond, `latency_ms` strings are kept per
 microsecond value, and `queue_ms` is rendered only when not 0.
+
+A file's lines are kept here and written with one `os.write` per flush, so that a write
+the disk refuses (ENOSPC, EIO) costs exactly the lines it lost: they are counted
+(`dropped`, exported as `sluice_gateway_access_log_dropped_lines_total` once `register`ed)
+and said on one log line, then at most once per `REPEAT_LOG_S`, and once more when writes go
+through again; requests are never failed for it. A line cut by a partial write is ended
+before the next one, so every other line stays one JSON document. A stream with no file
+descriptor (an `io.StringIO`) is written line by line, as it comes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 import time
+from collections.abc import Callable, Iterator
 from json.encoder import encode_basestring_ascii as _quote
 from typing import TYPE_CHECKING, TextIO
 
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
 if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
     from sluice.gateway.exchange import Exchange
 
-__all__ = ["FLUSH_INTERVAL_S", "AccessLog"]
+__all__ = ["FLUSH_INTERVAL_S", "REPEAT_LOG_S", "AccessLog"]
+
+log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 0.1
+REPEAT_LOG_S = 60.0
+"""While writes keep failing, one log line a minute at most (with the count of lines lost)."""
 
 _HEAD = '"method":%s,"path":%s,"status":%d,"latency_ms":'
 _WHERE = (
@@ -47,15 +68,39 @@ class AccessLog:
     dict hit and one f-string instead of a dozen quoting calls.
     """
 
-    __slots__ = ("_fixed", "_flush_timer", "_latency", "_stream", "_ts", "_ts_ms")
+    __slots__ = (
+        "_failing",
+        "_fd",
+        "_fixed",
+        "_flush_timer",
+        "_latency",
+        "_monotonic",
+        "_pending",
+        "_stream",
+        "_torn",
+        "_ts",
+        "_ts_ms",
+        "dropped",
+        "write_errors",
+    )
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, monotonic: Callable[[], float] = time.monotonic) -> None:
+        """`monotonic`: the clock the failure reports are spaced by."""
         self._stream = stream
+        self._fd = _fd_of(stream)
+        self._pending: list[str] = []  # lines of a file stream not written yet
+        self._torn = False  # a partial write left a line without its end
         self._flush_timer: asyncio.TimerHandle | None = None
         self._ts_ms = -1  # `perf_counter()` ms `_ts` renders: many requests start in the same
         self._ts = ""
         self._latency: dict[int, str] = {}  # microseconds -> "1.234" (milliseconds)
         self._fixed: dict[_Fixed, tuple[str, str]] = {}  # -> the text around latency_ms
+        self._monotonic = monotonic
+        self._failing: _Failing | None = None
+        self.dropped = 0
+        """Lines lost ever: a write refused them (a full disk, an I/O error)."""
+        self.write_errors = 0
+        """Writes refused ever (each may have lost several lines)."""
 
     def record(self, ex: Exchange, latency: float) -> None:
         """Log `ex` as it ends; `latency`: seconds from its first parsed byte until now.
@@ -95,10 +140,20 @@ class AccessLog:
         # Keys, in order: ts, request_id, method, path, status, latency_ms, queue_ms, tenant,
         # model, priority, route, group, instance, via, mirror, retried, error, bytes_out.
         # (An f-string: a third cheaper than the same line formatted with `%`.)
-        self._stream.write(
+        line = (
             f'{{"ts":{self._ts},"request_id":{_quote(ex.request_id.decode("latin-1"))},'
             f'{head}{latency_ms},"queue_ms":{queue_ms}{where}{ex.bytes_out}}}\n'
         )
+        if self._fd is not None:
+            self._pending.append(line)
+        else:
+            try:
+                self._stream.write(line)
+            except OSError as exc:
+                self._refused(exc, 1)
+            else:
+                if self._failing is not None:
+                    self._back()
         if self._flush_timer is None:
             self._flush_timer = asyncio.get_running_loop().call_later(FLUSH_INTERVAL_S, self.flush)
 
@@ -124,12 +179,134 @@ class AccessLog:
         flushed, for the caller to close."""
         self.flush()
         old, self._stream = self._stream, stream
+        self._fd, self._torn = _fd_of(stream), False
         return old
 
     def flush(self) -> None:
         """Write out buffered lines; also cancels a pending timed flush (the gateway calls
-        this on stop, so no timer fires after the caller closed the stream)."""
+        this on stop, so no timer fires after the caller closed the stream). Never raises
+        for a write the system refuses: the lines are counted as dropped (see the module)."""
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
-        self._stream.flush()
+        if self._fd is None:
+            try:
+                self._stream.flush()
+            except OSError as exc:
+                self._refused(exc, 0)
+        elif self._pending:
+            text = "".join(self._pending)
+            lines = len(self._pending)
+            self._pending.clear()
+            if self._write(text.encode("utf-8"), lines) and self._failing is not None:
+                self._back()
+
+    def register(self, registry: CollectorRegistry) -> None:
+        """Export `dropped` and `write_errors` with the gateway's metrics (`registry`)."""
+        registry.register(_Counters(self))
+
+    def _write(self, data: bytes, lines: int) -> bool:
+        """Write `data` (`lines` whole lines) to the file; False if the system refused some,
+        which are then counted and said."""
+        assert self._fd is not None
+        if self._stream.closed:  # its descriptor may be another file's by now
+            self._refused(OSError("the access log was closed"), lines)
+            return False
+        if self._torn:
+            data = b"\n" + data  # end the line a partial write cut, on its own line
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(self._fd, view[written:])
+        except OSError as exc:
+            start = 1 if self._torn else 0  # the "\n" that ends a cut line is no line
+            whole = data.count(b"\n", start, written) if written > start else 0
+            if written > start:  # else: as it was (a cut line is still open)
+                self._torn = data[written - 1] != 0x0A
+            self._refused(exc, lines - whole)
+            return False
+        self._torn = False
+        return True
+
+    def _refused(self, exc: OSError, lines: int) -> None:
+        """Count `lines` lost to `exc`; say so on one line, then once per REPEAT_LOG_S."""
+        now = self._monotonic()
+        self.dropped += lines
+        self.write_errors += 1
+        why = exc.strerror or str(exc)
+        failing = self._failing
+        if failing is None:
+            self._failing = _Failing(now, self.dropped - lines)
+            log.error(
+                "access log %s cannot be written (%s): %d line(s) lost; lines are dropped "
+                "and counted (sluice_gateway_access_log_dropped_lines_total) until it can: "
+                "free space on its disk. Requests are served as usual",
+                self._name,
+                why,
+                lines,
+            )
+        elif now - failing.said_at >= REPEAT_LOG_S:
+            failing.said_at = now
+            log.warning(
+                "access log %s still cannot be written (%s): %d line(s) lost in %.0f s",
+                self._name,
+                why,
+                self.dropped - failing.dropped_before,
+                now - failing.since,
+            )
+
+    def _back(self) -> None:
+        failing, self._failing = self._failing, None
+        assert failing is not None
+        log.warning(
+            "access log %s is written again after %.0f s; %d line(s) were lost meanwhile",
+            self._name,
+            self._monotonic() - failing.since,
+            self.dropped - failing.dropped_before,
+        )
+
+    @property
+    def _name(self) -> str:
+        return str(getattr(self._stream, "name", "(stream)"))
+
+
+class _Failing:
+    """Since when writes fail, when that was last said, and `dropped` before it began."""
+
+    __slots__ = ("dropped_before", "said_at", "since")
+
+    def __init__(self, since: float, dropped_before: int) -> None:
+        self.since = self.said_at = since
+        self.dropped_before = dropped_before
+
+
+class _Counters(Collector):
+    def __init__(self, access_log: AccessLog) -> None:
+        self._log = access_log
+
+    def collect(self) -> Iterator[Metric]:
+        dropped = CounterMetricFamily(
+            "sluice_gateway_access_log_dropped_lines",
+            "Access-log lines lost because the system refused the write (a full disk, an "
+            "I/O error); the requests themselves were served.",
+            value=self._log.dropped,
+        )
+        errors = CounterMetricFamily(
+            "sluice_gateway_access_log_write_errors",
+            "Access-log writes the system refused (each may have lost several lines).",
+            value=self._log.write_errors,
+        )
+        yield from (dropped, errors)
+
+
+def _fd_of(stream: TextIO) -> int | None:
+    """The file descriptor to write `stream`'s lines to, with whatever it buffered written
+    out first; None for a stream that has none (then it is written through its own API)."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        stream.flush()
+    return fd

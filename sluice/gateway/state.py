@@ -129,6 +129,8 @@ class GatewayState:
         self.metrics = GatewayMetrics(
             lambda: self.groups, lambda: self.snapshot.version, self.readiness
         )
+        if access_log is not None:  # lines a full disk cost, on the same page
+            access_log.register(self.metrics.registry)
         # Request ids: a random prefix per gateway plus a counter; unique, and cheap per request.
         self._rid_prefix = b"%012x-" % rng.getrandbits(48)
         self._rid_seq = 0

@@ -4,6 +4,7 @@ from sluice.store.capacity import CapacityRun, DrillFire, Pin
 from sluice.store.fencing import Fence, Fenced
 from sluice.store.history import AlertDelivery, RollupRow
 from sluice.store.leases import LeaseRecord
+from sluice.store.outage import outage_reason, store_unavailable
 from sluice.store.records import (
     AuditEntry,
     Event,
@@ -38,5 +39,7 @@ __all__ = [
     "SessionRecord",
     "Store",
     "TokenRecord",
+    "outage_reason",
     "redacted",
+    "store_unavailable",
 ]
