@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.control.autoscaling import TrafficSource
+from sluice.control.compare import run_compare
 from sluice.control.events import EventLog
 from sluice.control.rates import ArrivalRates
 from sluice.control.samples import GroupSamples, SampleCollector, window_rows
@@ -63,13 +64,13 @@ from sluice.policy.canary_plan import (
     plan_rollout,
     step_seconds,
 )
+from sluice.policy.compare import CompareOptions, Target
 from sluice.policy.rollout import RolloutPhase, RolloutState, evidence_before
 from sluice.policy.routing import CanarySplit
 from sluice.policy.windows import horizon_s, look_rows
 from sluice.spec import PlatformSpec
 from sluice.spec.rollout import AnalysisSpec, RolloutSpec
 from sluice.store import RolloutRecord, Store
-from sluice.tools.compare import CompareOptions, Target, compare
 
 __all__ = ["RolloutRunner", "plan_report"]
 
@@ -419,7 +420,7 @@ class RolloutRunner:
             else:
                 raise TimeoutError("no ready instance on both sides within 10 minutes")
             report = await asyncio.wait_for(
-                compare(
+                run_compare(
                     Path(run.spec.compare.suite),
                     Target(f"group:{run.spec.baseline}", base, run.spec.baseline),
                     Target(f"group:{run.spec.canary}", canary, run.spec.canary),

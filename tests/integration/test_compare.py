@@ -314,7 +314,7 @@ def test_group_targets_go_through_the_gateway(gateway_home: Path) -> None:
 
 
 def test_scores_of_texts_and_vectors() -> None:
-    from sluice.tools.scoring import cosine, distribution, jaccard, percentile, sequence_ratio
+    from sluice.policy.compare import cosine, distribution, jaccard, percentile, sequence_ratio
 
     assert sequence_ratio("", "") == 1.0 and sequence_ratio("abc", "xyz") == 0.0
     assert sequence_ratio("the cat sat", "the cat sat down") == pytest.approx(22 / 27)
