@@ -187,7 +187,6 @@ class _Up:
                 await self.supervisor.start()
                 await self._serve(self.access_log)
         finally:
-            self.serving = False
             with contextlib.suppress(FileNotFoundError):
                 self.settings.control_file.unlink()
             if self.fenced:
