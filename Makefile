@@ -19,7 +19,8 @@ lint:
 	$(PY) -m ruff format --check sluice tests bench
 
 typecheck:
-	$(PY) -m mypy sluice/core sluice/spec sluice/policy sluice/sim sluice/store
+	$(PY) -m mypy sluice/core sluice/spec sluice/policy sluice/sim sluice/store \
+		sluice/runtime sluice/worker sluice/gateway
 
 imports:
 	lint-imports

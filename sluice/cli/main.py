@@ -481,8 +481,8 @@ def token_create(
 
         from sluice.cli.common import state_store
         from sluice.config import Settings
-        from sluice.control.api import TokenRequest
         from sluice.control.tokens import TokenAdmin
+        from sluice.control.tokens_api import TokenRequest
         from sluice.core import NotFound, SpecError, SpecIssue, SystemClock
         from sluice.spec import load_spec_text
 

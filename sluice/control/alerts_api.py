@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from sluice.control.alerting import Alerting
-from sluice.control.api import Me
+from sluice.control.api_deps import Me
 from sluice.core import NotFound
 from sluice.policy.alerts import prometheus_rules
 from sluice.spec import PlatformSpec

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import ConfigDict, Field
 
-from sluice.control.api import Limit, Me, RowId
+from sluice.control.api_deps import Limit, Me, RowId
 from sluice.control.auth import Role
 from sluice.control.bodies import TextBody, model_body
 from sluice.control.controller import Controller

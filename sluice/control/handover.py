@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from sluice.control.api import Me
+from sluice.control.api_deps import Me
 from sluice.control.auth import Role
 from sluice.control.bodies import TextBody
 from sluice.core import Forbidden

@@ -500,8 +500,8 @@ class Exchange(UpstreamRelay):
 
     def _fail(self, err: SluiceError) -> None:
         self.error_code = err.code
-        # None (the tree's default: no header) or absent: a 503 or 429 still says 1 s
-        retry_after: int = getattr(err, "retry_after_s", None) or 1
+        # None (the tree's default: no header): a 503 or 429 still says 1 s
+        retry_after = err.retry_after_s or 1
         self._send_json(err.http_status, json_body(err.to_json()), retry_after)
 
     def _send_json(self, status: int, body: bytes, retry_after_s: int = 1) -> None:

@@ -127,8 +127,8 @@ class Limits:
         wire = self._connection_refusals.get(reason)
         if wire is None:
             err = self.error(reason)
-            # None (the tree's default: no header) or absent: a 503 or 429 still says 1 s
-            retry_after: int = getattr(err, "retry_after_s", None) or 1
+            # None (the tree's default: no header): a 503 or 429 still says 1 s
+            retry_after = err.retry_after_s or 1
             body = json_body(err.to_json())
             wire = json_response(err.http_status, body, b"", False, retry_after)
             self._connection_refusals[reason] = wire

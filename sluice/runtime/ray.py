@@ -95,6 +95,7 @@ class InstanceHost:
     def __init__(self, directory: str | None) -> None:
         import ray  # on the node, in the actor's process
 
+        # ray leaves get_node_ip_address unannotated (an untyped call under strict)
         self._ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self._node_id = ray.get_runtime_context().get_node_id()
         base = Path(directory or Path(tempfile.gettempdir()) / "sluice-ray")
