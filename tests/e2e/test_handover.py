@@ -11,10 +11,11 @@ takes over, never the file. `sluice down` stops the fleet, audited.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -58,11 +59,39 @@ tenants:
 NEW_TENANT = "  - {name: late, api_keys: [sk-late-tenant-5a9c07e2d1f3b864]}\n"
 
 
-def controllers(tmp_path: Path, url: str, spec: Path) -> tuple[Sluice, Sluice]:
+@contextlib.contextmanager
+def leader_and_standby(
+    tmp_path: Path, url: str, a_args: Sequence[str] = (), b_args: Sequence[str] = ()
+) -> Iterator[tuple[Sluice, Sluice, int]]:
+    """Two `sluice controller` on the database at `url` and one control port, each with
+    -f of the spec: `a` leads with 2 ready instances, `b` waits as its standby (with the
+    admin token, for the CLI once it leads). Both killed, and their workers, at the end."""
+    control_port = free_port()
+    spec = tmp_path / "platform.yaml"
+    spec.write_text(SPEC.format(control_port=control_port, more_tenants=""))
     environ = {"SLUICE_DATABASE_URL": url, **shared_secrets_key(tmp_path)}
     a = Sluice(tmp_path / "a", spec, environ=environ, command="controller")
     b = Sluice(tmp_path / "b", spec, environ=environ, command="controller")
-    return a, b
+    a.extra_args, b.extra_args = list(a_args), list(b_args)
+    try:
+        a.start()
+        a.wait_for("a leads with 2 ready", lambda: len(a.ready("chat")) == 2)
+        b.start(wait_endpoint=False)
+        wait_standby(b)
+        token = b.home / "admin.token"
+        token.write_text((a.home / "admin.token").read_text())
+        token.chmod(0o600)
+        yield a, b, control_port
+    finally:
+        for s in (a, b):
+            if s.proc is not None and s.proc.poll() is None:
+                s.proc.send_signal(signal.SIGCONT)  # a test may have paused it
+            s.kill()
+            kill_workers_of(s.home)
+
+
+def wait_standby(s: Sluice) -> None:
+    s.wait_for("it waits", lambda: any("standby:" in line for line in s.output), timeout=30)
 
 
 def revision_numbers(s: Sluice) -> list[int]:
@@ -78,12 +107,6 @@ def wait_leads(s: Sluice, timeout: float = 30) -> None:
     s.wait_for("it leads", lambda: leads(s), timeout=timeout)
 
 
-def copy_admin_token(src: Sluice, dst: Sluice) -> None:
-    token = dst.home / "admin.token"
-    token.write_text((src.home / "admin.token").read_text())
-    token.chmod(0o600)
-
-
 @pytest.fixture
 def postgres(tmp_path: Path) -> Iterator[str]:
     with database_for("postgresql", tmp_path / "db") as db:
@@ -93,16 +116,7 @@ def postgres(tmp_path: Path) -> Iterator[str]:
 def test_a_rolling_restart_of_the_controllers_under_load_changes_nothing_a_caller_sees(
     tmp_path: Path, postgres: str
 ) -> None:
-    control_port = free_port()
-    spec = tmp_path / "platform.yaml"
-    spec.write_text(SPEC.format(control_port=control_port, more_tenants=""))
-    a, b = controllers(tmp_path, postgres, spec)
-    try:
-        a.start()
-        a.wait_for("a leads with 2 ready", lambda: len(a.ready("chat")) == 2)
-        b.start(wait_endpoint=False)
-        b.wait_for("b waits", lambda: any("standby:" in line for line in b.output), timeout=30)
-        copy_admin_token(a, b)
+    with leader_and_standby(tmp_path, postgres) as (a, b, control_port):
         token = a.token("gw", "gateway")
         before = {i["id"]: i["pid"] for i in a.ready("chat")}
         revisions = revision_numbers(a)
@@ -118,13 +132,11 @@ def test_a_rolling_restart_of_the_controllers_under_load_changes_nothing_a_calle
             wait_leads(b, timeout=15)
             # 2. the old leader comes back as a standby, then the new leader is stopped
             a.start(wait_endpoint=False)
-            a.wait_for("a waits", lambda: any("standby:" in x for x in a.output), timeout=30)
+            wait_standby(a)
             b.wait_for("b serves", lambda: len(b.ready("chat")) == 2, timeout=30)
             assert b.hand_over() == 0
             wait_leads(a, timeout=15)
             # 3. and back as a standby: both restarted, one after the other
-            b.start(wait_endpoint=False)
-            b.wait_for("b waits", lambda: any("standby:" in x for x in b.output), timeout=30)
             sender.join()
             results = load.results()
         codes = [c for c, _ in results]
@@ -137,25 +149,12 @@ def test_a_rolling_restart_of_the_controllers_under_load_changes_nothing_a_calle
         assert revision_numbers(a) == revisions  # no revision written by any start
         actions = [e["action"] for e in a.cli("audit", "--limit", "200")]
         assert actions.count("hand-over") == 2 and actions.count("lead") == 3, actions
-    finally:
-        for s in (a, b):
-            s.kill()
-            kill_workers_of(s.home)
 
 
 def test_a_standby_started_with_an_older_file_runs_the_live_revision_when_it_takes_over(
     tmp_path: Path, postgres: str
 ) -> None:
-    control_port = free_port()
-    spec = tmp_path / "platform.yaml"
-    spec.write_text(SPEC.format(control_port=control_port, more_tenants=""))
-    a, b = controllers(tmp_path, postgres, spec)
-    try:
-        a.start()
-        a.wait_for("a leads with 2 ready", lambda: len(a.ready("chat")) == 2)
-        b.start(wait_endpoint=False)  # with -f of the file as it is now
-        b.wait_for("b waits", lambda: any("standby:" in line for line in b.output), timeout=30)
-        copy_admin_token(a, b)
+    with leader_and_standby(tmp_path, postgres) as (a, b, control_port):
         newer = tmp_path / "newer.yaml"
         newer.write_text(SPEC.format(control_port=control_port, more_tenants=NEW_TENANT))
         applied = a.cli("apply", "-f", str(newer), "--reason", "a new tenant")
@@ -185,26 +184,13 @@ def test_a_standby_started_with_an_older_file_runs_the_live_revision_when_it_tak
             # the gateway hears from b and keeps the applied tenant
             time.sleep(2)
             assert late_tenant() == 200
-    finally:
-        for s in (a, b):
-            s.kill()
-            kill_workers_of(s.home)
 
 
 def test_a_standby_is_alive_not_ready_and_sluice_down_stops_the_fleet(tmp_path: Path) -> None:
-    control_port = free_port()
-    spec = tmp_path / "platform.yaml"
-    spec.write_text(SPEC.format(control_port=control_port, more_tenants=""))
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    a, b = controllers(tmp_path, url, spec)
     health_a, health_b = free_port(), free_port()
-    a.extra_args = ["--health-port", str(health_a)]
-    b.extra_args = ["--health-port", str(health_b)]
-    try:
-        a.start()
-        a.wait_for("a leads with 2 ready", lambda: len(a.ready("chat")) == 2)
-        b.start(wait_endpoint=False)
-        b.wait_for("b waits", lambda: any("standby:" in line for line in b.output), timeout=30)
+    health = (["--health-port", str(health_a)], ["--health-port", str(health_b)])
+    with leader_and_standby(tmp_path, url, *health) as (a, b, _):
 
         def probe(port: int, path: str) -> tuple[int, dict]:
             r = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5, trust_env=False)
@@ -230,10 +216,6 @@ def test_a_standby_is_alive_not_ready_and_sluice_down_stops_the_fleet(tmp_path: 
             store.close()
         assert row.actor == "admin", row
         assert row.reason == "sluice down: end of the test: stopped every instance", row
-    finally:
-        for s in (a, b):
-            s.kill()
-            kill_workers_of(s.home)
 
 
 def test_a_paused_leader_on_the_same_host_leaves_a_leader_and_steps_down_quietly(
@@ -243,16 +225,8 @@ def test_a_paused_leader_on_the_same_host_leaves_a_leader_and_steps_down_quietly
     as a long GC pause or a frozen VM would); the standby takes over and leads while the
     port is still held, and binds it once the resumed leader, deposed, has gone: one
     controller answers throughout the end, and the deposed one exits without tracebacks."""
-    control_port = free_port()
-    spec = tmp_path / "platform.yaml"
-    spec.write_text(SPEC.format(control_port=control_port, more_tenants=""))
-    a, b = controllers(tmp_path, f"sqlite:///{tmp_path / 'state.db'}", spec)
-    try:
-        a.start()
-        a.wait_for("a leads with 2 ready", lambda: len(a.ready("chat")) == 2)
-        b.start(wait_endpoint=False)
-        b.wait_for("b waits", lambda: any("standby:" in line for line in b.output), timeout=30)
-        copy_admin_token(a, b)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    with leader_and_standby(tmp_path, url) as (a, b, control_port):
         assert a.proc is not None
         a.proc.send_signal(signal.SIGSTOP)
         wait_leads(b, timeout=30)
@@ -267,9 +241,3 @@ def test_a_paused_leader_on_the_same_host_leaves_a_leader_and_steps_down_quietly
         assert "deposed" in said and "Traceback" not in said, said
         b.wait_for("b answers on the port", lambda: len(b.ready("chat")) == 2, timeout=30)
         assert b.control_url.endswith(f":{control_port}")
-    finally:
-        for s in (a, b):
-            if s.proc is not None and s.proc.poll() is None:
-                s.proc.send_signal(signal.SIGCONT)
-            s.kill()
-            kill_workers_of(s.home)
