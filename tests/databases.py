@@ -12,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from sluice.store import Store
@@ -93,10 +95,24 @@ def postgres_database() -> Iterator[str]:
         try:
             yield server.set(database=name).render_as_string(hide_password=False)
         finally:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            _drop(admin, name)
     finally:
         admin.dispose()
+
+
+def _drop(admin: Engine, name: str) -> None:
+    """DROP ... WITH (FORCE) ends the test's own sessions, but not an autovacuum worker
+    (that needs superuser): one that came by meanwhile is waited out (`.ci/postgres` runs
+    the server with autovacuum off; a server of one's own may not)."""
+    for attempt in range(50):
+        try:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except DBAPIError as exc:
+            if "pg_signal_backend" not in str(exc) or attempt == 49:
+                raise
+            time.sleep(0.2)
 
 
 @contextlib.contextmanager
