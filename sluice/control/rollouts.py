@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sluice.comparing import run_suite
 from sluice.control.autoscaling import TrafficSource
-from sluice.control.compare import run_compare
 from sluice.control.events import EventLog
 from sluice.control.rates import ArrivalRates
 from sluice.control.samples import GroupSamples, SampleCollector, window_rows
@@ -64,7 +64,7 @@ from sluice.policy.canary_plan import (
     plan_rollout,
     step_seconds,
 )
-from sluice.policy.compare import CompareOptions, Target
+from sluice.policy.compare import CompareOptions, Target, parse_suite
 from sluice.policy.rollout import RolloutPhase, RolloutState, evidence_before
 from sluice.policy.routing import CanarySplit
 from sluice.policy.windows import horizon_s, look_rows
@@ -419,9 +419,11 @@ class RolloutRunner:
                 await asyncio.sleep(1.0)
             else:
                 raise TimeoutError("no ready instance on both sides within 10 minutes")
+            suite_path = Path(run.spec.compare.suite)
+            data = await asyncio.to_thread(suite_path.read_bytes)
             report = await asyncio.wait_for(
-                run_compare(
-                    Path(run.spec.compare.suite),
+                run_suite(
+                    parse_suite(data, str(suite_path), "compare.suite"),
                     Target(f"group:{run.spec.baseline}", base, run.spec.baseline),
                     Target(f"group:{run.spec.canary}", canary, run.spec.canary),
                     CompareOptions(),

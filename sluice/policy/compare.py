@@ -1,8 +1,7 @@
 """Comparing two versions' answers to one fixed suite (C5), pure: the suite, the answers, their
-scores and the report. The HTTP shells around it are `sluice compare` (`sluice.tools.compare`,
-an outside client) and the controller's compare run at a rollout's start
-(`sluice.control.compare`); both send the suite and hand the answers here, so the two reports
-have one shape and one meaning.
+scores and the report. The one HTTP shell around it, `sluice.comparing`, serves both `sluice
+compare` (`sluice.tools.compare`, an outside client) and the controller's compare run at a
+rollout's start; it hands the answers here, so the two reports have one shape and meaning.
 
 The suite is JSONL, one OpenAI request body per line: chat (`messages`), text completion
 (`prompt`) or embeddings (`input`); an optional `id` names the item and is not sent. Bodies

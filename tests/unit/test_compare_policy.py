@@ -1,6 +1,6 @@
 """Compare's pure core (`sluice.policy.compare`) and its two shells: `sluice compare` (an
 outside client, `sluice.tools.compare`) and the controller's run at a rollout's start
-(`sluice.control.compare`) send the same requests and write the same report."""
+(through `sluice.comparing`) send the same requests and write the same report."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sluice.control.compare import run_compare
+from sluice.comparing import run_suite
 from sluice.core.errors import SpecError, Unavailable
 from sluice.policy.compare import (
     SCHEMA,
@@ -126,7 +126,8 @@ def test_the_controller_and_the_tool_write_the_same_report(tmp_path: Path) -> No
     a, b = Target("http://a", "http://a"), Target("group:canary", "http://b", "canary")
     options = CompareOptions(worst=2)
     by_tool = asyncio.run(compare(path, a, b, options, transport=_routed()))
-    by_controller = asyncio.run(run_compare(path, a, b, options, transport=_routed()))
+    suite = parse_suite(path.read_bytes(), str(path), "compare.suite")  # as the controller
+    by_controller = asyncio.run(run_suite(suite, a, b, options, transport=_routed()))
     assert _stable(by_tool) == _stable(by_controller)
     assert by_tool["summary"]["compared"] == 3 and by_tool["summary"]["exact_match_rate"] == 1 / 3
     assert [row["b"]["version"] for row in by_tool["items"]] == ["v2"] * 3

@@ -1,14 +1,14 @@
-"""The controller's compare run (C5 at a rollout's start): the rollout's suite straight to one
-baseline and one canary instance, scored by the pure `sluice.policy.compare` as `sluice
-compare` scores it, so the report archived with the rollout (C6) has the tool's shape. The
-tool (`sluice.tools.compare`) is an outside client; this is the control plane's own shell."""
+"""The HTTP shell of a compare run (C5): a parsed suite sent to two targets with bounded
+concurrency, scored by the pure `sluice.policy.compare`. One shell for both callers: `sluice
+compare` (`sluice.tools.compare`, an outside client) and the controller's run at a rollout's
+start (`sluice.control.rollouts`, archived with it: C6), so their reports read alike. It sits
+outside both rooms because neither may import the other."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,30 +17,28 @@ from sluice.policy.compare import (
     PATHS,
     Answer,
     CompareOptions,
+    Suite,
     SuiteItem,
     Target,
     answer_version,
-    parse_suite,
     read_answer,
     report,
     request_headers,
 )
 
-__all__ = ["run_compare"]
+__all__ = ["run_suite"]
 
 
-async def run_compare(
-    suite_path: Path,
+async def run_suite(
+    suite: Suite,
     a: Target,
     b: Target,
     options: CompareOptions,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> dict[str, Any]:
-    """Send the suite to both targets (`options.concurrency` requests in flight each) and
-    return the "sluice.compare/1" report. Raises SpecError for a bad suite and Unavailable
-    when a side answered nothing (`sluice.policy.compare.report`)."""
-    data = await asyncio.to_thread(suite_path.read_bytes)
-    suite = parse_suite(data, str(suite_path), "compare.suite")
+    """Send `suite` to both targets (`options.concurrency` requests in flight each) and
+    return the "sluice.compare/1" report. Raises Unavailable when a side answered nothing
+    (`sluice.policy.compare.report`): a wrong URL should not read as "everything differs"."""
     started_at = time.time()
     started = time.perf_counter()
     async with httpx.AsyncClient(
