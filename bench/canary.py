@@ -345,22 +345,10 @@ def rollout(
             for p in pending_b:
                 win_b.add(base, p)
             pending_b = []
-            analysis = analyze(
-                previous if reused else win_b.rows,
-                win_c.rows,
-                None,
-                None,
-                spec.analysis,
-                step,
-                looks_done=record.looks,
-                final_ready=final_ready,
-                prior=machine.evidence_before(state, baseline_reused=reused),
-                fast_alpha=plan.fast_alpha,
-                baseline_reused=reused,
-            )
             analyses += 1
             before = state
-            state = machine.evaluate(spec, state, analysis, float(t))
+            base_rows = previous if reused else win_b.rows
+            state = _look(spec, plan, state, base_rows, win_c.rows, reused, final_ready, t)
             if (
                 state.final
                 or state.step_started_at != before.step_started_at
@@ -372,6 +360,34 @@ def rollout(
             for p in pending_b:
                 win_b.add(base, p)
     return _outcome(state, t, canary_total, analyses)
+
+
+def _look(
+    spec: RolloutSpec,
+    plan: RolloutPlan,
+    state: RolloutState,
+    base: Sequence[RequestSample],
+    canary: Sequence[RequestSample],
+    reused: bool,
+    final_ready: bool,
+    t: float,
+) -> RolloutState:
+    """One analysis of the current step, as the controller runs it, fed to the state
+    machine (the looks taken and the earlier steps' evidence threaded through it)."""
+    analysis = analyze(
+        base,
+        canary,
+        None,
+        None,
+        spec.analysis,
+        plan.step(state.step),
+        looks_done=state.steps[-1].looks,
+        final_ready=final_ready,
+        prior=machine.evidence_before(state, baseline_reused=reused),
+        fast_alpha=plan.fast_alpha,
+        baseline_reused=reused,
+    )
+    return machine.evaluate(spec, state, analysis, float(t))
 
 
 def _outcome(state: RolloutState, t: int, canary_total: int, analyses: int) -> Outcome:
@@ -553,22 +569,10 @@ def timed_rollout(
         sides = {s: rows_of(s, v, cap) for s, v in seen.items()}
         if window == "arrival":
             sides = {s: look_rows(r, since, through, horizon) for s, r in sides.items()}
-        analysis = analyze(
-            previous if reused else sides[False],
-            sides[True],
-            None,
-            None,
-            spec.analysis,
-            step,
-            looks_done=record.looks,
-            final_ready=final_ready,
-            prior=machine.evidence_before(state, baseline_reused=reused),
-            fast_alpha=plan.fast_alpha,
-            baseline_reused=reused,
-        )
         analyses += 1
         before = state
-        state = machine.evaluate(spec, state, analysis, float(t))
+        base_rows = previous if reused else sides[False]
+        state = _look(spec, plan, state, base_rows, sides[True], reused, final_ready, t)
         if state.step_started_at != before.step_started_at and not state.final:
             previous = sides[False]  # the baseline's answers of the step before, as cut
     canary_total = int(np.count_nonzero(traffic.canary[: traffic.done]))
