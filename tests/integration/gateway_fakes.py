@@ -91,6 +91,12 @@ class FakeUpstream:
         await asyncio.gather(*self._tasks)
         await self._server.wait_closed()
 
+    async def _answer_after_latency(self) -> None:
+        """Wait `latency` seconds, or less when the upstream stops: a long latency holds a
+        request for as long as a test needs without holding up its teardown."""
+        with suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), self.latency)
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -127,7 +133,7 @@ class FakeUpstream:
                     self.active += 1
                     self.peak = max(self.peak, self.active)
                     try:
-                        await asyncio.sleep(self.latency)
+                        await self._answer_after_latency()
                         await self._json(writer, body, headers)
                     finally:
                         self.active -= 1
