@@ -147,7 +147,12 @@ class _Up:
         self.clock = SystemClock()
         self.events = EventLog(store, self.clock)
         election = first.control.leader_election
-        self.leadership = Leadership(store, LeaseTiming(**election.model_dump()), new_holder())
+        self.leadership = Leadership(
+            store,
+            LeaseTiming(**election.model_dump()),
+            new_holder(),
+            health=self.events.health,
+        )
         self.fenced = False
         """lost the leader lease: stop without touching the instances (the leader's now)"""
         self.fleet = GatewayFleet(self.clock)

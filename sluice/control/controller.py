@@ -524,9 +524,7 @@ class Controller:
 
     def store_refused(self, exc: Exception) -> None:
         """Someone else (an operator's call) saw the store refuse a write."""
-        problem = store_outage(exc)
-        if problem is not None:
-            self._events.health.refuse(problem, exc, self._clock.now())
+        self._events.health.saw(exc, self._clock.now())
 
     @property
     def degraded(self) -> bool:

@@ -67,6 +67,14 @@ class StoreHealth:
         self.problem, self.error = problem, store_error_text(exc)
         self.refused += 1
 
+    def saw(self, exc: BaseException, now: float) -> str | None:
+        """Record `exc` if it is a store outage (a write refused); returns the problem, or
+        None for any other error."""
+        problem = store_outage(exc)
+        if problem is not None:
+            self.refuse(problem, exc, now)
+        return problem
+
     def clear(self) -> None:
         self.problem = self.error = self.since = None
         self.refused = 0

@@ -30,6 +30,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from sluice.control.events import StoreHealth
 from sluice.policy.lease import LeaseTiming, may_act
 from sluice.runtime.base import InstanceHandle, LaunchRequest, Runtime
 from sluice.store import Fence, Fenced, LeaseRecord, Store
@@ -54,11 +55,15 @@ class Leadership:
         holder: str,
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        health: StoreHealth | None = None,
     ) -> None:
         """`wall`: the clock the lease's expiry is written in (shared by every controller,
         so skew between hosts must stay under lease_duration - renew_deadline);
-        `monotonic`: this process's own clock for the renew deadline."""
+        `monotonic`: this process's own clock for the renew deadline; `health`: told when
+        the store refuses a renewal, so the platform reads degraded while the ticks it
+        fences write nothing that could fail (CI saw a locked store go unreported)."""
         self._store = store
+        self._health = health
         self.timing = timing
         self.holder = holder
         self._wall = wall
@@ -176,6 +181,8 @@ class Leadership:
                     timeout=self.timing.renew_deadline_s,
                 )
             except Exception as exc:  # the database does not answer: retry
+                if self._health is not None:
+                    self._health.saw(exc, self._wall())
                 if not away:
                     log.warning("cannot renew the leader lease: %s", exc)
                 away = True

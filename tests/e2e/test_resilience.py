@@ -87,7 +87,14 @@ def test_a_locked_store_degrades_the_controller_not_the_gateway(tmp_path: Path) 
         lock.execute("BEGIN IMMEDIATE")
         locked_at = time.monotonic()
         try:
-            st = wait_status(s, "degraded", lambda st: st["status"] == "degraded", timeout=30)
+            # degraded as soon as any write is refused (a lease renewal, a tick's write, an
+            # event); then a tick meets the lock too: the next ones probe the store first
+            st = wait_status(
+                s,
+                "degraded, with a tick that met the lock",
+                lambda st: st["status"] == "degraded" and st["controller"]["last_tick_error"],
+                timeout=30,
+            )
             noticed = time.monotonic() - locked_at
             assert st["degraded"] == "store locked: database is locked", st
             assert st["store"]["problem"] == "store locked"

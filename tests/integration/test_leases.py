@@ -4,10 +4,12 @@ epoch at each change of holder, a lapsed leader fenced, a clean stop handing ove
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 
 import pytest
 
+from sluice.control.events import StoreHealth
 from sluice.control.leadership import Fenced, FencedRuntime, Leadership
 from sluice.policy.lease import LeaseTiming, may_act, takeover_bound_s
 from sluice.runtime.base import InstanceHandle, LaunchRequest
@@ -130,17 +132,20 @@ def test_a_database_outage_pauses_the_leader_without_deposing_it(
     database: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nobody can take the lease while the database is away: the leader stops acting past
-    its renew deadline, then renews (or retakes the lapsed lease, epoch + 1) and acts."""
+    its renew deadline, then renews (or retakes the lapsed lease, epoch + 1) and acts. The
+    refused renewals are the store's health: the ticks they fence write nothing that could
+    fail and say so."""
     store = database.open()
     wall, mono = _Clock(), _Clock()
     timing = LeaseTiming(lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.02)
-    leader = Leadership(store, timing, "a", wall=wall, monotonic=mono)
+    health = StoreHealth()
+    leader = Leadership(store, timing, "a", wall=wall, monotonic=mono, health=health)
     real_renew = store.renew_lease
     away = True
 
     def renew(*args: object, **kw: object) -> bool:
         if away:
-            raise OSError("database is locked")
+            raise sqlite3.OperationalError("database is locked")
         return real_renew(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(store, "renew_lease", renew)
@@ -154,6 +159,8 @@ def test_a_database_outage_pauses_the_leader_without_deposing_it(
         wall.t += 5.0  # past the lease too
         await asyncio.sleep(0.1)
         assert not leader.may_act() and not keeping.done()  # paused, not deposed
+        assert health.problem == "store locked" and health.refused >= 1
+        assert health.error == "database is locked"
         away = False
         for _ in range(100):
             if leader.may_act():
