@@ -19,8 +19,7 @@ lint:
 	$(PY) -m ruff format --check sluice tests bench
 
 typecheck:
-	$(PY) -m mypy sluice/core sluice/spec sluice/policy sluice/sim sluice/store \
-		sluice/runtime sluice/worker sluice/gateway
+	$(PY) -m mypy sluice
 
 imports:
 	lint-imports

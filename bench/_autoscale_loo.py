@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.policy.autoscale import Autoscaler, build_autoscaler
+from sluice.policy.autoscale import ScalingPolicy, build_policy
 from sluice.sim import InstanceModel, SimOptions, Workload, run
 
 GRID: dict[str, tuple[float, ...]] = {
@@ -58,8 +58,8 @@ def _configs() -> list[dict[str, float]]:
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*GRID.values())]
 
 
-def _policy(model: InstanceModel, knobs: dict[str, float]) -> Autoscaler:
-    """The group's own Sluice policy (`build_autoscaler`, so its schedules and latency
+def _policy(model: InstanceModel, knobs: dict[str, float]) -> ScalingPolicy[Any]:
+    """The group's own Sluice policy (`build_policy`, so its schedules and latency
     target too) with these `targets.*` knobs."""
     auto = model.group.autoscaling
     assert auto is not None
@@ -67,7 +67,7 @@ def _policy(model: InstanceModel, knobs: dict[str, float]) -> Autoscaler:
         update={k: (int(v) if k == "rate_arrivals" else v) for k, v in knobs.items()}
     )
     update = {"autoscaling": auto.model_copy(update={"targets": targets})}
-    return build_autoscaler(model.group.model_copy(update=update), {}, "sluice")
+    return build_policy(model.group.model_copy(update=update), {}, "sluice")
 
 
 def _score(results: list[tuple[float, float, int]], target: float) -> tuple[int, float, float]:

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._autoscale_loo import Case, leave_one_out  # noqa: E402
-from sluice.policy.autoscale import build_autoscaler  # noqa: E402
+from sluice.policy.autoscale import ScalingPolicy, build_policy  # noqa: E402
 from sluice.sim import (  # noqa: E402
     FAMILIES,
     InstanceModel,
@@ -88,13 +88,13 @@ def ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b > 0 else None
 
 
-def _tuned_policy(model: InstanceModel, name: str, value: float) -> Any:
+def _tuned_policy(model: InstanceModel, name: str, value: float) -> ScalingPolicy[Any]:
     """The group's HPA / KPA with its target knob set to `value` (everything else as spec'd)."""
     auto = model.group.autoscaling
     assert auto is not None
     sub = getattr(auto, name).model_copy(update={TUNED_KNOB[name]: value})
     group = model.group.model_copy(update={"autoscaling": auto.model_copy(update={name: sub})})
-    return build_autoscaler(group, {}, name)
+    return build_policy(group, {}, name)
 
 
 def tune(

@@ -1,5 +1,5 @@
-"""The tick's whole decision step at platform scale: `sluice.policy.tick.decide` for 1,000
-groups and 10,000 instances over 10 pools.
+"""The tick's whole decision step at platform scale: the kernel's `sluice.policy.kernel.step`
+for 1,000 groups and 10,000 instances over 10 pools.
 
     python bench/decide.py [--json] [--groups 1000] [--per-group 10] [--pools 10] [--ticks 100]
 
@@ -9,8 +9,9 @@ interval) on the load a gateway reports: Poisson arrivals at a rate of its own p
 gateway counts), a few groups flash-crowding at 5x for a while so some scale each tick;
 every group has a guarantee and may borrow, so the allocator lends, refuses and reclaims.
 Each tick's input is built outside the timer (as the live controller builds it from the
-supervisor and the gateway); the timer covers `decide` alone (autoscalers, quota, plan,
-tiers). Prints the median and the max over `--ticks` ticks, and the target: both <= 50 ms.
+supervisor and the gateway); the timer covers `step` alone (due groups, autoscalers on
+their memory values, quota, plan, tiers, the next memory). Prints the median and the max
+over `--ticks` ticks, and the target: both <= 50 ms.
 """
 
 from __future__ import annotations
@@ -32,10 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sluice.core import InstanceState, InstanceStatus  # noqa: E402
-from sluice.policy.autoscale import GroupLoad, build_autoscaler  # noqa: E402
+from sluice.policy.autoscale import GroupLoad  # noqa: E402
+from sluice.policy.kernel import Memory, World, compile_spec, step  # noqa: E402
 from sluice.policy.plan import Action, Drain, Launch, Remove  # noqa: E402
-from sluice.policy.quota.metering import Meter  # noqa: E402
-from sluice.policy.tick import TickInput, decide  # noqa: E402
 from sluice.spec import PlatformSpec, load_spec_text  # noqa: E402
 
 T0 = 1_795_996_800.0
@@ -91,15 +91,16 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         for k in range(args.per_group)
     ]
     scaled = [g for g in spec.groups if g.autoscaling is not None]
-    scalers = {g.name: build_autoscaler(g, {}) for g in scaled}
+    compiled = compile_spec(spec)
     counts = {g.name: args.per_group for g in spec.groups}
     arrivals = dict.fromkeys(counts, 0)
     served = dict.fromkeys(counts, 0.0)
     rate = {g.name: rng.uniform(1.0, 40.0) for g in scaled}
     service = {g.name: rng.uniform(0.05, 0.5) for g in scaled}
     np_rng = np.random.default_rng(1)
-    quota = advice = None
-    meter = Meter()
+    # every group starts at --per-group (an operator's count where not autoscaled)
+    memory = Memory(counts={g.name: args.per_group for g in scaled})
+    overrides = {g.name: args.per_group for g in spec.groups if g.autoscaling is None}
     times: list[float] = []
     actions = 0
     for tick in range(args.warmup + args.ticks):
@@ -125,24 +126,11 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 served_s=served[g.name],
                 served_sq_s=served[g.name] * service[g.name],
             )
-        meter = meter.advanced(now)
-        inputs = TickInput(
-            spec,
-            observed,
-            counts,
-            now,
-            loads=loads,
-            scalers=scalers,
-            meter=meter,
-            **({} if quota is None else {"quota": quota, "advice": advice}),
-        )
+        world = World(compiled, observed, loads, overrides=overrides)
         t1 = time.perf_counter()
-        decision = decide(inputs)
+        decision, memory = step(memory, world, now)
         if tick >= args.warmup:
             times.append(time.perf_counter() - t1)
-        quota = decision.allocation.enforced.state
-        advice = decision.allocation.advice.state
-        meter = meter.holding(decision.allocation.enforced)
         counts.update(decision.counts)
         actions += len(decision.actions) if tick >= args.warmup else 0
         observed = applied(observed, decision.actions, now)

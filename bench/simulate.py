@@ -5,16 +5,17 @@
 
 Replays the Azure code trace, rate-scaled (each request replicated, copies jittered within
 1 s) to at least `--requests` requests, through the reference instance model
-(examples/reference-sim.yaml) with the given policy, and times `sluice.sim.run` alone
-(`sim_requests_per_s`, best of `--repeats`) and trace preparation + run
-(`end_to_end_requests_per_s`).
+(examples/reference-sim.yaml) with the given policy, and times `sluice.sim.run` alone (the
+group alone on its pool, a fleet of one: the kernel's `step` every virtual second;
+`sim_requests_per_s`, best of `--repeats`) and trace preparation + run
+(`end_to_end_requests_per_s`); `sim_step_s` is the time spent in `step` on that run.
 
-Beside it, the fleet simulation (`sluice.sim.run_fleet`, the controller's `decide` every
-virtual second): the ten groups of examples/fleet10.yaml on one pool of 100 units, each
-with `--fleet-seconds` of a generated family (`FLEET_TRACES`: poisson, diurnal, flash-crowd,
-on/off, ramp), nine with traffic and one lender without; `fleet_requests_per_s` (best of
-`--repeats`), the time spent in `decide` (`fleet_decide_s`) and the rate without it
-(`fleet_requests_per_s_besides_decide`), and the fleet's rate over the one-group rate.
+Beside it, the fleet simulation (`sluice.sim.run_fleet`, the same loop): the ten groups of
+examples/fleet10.yaml on one pool of 100 units, each with `--fleet-seconds` of a generated
+family (`FLEET_TRACES`: poisson, diurnal, flash-crowd, on/off, ramp), nine with traffic and
+one lender without; `fleet_requests_per_s` (best of `--repeats`), the time spent in `step`
+(`fleet_decide_s`) and the rate without it (`fleet_requests_per_s_besides_decide`), and
+the fleet's rate over the one-group rate.
 `--json` prints one JSON line on stdout. See bench/README.md.
 """
 
@@ -32,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import sluice.sim.fleet  # noqa: E402
-from sluice.policy.tick import TickDecision, TickInput, decide  # noqa: E402
+from sluice.policy.kernel import Memory, World, step  # noqa: E402
+from sluice.policy.tick import TickDecision  # noqa: E402
 from sluice.sim import InstanceModel, load_trace, make_policy, pick_group, prepare, run  # noqa: E402
 from sluice.sim.families import generate  # noqa: E402
 from sluice.sim.fleet import run_fleet  # noqa: E402
@@ -54,6 +56,27 @@ FLEET_TRACES = {
 """group -> (family, rate scale, seed); `eval` has no traffic (it lends its guarantee)"""
 
 
+class _StepTimer:
+    """`sluice.sim.fleet.step` timed while in a `with` block (the tick's share of a run)."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+
+    def __call__(self, memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory]:
+        t = time.perf_counter()
+        out = step(memory, world, now)
+        self.spent += time.perf_counter() - t
+        return out
+
+    def __enter__(self) -> _StepTimer:
+        self.spent = 0.0
+        sluice.sim.fleet.step = self  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sluice.sim.fleet.step = step
+
+
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     spec = load_spec_file(ROOT / "examples" / "reference-sim.yaml").spec
     model = InstanceModel.from_spec(spec, pick_group(spec, None))
@@ -71,9 +94,12 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         result = run(work, policy)
         best = min(best, time.perf_counter() - t1)
         summary = result.summary()
+    with _StepTimer() as timer:  # once more, for the time in `step` alone
+        run(work, make_policy(model, args.policy))
     n = len(trace)
     return {
         "sim_requests_per_s": round(n / best),
+        "sim_step_s": round(timer.spent, 3),
         "end_to_end_requests_per_s": round(n / (best + prep_s)),
         "requests": n,
         "run_s": round(best, 3),
@@ -96,26 +122,14 @@ def fleet_bench(args: argparse.Namespace) -> dict[str, Any]:
         trace = generate(family, seed, duration_s=args.fleet_seconds, rate_scale=scale)
         works[name] = prepare(InstanceModel.from_spec(spec, g), trace)
     n = sum(len(w.trace) for w in works.values())
-    spent = [0.0]
-
-    def timed(inp: TickInput) -> TickDecision:  # the tick's share of the run
-        t = time.perf_counter()
-        out = decide(inp)
-        spent[0] += time.perf_counter() - t
-        return out
-
     best, best_decide, summary = math.inf, 0.0, {}
-    sluice.sim.fleet.decide = timed  # type: ignore[assignment]
-    try:
-        for _ in range(args.repeats):
-            spent[0] = 0.0
+    for _ in range(args.repeats):
+        with _StepTimer() as timer:
             t0 = time.perf_counter()
             result = run_fleet(spec, works)
             took = time.perf_counter() - t0
-            if took < best:
-                best, best_decide, summary = took, spent[0], result.summary()
-    finally:
-        sluice.sim.fleet.decide = decide
+        if took < best:
+            best, best_decide, summary = took, timer.spent, result.summary()
     tot = summary["totals"]
     return {
         "fleet_requests_per_s": round(n / best),

@@ -1,8 +1,9 @@
 """`sluice simulate`: replay a request trace through a spec's group with the live policies on a
-virtual clock, and report SLO attainment, latency, instance-seconds and cost. With a trace
-per group (`--trace GROUP=FILE`, a CSV with a `group` column, or `--fleet`) the whole spec
-runs through the controller's own decision step: shared pools, borrowing, reclaims, budgets
-(`sluice.sim.fleet`), with `--pool NAME=COUNT` for a what-if pool size."""
+virtual clock, and report SLO attainment, latency, instance-seconds and cost. Every run goes
+through the controller's own kernel step (`sluice.sim.fleet`): one group runs alone on its
+pool (a fleet of one); with a trace per group (`--trace GROUP=FILE`, a CSV with a `group`
+column, or `--fleet`) the whole spec runs together: shared pools, borrowing, reclaims,
+budgets, with `--pool NAME=COUNT` for a what-if pool size."""
 
 from __future__ import annotations
 
@@ -92,18 +93,9 @@ def simulate(
             raise SpecError([SpecIssue("--speedup/--rate-scale", "must be > 0")])
         shape = TraceShape(start, duration, speedup, rate_scale)
         if wants_fleet(trace, fleet):
-            alone = {
-                "--warm-start": warm,
-                "--crash-rate": crash_rate > 0,
-                "--slow-start-prob": slow_start_prob > 0,
-            }
-            issues = [
-                SpecIssue(flag, "the one-group simulation's option; leave it out for a fleet")
-                for flag, given in alone.items()
-                if given
-            ]
-            if issues:
-                raise SpecError(issues)
+            if warm:
+                why = "the one-group simulation's option (the oracle's count); leave it out"
+                raise SpecError([SpecIssue("--warm-start", why)])
             return simulate_fleet_spec(
                 spec,
                 trace,
@@ -112,7 +104,12 @@ def simulate(
                 slo_ms=slo_ms,
                 shape=shape,
                 pools=parse_pool_counts(pool or []),
-                options=FleetOptions(seed=seed),
+                options=FleetOptions(
+                    seed=seed,
+                    crash_rate_per_hour=crash_rate,
+                    slow_start_prob=slow_start_prob,
+                    slow_start_factor=slow_start_factor,
+                ),
                 report_dir=report,
             )
         if pool:

@@ -13,7 +13,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -36,9 +36,15 @@ from sluice.policy.alerts import (
 )
 from sluice.spec import GroupSpec, PlatformSpec
 from sluice.spec.observability import AlertRule, AlertsSpec
-from sluice.store import AlertDelivery, Store
+from sluice.store import AlertDelivery
+from sluice.store.ports import DeliveryRecords, StateRecords
 
 __all__ = ["STATE_KEY", "Alerting", "redact_url", "retry_delay_s"]
+
+
+class _AlertStore(DeliveryRecords, StateRecords, Protocol):
+    """The records this module reads and writes."""
+
 
 log = logging.getLogger("sluice.alerts")
 
@@ -75,7 +81,7 @@ class Alerting:
     """The alert states, their outbox and its delivery. `links(group)` is the text that
     points an on-call person at the group's explanation (CLI and API)."""
 
-    def __init__(self, store: Store, events: EventLog, links: Callable[[str], str]) -> None:
+    def __init__(self, store: _AlertStore, events: EventLog, links: Callable[[str], str]) -> None:
         self._store = store
         self._events = events
         self._links = links

@@ -35,10 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sluice.core import Clock, Forbidden, Unauthorized
-from sluice.store import Store, TokenRecord, store_unavailable
+from sluice.store import TokenRecord, store_unavailable
+from sluice.store.ports import AuditRecords, SessionRecords
 
 __all__ = [
     "CSRF_HEADER",
@@ -53,6 +54,11 @@ __all__ = [
     "new_token",
     "token_digest",
 ]
+
+
+class _AuthStore(SessionRecords, AuditRecords, Protocol):
+    """The records this module reads and writes."""
+
 
 TOKEN_PREFIX = "slc_"
 _TOKEN_SHAPE = re.compile(r"slc_[A-Za-z0-9_-]{43}")
@@ -155,7 +161,7 @@ class Authenticator:
     """Turns an `Authorization` header, or a console session cookie, into a Principal, or
     a 401 that says what is wrong; opens and ends console sessions."""
 
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(self, store: _AuthStore, clock: Clock) -> None:
         self._store = store
         self._clock = clock
 

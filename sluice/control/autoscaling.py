@@ -1,9 +1,10 @@
-"""The live side of autoscaling: turn gateway counters into `GroupLoad`s, once per interval.
+"""The live sensor of autoscaling: each due group's `GroupLoad` from the gateway's counters.
 
-The decisions are the pure policies of `sluice.policy.autoscale` (the simulator runs the
-same objects); this module only keeps what a live run must remember between ticks: each
-group's policy instance (rebuilt when its spec changes), a short history of traffic samples
-(so p95 latency covers the last `LATENCY_WINDOW_S` exactly), and the measured start-up time.
+The decisions are the tick kernel's (`sluice.policy.kernel`, which the simulator runs too:
+it names the groups that are due and keeps each policy's memory); this module only keeps
+what reading a live group's load needs: a short history of traffic samples (so p95
+latency covers the last `LATENCY_WINDOW_S` exactly), the measured start-up time, and what
+its servers said at the last reading.
 
 Besides the gateway's counters, a group of command servers that expose metrics has their own
 running and waiting counts (`ServerLoadSource`, scraped by `sluice.control.scraper`): they
@@ -13,11 +14,11 @@ set `GroupLoad.server_waiting` and, where larger, `in_flight` (`server_view`).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sluice.core import InstanceState, InstanceStatus
-from sluice.policy.autoscale import Autoscaler, GroupLoad, build_autoscaler
+from sluice.policy.autoscale import GroupLoad
 from sluice.policy.autoscale.base import TrafficSample, window_quantile
 from sluice.policy.server_metrics import ServerLoad, server_view
 from sluice.spec import GroupSpec, PlatformSpec
@@ -38,21 +39,18 @@ STARTUP_EWMA = 0.3
 
 @dataclass
 class GroupScaling:
-    """What one autoscaled group's loop remembers."""
+    """What reading one autoscaled group's load remembers."""
 
-    policy: Autoscaler
-    spec_key: str
     samples: deque[TrafficSample] = field(default_factory=deque)
     startup_s: float | None = None
     timed: set[str] = field(default_factory=set)
     """instances whose launch -> ready time is already in `startup_s`"""
-    next_at: float = 0.0
     server: ServerLoad | None = None
     """what the group's servers said at its last decision, when scraped"""
 
 
 class LiveAutoscaling:
-    """Runs every autoscaled group's policy at its `interval_s`."""
+    """Reads the load of the autoscaled groups the kernel says are due."""
 
     def __init__(
         self, traffic: TrafficSource | None, servers: ServerLoadSource | None = None
@@ -64,20 +62,16 @@ class LiveAutoscaling:
     def state(self, group: str) -> GroupScaling | None:
         return self._groups.get(group)
 
-    def due(
+    def read(
         self,
         spec: PlatformSpec,
         observed: Sequence[InstanceStatus],
-        target: Callable[[str], int],
+        due: Collection[str],
         now: float,
     ) -> dict[str, GroupLoad]:
-        """The load of every autoscaled group whose interval has come (its policy, in
-        `scalers`, decides on it in the tick's decision step); `target(group)` is the count
-        the previous decision set (what the policy calls `current`): for an advisory group,
-        the count in force (`sluice.control.decisions`)."""
-        scaled = [g for g in spec.groups if g.autoscaling is not None]
-        self._groups = {g.name: self._groups[g.name] for g in scaled if g.name in self._groups}
-        due = [g for g in scaled if now >= self._state_for(g, spec).next_at]
+        """The load of each group in `due` (its `current` is the kernel's to set)."""
+        scaled = {g.name: g for g in spec.groups if g.autoscaling is not None}
+        self._groups = {n: st for n, st in self._groups.items() if n in scaled}
         if not due:
             return {}
         try:
@@ -88,34 +82,16 @@ class LiveAutoscaling:
         for inst in observed:
             mine.setdefault(inst.group, []).append(inst)
         loads = {}
-        for g in due:
-            st = self._groups[g.name]
-            assert g.autoscaling is not None
-            st.next_at = now + g.autoscaling.interval_s
-            theirs = mine.get(g.name, [])
+        for name in due:
+            g = scaled.get(name)
+            if g is None:
+                continue
+            st = self._groups.setdefault(name, GroupScaling())
+            theirs = mine.get(name, [])
             self._time_startups(st, theirs)
-            st.server = self._servers(g.name, now) if self._servers is not None else None
-            loads[g.name] = self._load(
-                g, st, traffic.get(g.name), theirs, target(g.name), now, st.server
-            )
+            st.server = self._servers(name, now) if self._servers is not None else None
+            loads[name] = self._load(g, st, traffic.get(name), theirs, now, st.server)
         return loads
-
-    @property
-    def scalers(self) -> dict[str, Autoscaler]:
-        """Each autoscaled group's policy object (it keeps its own memory between ticks)."""
-        return {name: st.policy for name, st in self._groups.items()}
-
-    def _state_for(self, g: GroupSpec, spec: PlatformSpec) -> GroupScaling:
-        assert g.autoscaling is not None
-        # a switch of `mode` keeps the policy: what it learned while advising carries over
-        knobs = g.autoscaling.model_dump_json(exclude={"mode"})
-        key = knobs + repr(sorted(spec.schedule_templates.items()))
-        st = self._groups.get(g.name)
-        if st is None or st.spec_key != key:
-            policy = build_autoscaler(g, spec.schedule_templates)
-            st = GroupScaling(policy, key, startup_s=st.startup_s if st else None)
-            self._groups[g.name] = st
-        return st
 
     @staticmethod
     def _time_startups(st: GroupScaling, mine: Sequence[InstanceStatus]) -> None:
@@ -137,7 +113,6 @@ class LiveAutoscaling:
         st: GroupScaling,
         sample: TrafficSample | None,
         mine: Sequence[InstanceStatus],
-        current: int,
         now: float,
         server: ServerLoad | None = None,
     ) -> GroupLoad:
@@ -157,7 +132,7 @@ class LiveAutoscaling:
         in_flight, server_waiting = server_view(src.in_flight, server)
         return GroupLoad(
             at=src.at,
-            current=current,
+            current=0,
             ready=ready,
             slots_per_instance=g.max_concurrency,
             in_flight=in_flight,

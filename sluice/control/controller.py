@@ -1,7 +1,7 @@
 """The reconcile loop: drive every group to its desired instances, and keep routing current.
 
 `tick()` runs in numbered steps (snapshot, decide, keep, apply, publish); the decision is
-one pure call, `sluice.policy.tick.decide`, the same one the fleet simulator makes.
+one pure call, `sluice.policy.kernel.step`, the same one the fleet simulator makes.
 
 `run()` never ends on an error and holds the last good state while the store refuses
 writes (`sluice.control.ticks.TickLoop`); `status()` says how it goes.
@@ -10,13 +10,13 @@ writes (`sluice.control.ticks.TickLoop`); `status()` says how it goes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sluice.control.advisory import scaling_metrics, switched_modes
 from sluice.control.autoscaling import LiveAutoscaling, TrafficSource
-from sluice.control.crashloops import CrashLoops
 from sluice.control.decisions import DecisionJournal
 from sluice.control.events import EventLog, store_error_text, store_outage
 from sluice.control.explain import tier_counts
@@ -43,14 +43,18 @@ from sluice.policy import (
     failover_problem,
     stranded_failovers,
 )
+from sluice.policy.autoscale import ScalingPolicy
 from sluice.policy.gain import NoGainHold
-from sluice.policy.tick import (
-    TickInput,
-    decide,
-    is_advisory,
-    spec_count,
-    standby,
+from sluice.policy.kernel import (
+    Compiled,
+    Memory,
+    World,
+    compile_spec,
+    count_in_force,
+    due,
+    step,
 )
+from sluice.policy.tick import TickDecision, is_advisory, standby
 from sluice.spec import (
     GroupSpec,
     LoadedSpec,
@@ -99,15 +103,18 @@ class Controller:
         self._overrides: dict[str, int] = {}
         self._failovers: dict[str, str] = {}
         self._wake = supervisor.changed
-        self._crash_loops = CrashLoops(events)
         self._servers = ServerScraper(clock.now)
         self._autoscaling = LiveAutoscaling(traffic, self._servers.load)
         self._tiers: Mapping[str, str] = {}
         self._cluster_pools = ClusterPools(inventory, events)
         self._holds: Callable[[], Mapping[str, NoGainHold]] = dict
-        self._scaled: dict[str, int] = {}
-        """The autoscaler's instance count per actively autoscaled group (journaled, so it
-        survives a restart)."""
+        self._memory = Memory()
+        """What one tick hands the next (`sluice.policy.kernel`): among it the autoscalers'
+        counts (journaled as decisions, so they survive a restart), the policies' memories,
+        quota's (kept by `LiveQuota`)"""
+        self._compiled: Compiled | None = None
+        self.journal: Callable[[Memory, World, float, TickDecision], None] | None = None
+        """told every tick's memory, world, time and decision (a replay's record)"""
         self._decisions = DecisionJournal(store, events)
         self._quota = LiveQuota(store, events)
         self.pins = Pins(store, events, self.audit, self._wake.set)
@@ -148,13 +155,18 @@ class Controller:
     def desired_replicas(self, group: str) -> int:
         """Instances that serve: the autoscaler's count, else a manual override, else the
         spec's `replicas` (an advisory autoscaler's group counts as not autoscaled); a pin
-        (`sluice.control.pins`) beats them all."""
+        (`sluice.control.pins`) beats them all (`sluice.policy.kernel.count_in_force`)."""
         spec = self.group(group)
-        if (pinned := self.pins.count(group, self._clock.now())) is not None:
-            return pinned
-        if spec.autoscaling is not None and not is_advisory(spec):
-            return self._scaled.get(group, spec_count(spec))
-        return self._overrides.get(group, spec.replicas)
+        pins = self.pins.counts(self._clock.now())
+        return count_in_force(spec, self._memory.counts, self._overrides, pins)
+
+    def _set_scaled(self, group: str, count: int | None) -> None:
+        """An autoscaled group's count set (None: dropped) outside a tick: on a restart, or
+        a switch of `autoscaling.mode`."""
+        counts = {g: c for g, c in self._memory.counts.items() if g != group}
+        if count is not None:
+            counts[group] = count
+        self._memory = dataclasses.replace(self._memory, counts=counts)
 
     def _instances_wanted(self, g: GroupSpec) -> int:
         """Serving instances plus the warm standby kept out of rotation."""
@@ -263,7 +275,7 @@ class Controller:
         return {
             "autoscaled": spec.autoscaling is not None,
             "mode": spec.autoscaling.mode if spec.autoscaling is not None else None,
-            "policy": st.policy.name if st else None,
+            "policy": policy.name if (policy := self._policy(group)) else None,
             "desired": self.desired_replicas(group),
             "startup_s": round(st.startup_s, 3) if st and st.startup_s is not None else None,
             "advised": advice.to_json() if advice is not None else None,
@@ -285,6 +297,8 @@ class Controller:
         self._failovers = await asyncio.to_thread(self._store.failovers)
         await self.pins.load()
         await self._quota.load()
+        quota, advice = self._quota.memory
+        self._memory = Memory(quota=quota, advice=advice, meter=self._quota.metered)
         if self._spec is not None:
             await self._rollouts.load(self._spec)
         if self._spec is not None:
@@ -295,7 +309,7 @@ class Controller:
                 if last:  # advice was not acted on: the count in force then was `current`
                     advised = last[0].detail.get("mode") == "advisory"
                     count = last[0].current if advised else last[0].desired
-                    self._scaled[g.name] = min(max(count, g.autoscaling.min), g.autoscaling.max)
+                    self._set_scaled(g.name, min(max(count, g.autoscaling.min), g.autoscaling.max))
 
     # --- operator actions ----------------------------------------------------------------
 
@@ -367,7 +381,7 @@ class Controller:
         """`sluice.control.advisory`: a switch of autoscaling.mode keeps the fleet's count."""
         now = self._clock.now()
         if to == "advisory":
-            self._scaled.pop(group, None)
+            self._set_scaled(group, None)
             g = self.spec.group(group)
             assert g is not None
             if count is not None and count != g.replicas:
@@ -384,7 +398,7 @@ class Controller:
                 self._overrides[group] = count
         else:
             assert count is not None
-            self._scaled[group] = count
+            self._set_scaled(group, count)
             if self._overrides.pop(group, None) is not None:
                 await asyncio.to_thread(self._store.clear_replicas_override, group)
         kept = self.desired_replicas(group)
@@ -560,46 +574,50 @@ class Controller:
         # 1. Snapshot: desired state (spec + overrides) and what the instances report.
         observed = self._supervisor.statuses()
         await self.pins.expire(now, {g.name for g in spec.groups})
-        loads = self._autoscaling.due(spec, observed, self.desired_replicas, now)
+        compiled = self._compiled_for(spec)
+        loads = self._autoscaling.read(spec, observed, due(self._memory, compiled, now), now)
         self._servers.watch(scrape_targets(spec, observed))  # read in their own task
-        # 2. Decide: the one pure step the simulator runs too (`sluice.policy.tick`):
-        #    autoscalers, then quota (no instance starts without its units), then the plan.
-        quota, advice = self._quota.memory
-        inputs = TickInput(
-            spec=spec,
+        world = World(
+            compiled=compiled,
             observed=observed,
-            counts={g.name: self.desired_replicas(g.name) for g in spec.groups},
-            now=now,
-            loads={g: load for g, load in loads.items() if self.pins.get(g) is None},
-            scalers=self._autoscaling.scalers,
-            floors=self._rollouts.baseline_floors(),
-            quota=quota,
-            advice=advice,
-            meter=self._quota.meter(now),
-            holds=self._holds(),
+            loads=loads,
+            overrides=dict(self._overrides),
+            pins=self.pins.counts(now),
+            floors=dict(self._rollouts.baseline_floors()),
+            holds=dict(self._holds()),
         )
+        # 2. Decide: the one pure step the simulator runs too (`sluice.policy.kernel`):
+        #    autoscalers, then quota (no instance starts without its units), then the plan.
+        before = self._memory
         with self._loop.timing_decision():
-            decision = decide(inputs)
-        # in force at once, before any await: whatever reads the counts from here on (the
+            decision, self._memory = step(before, world, now)
+        # ^ in force at once, before any await: whatever reads the counts from here on (the
         # follow-ups setting a no-gain hold) sees this decision with the holds it obeyed
-        self._scaled.update(decision.counts)
+        if self.journal is not None:
+            self.journal(before, world, now, decision)
         # 3. Keep what follows: quota memory and ledger, the decisions' journal.
-        await self._quota.record(spec, decision, now)
+        await self._quota.record(spec, decision, self._memory.meter, now)
         for scaled in decision.scaled:
             st = self._autoscaling.state(scaled.group.name)
             await self._decisions.record(scaled, st.server if st else None, now)
         self._decisions.keep_only({g.name for g in spec.groups if is_advisory(g)})
         self._tiers = decision.tiers  # worked out when first read
-        # 4. Apply (launches of a crash-looping group wait for its backoff).
-        await self._crash_loops.track(decision.observed, now)
+        # 4. Apply (the kernel held back the launches of crash-looping groups).
+        for group_name, backoff in decision.crash_waits:
+            await self._events.emit(
+                group_name,
+                None,
+                "backoff",
+                f"{backoff.failures} failures in a row; next launch in "
+                f"{backoff.not_before - now:.0f}s",
+            )
         self._supervisor.withheld_env = secret_env_names(spec)
         for action in decision.actions:
             if isinstance(action, Launch):
                 group = spec.group(action.group)
                 assert group is not None
-                if self._crash_loops.launch_allowed(group.name, now):
-                    pool = spec.pool(group.resources.pool)
-                    self._supervisor.launch(group, action.template, action.reason, pool)
+                pool = spec.pool(group.resources.pool)
+                self._supervisor.launch(group, action.template, action.reason, pool)
             elif isinstance(action, Drain):
                 self._supervisor.drain(action.instance_id, action.reason)
             elif isinstance(action, Remove):
@@ -608,6 +626,15 @@ class Controller:
         #    ready set, a split or the spec changed (a rollback reaches the gateway here).
         await self._rollouts.tick(spec, decision.observed, now)
         self._publish_routing(spec)
+
+    def _compiled_for(self, spec: PlatformSpec) -> Compiled:
+        """The spec's lookups and policies, built again only when the spec changes."""
+        if self._compiled is None or self._compiled.spec is not spec:
+            self._compiled = compile_spec(spec)
+        return self._compiled
+
+    def _policy(self, group: str) -> ScalingPolicy[Any] | None:
+        return self._compiled.policies.get(group) if self._compiled is not None else None
 
     def tier(self, instance_id: str) -> str | None:
         """`stable` (on its group's guaranteed units) or `burst`, as of the last tick."""

@@ -19,7 +19,7 @@ from typing import Any
 from sluice.control.events import EventLog
 from sluice.policy.server_metrics import ServerLoad
 from sluice.policy.tick import Scaled
-from sluice.store import Store
+from sluice.store.ports import DecisionRecords
 
 __all__ = ["JOURNAL_HEARTBEAT_S", "Advice", "DecisionJournal"]
 
@@ -79,7 +79,7 @@ def journal_detail(s: Scaled, server: ServerLoad | None) -> dict[str, object]:
 class DecisionJournal:
     """Settles each group's decision and stores the ones worth keeping."""
 
-    def __init__(self, store: Store, events: EventLog) -> None:
+    def __init__(self, store: DecisionRecords, events: EventLog) -> None:
         self._store = store
         self._events = events
         self._journaled: dict[str, tuple[object, float]] = {}

@@ -37,7 +37,8 @@ from sluice.policy.drill_schedule import due_firing, next_firing
 from sluice.spec import PlatformSpec
 from sluice.spec.drills import DrillSchedule
 from sluice.spec.keys import key_digest
-from sluice.store import DrillFire, Store
+from sluice.store import DrillFire
+from sluice.store.ports import DrillRecords
 
 __all__ = ["DrillScheduler", "drill_named"]
 
@@ -66,7 +67,7 @@ def drill_named(spec: PlatformSpec, name: str) -> DrillSchedule:
 class DrillScheduler:
     def __init__(
         self,
-        store: Store,
+        store: DrillRecords,
         tokens: TokenAdmin,
         events: EventLog,
         audit: Audit,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.core import Clock
-from sluice.store import Store, outage_reason
+from sluice.store import outage_reason
+from sluice.store.ports import EventRecords
 
 __all__ = ["EventLog", "StoreHealth", "store_outage"]
 
@@ -90,7 +91,7 @@ class StoreHealth:
 
 
 class EventLog:
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(self, store: EventRecords, clock: Clock) -> None:
         self._store = store
         self._clock = clock
         self.health = StoreHealth()

@@ -24,7 +24,8 @@ from sluice.policy.gain import Change, NoGainHold, hold_released, judge
 from sluice.policy.tick import is_advisory
 from sluice.spec import PlatformSpec
 from sluice.spec.observability import FollowupSpec
-from sluice.store import Fenced, Store
+from sluice.store import Fenced
+from sluice.store.ports import StateRecords
 
 __all__ = ["Followups"]
 
@@ -44,7 +45,7 @@ class _Pending:
 
 
 class Followups:
-    def __init__(self, store: Store, events: EventLog) -> None:
+    def __init__(self, store: StateRecords, events: EventLog) -> None:
         self._store = store
         self._events = events
         self._counts: dict[str, int] = {}

@@ -28,7 +28,8 @@ from sluice.core import Clock
 from sluice.policy.history import HOUR_S, MINUTE_S
 from sluice.spec import PlatformSpec, RetentionSpec
 from sluice.spec.observability import HistorySpec
-from sluice.store import Fenced, Store
+from sluice.store import Fenced
+from sluice.store.ports import RetentionRecords
 
 __all__ = ["Housekeeper", "rotate"]
 
@@ -45,7 +46,7 @@ class Housekeeper:
 
     def __init__(
         self,
-        store: Store,
+        store: RetentionRecords,
         clock: Clock,
         access_log: Path,
         instance_logs: Path,

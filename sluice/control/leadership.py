@@ -33,7 +33,8 @@ from collections.abc import Callable
 from sluice.control.events import StoreHealth
 from sluice.policy.lease import LeaseTiming, may_act
 from sluice.runtime.base import InstanceHandle, LaunchRequest, Runtime
-from sluice.store import Fence, Fenced, LeaseRecord, Store
+from sluice.store import Fence, Fenced, LeaseRecord
+from sluice.store.ports import LeaseRecords
 
 __all__ = ["CONTROLLER_LEASE", "Fenced", "FencedRuntime", "Leadership", "new_holder"]
 
@@ -50,7 +51,7 @@ def new_holder() -> str:
 class Leadership:
     def __init__(
         self,
-        store: Store,
+        store: LeaseRecords,
         timing: LeaseTiming,
         holder: str,
         wall: Callable[[], float] = time.time,

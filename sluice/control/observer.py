@@ -42,7 +42,8 @@ from sluice.policy.quota import Allocation
 from sluice.policy.quota.budget import budget_shares
 from sluice.policy.quota.metering import Meter
 from sluice.spec import GroupSpec, PlatformSpec
-from sluice.store import RollupRow, Store
+from sluice.store import RollupRow
+from sluice.store.ports import RollupRecords, StateRecords
 
 __all__ = [
     "Observation",
@@ -152,10 +153,14 @@ def _host_load() -> float | None:
         return None
 
 
+class _ObserverStore(RollupRecords, StateRecords, Protocol):
+    """The rollups it keeps, and the follow-ups' state."""
+
+
 class Observer:
     def __init__(
         self,
-        store: Store,
+        store: _ObserverStore,
         events: EventLog,
         clock: Clock,
         traffic: TrafficSource | None,
@@ -314,7 +319,7 @@ class Observer:
 
 
 def stored_history(
-    store: Store,
+    store: RollupRecords,
     spec: PlatformSpec | None,
     groups: Sequence[str] | None,
     since: float,
@@ -331,7 +336,7 @@ def stored_history(
 
 
 def stored_rollups(
-    store: Store,
+    store: RollupRecords,
     groups: Sequence[str] | None,
     since: float,
     until: float,

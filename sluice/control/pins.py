@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from sluice.control.events import EventLog
-from sluice.store import Pin, Store
+from sluice.store import Pin
+from sluice.store.ports import PinRecords
 
 __all__ = ["MAX_PIN_S", "Pins"]
 
@@ -27,7 +28,7 @@ class Pins:
     """The pins in force, kept in the store (a restarted control plane keeps them)."""
 
     def __init__(
-        self, store: Store, events: EventLog, audit: Audit, wake: Callable[[], None]
+        self, store: PinRecords, events: EventLog, audit: Audit, wake: Callable[[], None]
     ) -> None:
         """`wake`: the controller's next tick comes at once (a pin changes a count)."""
         self._store = store
@@ -43,6 +44,10 @@ class Pins:
         """The pinned count of `group` at `now`; None when it is not pinned (or it ran out)."""
         pin = self._pins.get(group)
         return pin.replicas if pin is not None and now < pin.until else None
+
+    def counts(self, now: float) -> dict[str, int]:
+        """Every pinned count in force at `now`, by group."""
+        return {g: p.replicas for g, p in self._pins.items() if now < p.until}
 
     def get(self, group: str) -> Pin | None:
         return self._pins.get(group)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from sluice.control.events import EventLog
 from sluice.policy.quota import (
@@ -34,9 +34,15 @@ from sluice.policy.quota import (
 from sluice.policy.quota.metering import TOTAL, Meter
 from sluice.policy.tick import TickDecision
 from sluice.spec import PlatformSpec
-from sluice.store import Loan, Store
+from sluice.store import Loan
+from sluice.store.ports import LoanRecords, StateRecords
 
 __all__ = ["LiveQuota"]
+
+
+class _QuotaStore(LoanRecords, StateRecords, Protocol):
+    """The records this module reads and writes."""
+
 
 STATE_KEY = "quota"
 PERSIST_EVERY_S = 10.0
@@ -46,7 +52,7 @@ USAGE_KEEP_S = 24 * 3600.0
 
 
 class LiveQuota:
-    def __init__(self, store: Store, events: EventLog) -> None:
+    def __init__(self, store: _QuotaStore, events: EventLog) -> None:
         self._store = store
         self._events = events
         self._state = QuotaState()
@@ -86,16 +92,19 @@ class LiveQuota:
         self._meter = self._meter.advanced(now)
         return self._meter
 
-    async def record(self, spec: PlatformSpec, tick: TickDecision, now: float) -> Allocation:
+    async def record(
+        self, spec: PlatformSpec, tick: TickDecision, meter: Meter, now: float
+    ) -> Allocation:
         """Keep what follows from the tick's quota round: the allocator's memory, the loan
-        ledger, reclaim and refusal events (each said once), the advice journal, usage."""
+        ledger, reclaim and refusal events (each said once), the advice journal, usage;
+        `meter`: the kernel's, holding the round."""
         advised = tick.allocation
         alloc = advised.enforced
         self._held = dict(tick.held)
         loans_changed = alloc.loans != self._state.loans or alloc.reclaims
         self._state = alloc.state
         self._advice_state = advised.advice.state
-        self._meter = self._meter.holding(alloc)
+        self._meter = meter
         if loans_changed:
             await asyncio.to_thread(self._sync_ledger, alloc, now)
         for r in alloc.reclaims:

@@ -25,7 +25,8 @@ from sluice.control.spec_work import offload
 from sluice.core import Clock, Conflict, Forbidden, NotFound
 from sluice.policy import LoggedRequest, route_impact, route_rules
 from sluice.spec import GroupSpec, LoadedSpec, PlatformSpec, draft_revision, open_revision
-from sluice.store import Proposal, Store, TokenRecord
+from sluice.store import Proposal, TokenRecord
+from sluice.store.ports import ProposalRecords
 
 if TYPE_CHECKING:
     from sluice.control.controller import Controller
@@ -92,7 +93,7 @@ class ReviewBoard:
     def __init__(
         self,
         controller: Controller,
-        store: Store,
+        store: ProposalRecords,
         clock: Clock,
         access_log: Path | None,
         replay_lines: int = REPLAY_LINES,

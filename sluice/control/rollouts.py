@@ -70,7 +70,8 @@ from sluice.policy.routing import CanarySplit
 from sluice.policy.windows import horizon_s, look_rows
 from sluice.spec import PlatformSpec
 from sluice.spec.rollout import AnalysisSpec, RolloutSpec
-from sluice.store import RolloutRecord, Store
+from sluice.store import RolloutRecord
+from sluice.store.ports import RolloutRecords
 
 __all__ = ["RolloutRunner", "plan_report"]
 
@@ -108,7 +109,7 @@ class _Run:
 class RolloutRunner:
     def __init__(
         self,
-        store: Store,
+        store: RolloutRecords,
         events: EventLog,
         collector: SampleCollector,
         on_change: Callable[[], None],

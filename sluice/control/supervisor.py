@@ -51,7 +51,8 @@ from sluice.policy import DeviceHold, Endpoint, ProbeRecord, assign_devices, rec
 from sluice.runtime import ExternalRuntime, InstanceHandle, LaunchRequest, Runtime
 from sluice.spec import GroupSpec, PoolSpec
 from sluice.spec.servers import EndpointSpec, usable_key
-from sluice.store import Fenced, InstanceRecord, Store
+from sluice.store import Fenced, InstanceRecord
+from sluice.store.ports import InstanceRecords
 
 __all__ = ["InstanceSupervisor"]
 
@@ -86,7 +87,7 @@ class InstanceSupervisor:
     def __init__(
         self,
         runtime: Runtime,
-        store: Store,
+        store: InstanceRecords,
         clock: Clock,
         events: EventLog,
         http: httpx.AsyncClient | None = None,

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from sluice.control.events import EventLog, store_error_text, store_outage
 from sluice.core import Clock
 from sluice.policy.tick import TICK_S
-from sluice.store import Store
+from sluice.store.ports import StateRecords
 
 __all__ = ["PLATFORM", "TickLoop"]
 
@@ -44,7 +44,7 @@ class TickLoop:
         self,
         tick: Callable[[], Awaitable[None]],
         wake: asyncio.Event,
-        store: Store,
+        store: StateRecords,
         events: EventLog,
         clock: Clock,
     ) -> None:

@@ -34,12 +34,19 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Protocol
 
 from sluice.control.auth import Principal, Role, new_token, token_digest
 from sluice.core import Clock, Conflict, Forbidden, NotFound
-from sluice.store import Store, TokenRecord
+from sluice.store import TokenRecord
+from sluice.store.ports import AuditRecords, TokenRecords
 
 __all__ = ["ADMIN_TOKEN_FILE", "BOOTSTRAP_ADMIN", "INSTALLATION", "TokenAdmin", "owner_for"]
+
+
+class _TokenStore(TokenRecords, AuditRecords, Protocol):
+    """The records this module reads and writes."""
+
 
 ADMIN_TOKEN_FILE = "admin.token"
 BOOTSTRAP_ADMIN = "admin"
@@ -65,7 +72,7 @@ def owner_for(minter: Principal, name: str, owner: str | None) -> str:
 
 
 class TokenAdmin:
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(self, store: _TokenStore, clock: Clock) -> None:
         self._store = store
         self.clock = clock
 

@@ -4,9 +4,14 @@ model does not turn into a storm of process launches. One READY instance resets 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-__all__ = ["CrashBackoff"]
+from sluice.core.instances import InstanceState, InstanceStatus
+
+__all__ = ["CrashBackoff", "CrashLoops"]
+
+_READY, _FAILED = InstanceState.READY, InstanceState.FAILED
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,3 +29,44 @@ class CrashBackoff:
 
     def launch_allowed(self, now: float) -> bool:
         return now >= self.not_before
+
+
+@dataclass(frozen=True, slots=True)
+class CrashLoops:
+    """Each group's backoff, with the instances already counted (failed or ready) so each
+    counts once."""
+
+    backoff: Mapping[str, CrashBackoff] = field(default_factory=dict)
+    counted: frozenset[str] = frozenset()
+
+    def track(
+        self, observed: Sequence[InstanceStatus], now: float
+    ) -> tuple[CrashLoops, tuple[tuple[str, CrashBackoff], ...]]:
+        """Count each failed instance once per group; a newly READY one resets its group.
+        Returns the next value (this one when nothing changed: most ticks) and each group
+        whose launches now wait (to be said)."""
+        counted = self.counted
+        fresh = [
+            inst
+            for inst in observed
+            if (inst.state is _READY or inst.state is _FAILED) and inst.id not in counted
+        ]
+        if not fresh and len(counted) <= 2 * len(observed) + 64:
+            return self, ()
+        backoff = dict(self.backoff)
+        waiting: list[tuple[str, CrashBackoff]] = []
+        for inst in fresh:
+            if inst.state is _READY:
+                backoff.pop(inst.group, None)
+            else:
+                after = backoff.get(inst.group, CrashBackoff()).after_failure(now)
+                backoff[inst.group] = after
+                if after.not_before > now:
+                    waiting.append((inst.group, after))
+        grown = counted | {inst.id for inst in fresh}
+        if len(grown) > 2 * len(observed) + 64:  # forget the ones gone, now and then
+            grown = grown & {inst.id for inst in observed}
+        return CrashLoops(backoff, grown), tuple(waiting)
+
+    def launch_allowed(self, group: str, now: float) -> bool:
+        return self.backoff.get(group, CrashBackoff()).launch_allowed(now)

@@ -8,7 +8,8 @@ the controller would do with it.
 
 The steps, in order:
 
-1. each autoscaled group that is due decides (`Autoscaler.decide`); an active group wants
+1. each autoscaled group that is due decides (`ScalingPolicy.step`, on the memory value it
+   returned last time); an active group wants
    that count (a running rollout's baseline keeps its floor, warm standby is added);
    every other group wants the count in force (`replicas` or an operator's override);
 2. the quota allocator grants instances for those wants (`allocate_advised`): guarantees,
@@ -26,14 +27,15 @@ first, so the burst part always goes first.
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sluice.core.instances import ALIVE_STATES, InstanceState, InstanceStatus
-from sluice.policy.autoscale import Autoscaler, Decision, GroupLoad
+from sluice.policy.autoscale import Decision, GroupLoad, ScalingPolicy
+from sluice.policy.backoff import CrashBackoff
 from sluice.policy.gain import NoGainHold
-from sluice.policy.plan import Action, Drain, GroupTarget, plan_group
+from sluice.policy.plan import Action, Drain, GroupTarget, Launch, plan_group
 from sluice.policy.quota import (
     AdvisedAllocation,
     Allocation,
@@ -50,10 +52,12 @@ __all__ = [
     "STABLE",
     "TICK_S",
     "Scaled",
+    "SpecIndex",
     "TickDecision",
     "TickInput",
     "clipped",
     "decide",
+    "index_spec",
     "is_advisory",
     "spec_count",
     "standby",
@@ -91,8 +95,9 @@ class TickInput:
     """What one tick decides on.
 
     `counts`: each group's count in force (what the autoscaler set last, else an override,
-    else `replicas`). `loads`: the autoscaled groups due this tick, with the policy object
-    of each in `scalers` (policies keep their own memory between ticks). `floors`: rollout
+    else `replicas`). `loads`: the autoscaled groups due this tick, with the policy of each
+    in `scalers` and its memory from the last step in `memories` (none yet: its `initial()`).
+    `index`: the spec's lookups (`index_spec`; built here when not given). `floors`: rollout
     baselines' counts. `quota`/`advice`: the allocator's memories; `meter`: month-to-date
     spend and accelerator-hours, advanced to `now`."""
 
@@ -101,7 +106,9 @@ class TickInput:
     counts: Mapping[str, int]
     now: float
     loads: Mapping[str, GroupLoad] = dataclasses.field(default_factory=dict)
-    scalers: Mapping[str, Autoscaler] = dataclasses.field(default_factory=dict)
+    scalers: Mapping[str, ScalingPolicy[Any]] = dataclasses.field(default_factory=dict)
+    memories: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    index: SpecIndex | None = None
     floors: Mapping[str, int] = dataclasses.field(default_factory=dict)
     quota: QuotaState = dataclasses.field(default_factory=QuotaState)
     advice: QuotaState = dataclasses.field(default_factory=QuotaState)
@@ -148,6 +155,12 @@ class TickDecision:
     spare: Mapping[str, int]
     held: Mapping[str, int]
     tiers: Mapping[str, str]
+    memories: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """each group that decided: its policy's memory after the step"""
+    withheld: tuple[Launch, ...] = ()
+    """launches of crash-looping groups, waiting for their backoff (`sluice.policy.kernel`)"""
+    crash_waits: tuple[tuple[str, CrashBackoff], ...] = ()
+    """groups whose launches started waiting this tick, with their backoff"""
 
 
 def clipped(
@@ -170,14 +183,18 @@ def clipped(
 
 
 def decide(inp: TickInput) -> TickDecision:
-    """The whole tick's decision (module docstring); mutates only the policies' memory."""
-    index = _index(inp.spec)
+    """The whole tick's decision (module docstring); mutates nothing it is given."""
+    index = inp.index if inp.index is not None else index_spec(inp.spec)
     by_group = _by_group(inp.observed)
-    decisions = {
-        name: _held(inp.scalers[name].decide(load, inp.now), load, inp.holds.get(name))
-        for name, load in inp.loads.items()
-        if name in index.groups
-    }
+    decisions: dict[str, Decision] = {}
+    memories: dict[str, Any] = {}
+    for name, load in inp.loads.items():
+        if name not in index.groups:
+            continue
+        policy = inp.scalers[name]
+        memory = inp.memories[name] if name in inp.memories else policy.initial()
+        d, memories[name] = policy.step(memory, load, inp.now)
+        decisions[name] = _held(d, load, inp.holds.get(name))
     wanted = {
         name: inp.counts.get(name, spec_count(g)) + index.standby[name]
         for name, g in index.groups.items()
@@ -185,9 +202,12 @@ def decide(inp: TickInput) -> TickDecision:
     for name, d in decisions.items():
         if name not in index.advising:
             wanted[name] = max(d.desired, inp.floors.get(name, 0)) + index.standby[name]
-    claims = [
-        _claim(g, by_group.get(g.name, ()), wanted[g.name], inp.meter) for g in inp.spec.groups
-    ]
+    claims: list[GroupClaim] = []
+    uniform: dict[str, bool] = {}
+    for g in inp.spec.groups:
+        mine = by_group.get(g.name, ())
+        claim, uniform[g.name] = _claim(g, index.templates[g.name], mine, wanted[g.name], inp.meter)
+        claims.append(claim)
     advised = _allocate(index, claims, inp, inp.quota, inp.advice)
     alloc = advised.enforced
     scaled, counts, preview = _settle(index, inp, decisions, claims, advised)
@@ -210,15 +230,22 @@ def decide(inp: TickInput) -> TickDecision:
             for i in observed
         )
         by_group = _by_group(observed)
+        for r in alloc.reclaims:  # walked again below: its instances now drain
+            uniform.pop(r.borrower, None)
     held = {c.name: len(c.running) * c.units_per_instance + c.draining_units for c in claims}
     spare = {p.name: p.count for p in index.pools}
     for c in claims:
         granted = alloc.grants[c.name].instances * c.units_per_instance
         if c.pool in spare:
             spare[c.pool] -= max(held[c.name], granted)
+    running = {c.name: len(c.running) for c in claims}
     for name, g in index.groups.items():
         grant, mine = alloc.grants[name], by_group.get(name, ())
-        if not _settled(index.templates[name], grant.instances, mine):
+        if name in uniform:  # walked once already, by its claim
+            settled = uniform[name] and running[name] == grant.instances
+        else:
+            settled = _settled(index.templates[name], grant.instances, mine)
+        if not settled:
             actions += plan_group(_target(g, index.templates[name], grant.instances, spare), mine)
     for name in by_group.keys() - index.groups.keys():  # groups gone from the spec
         actions += plan_group(GroupTarget(name, "", 0), by_group[name])
@@ -233,6 +260,7 @@ def decide(inp: TickInput) -> TickDecision:
         spare={k: max(0, v) for k, v in spare.items()},
         held=held,
         tiers=tiers,
+        memories=memories,
     )
 
 
@@ -256,12 +284,16 @@ def _held(d: Decision, load: GroupLoad, hold: NoGainHold | None) -> Decision:
 def _by_group(observed: Sequence[InstanceStatus]) -> dict[str, list[InstanceStatus]]:
     out: dict[str, list[InstanceStatus]] = {}
     for inst in observed:
-        out.setdefault(inst.group, []).append(inst)
+        mine = out.get(inst.group)
+        if mine is None:  # not setdefault: that builds a list per instance
+            out[inst.group] = [inst]
+        else:
+            mine.append(inst)
     return out
 
 
 def _settle(
-    index: _Index,
+    index: SpecIndex,
     inp: TickInput,
     decisions: Mapping[str, Decision],
     claims: Sequence[GroupClaim],
@@ -292,8 +324,9 @@ def _settle(
 
 
 @dataclass(frozen=True, slots=True)
-class _Index:
-    """Per-spec lookups built once (a template is a hash of the group's models)."""
+class SpecIndex:
+    """Per-spec lookups, built once per spec by whoever holds it (a template is a hash of
+    the group's models: too dear to work out for 1,000 groups every tick)."""
 
     groups: Mapping[str, GroupSpec]
     templates: Mapping[str, str]
@@ -305,16 +338,9 @@ class _Index:
     """groups whose autoscaler only advises"""
 
 
-_INDEXES: OrderedDict[int, tuple[PlatformSpec, _Index]] = OrderedDict()
-"""The few specs in use (live: the current one), by identity: a spec is immutable."""
-
-
-def _index(spec: PlatformSpec) -> _Index:
-    kept = _INDEXES.get(id(spec))
-    if kept is not None and kept[0] is spec:
-        _INDEXES.move_to_end(id(spec))
-        return kept[1]
-    found = _Index(
+def index_spec(spec: PlatformSpec) -> SpecIndex:
+    """The lookups every tick makes in `spec`."""
+    return SpecIndex(
         groups={g.name: g for g in spec.groups},
         templates={g.name: g.template() for g in spec.groups},
         standby={g.name: standby(g) for g in spec.groups},
@@ -322,21 +348,28 @@ def _index(spec: PlatformSpec) -> _Index:
         advisory=frozenset(g.name for g in spec.groups if g.quota.mode == "advisory"),
         advising=frozenset(g.name for g in spec.groups if is_advisory(g)),
     )
-    _INDEXES[id(spec)] = (spec, found)
-    while len(_INDEXES) > 4:
-        _INDEXES.popitem(last=False)
-    return found
 
 
-def _claim(g: GroupSpec, mine: Sequence[InstanceStatus], wanted: int, meter: Meter) -> GroupClaim:
+def _claim(
+    g: GroupSpec, template: str, mine: Sequence[InstanceStatus], wanted: int, meter: Meter
+) -> tuple[GroupClaim, bool]:
+    """The group's claim on quota, and whether its alive instances are all of `template`
+    with none failed (then it is settled when their number is its grant: `_settled` in
+    the same walk)."""
     running = []
     draining = 0
+    uniform = True
     for i in mine:
-        if i.state in ALIVE_STATES:
+        state = i.state
+        if state in ALIVE_STATES:
             running.append(i)
-        elif i.state is InstanceState.DRAINING:
+            if i.template != template:
+                uniform = False
+        elif state is InstanceState.DRAINING:
             draining += 1
-    return GroupClaim(
+        elif state is InstanceState.FAILED:
+            uniform = False
+    claim = GroupClaim(
         name=g.name,
         pool=g.resources.pool,
         units_per_instance=g.resources.accelerators,
@@ -349,10 +382,11 @@ def _claim(g: GroupSpec, mine: Sequence[InstanceStatus], wanted: int, meter: Met
         unit_hours_this_month=meter.hours_by(g.name),
         drain_timeout_s=g.drain_timeout_s,
     )
+    return claim, uniform
 
 
 def _allocate(
-    index: _Index,
+    index: SpecIndex,
     claims: Sequence[GroupClaim],
     inp: TickInput,
     state: QuotaState,

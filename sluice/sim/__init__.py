@@ -1,7 +1,8 @@
-"""Trace-driven simulator: the real policy code against simulated instances and a virtual clock."""
+"""Trace-driven simulator: the live controller's kernel and admission code against simulated
+instances on a virtual clock; one loop (`sluice.sim.fleet`), a one-group study being a fleet
+of one (`sluice.sim.single`)."""
 
 from sluice.sim.causal import CausalCandidate, CausalResult, WindowPlanPolicy, causal
-from sluice.sim.engine import EPOCH, SimOptions, SimResult, Workload, make_policy, prepare, run
 from sluice.sim.families import FAMILIES, Family, generate
 from sluice.sim.fleet import FleetOptions, run_fleet
 from sluice.sim.fleet_inputs import with_pool_counts
@@ -9,6 +10,8 @@ from sluice.sim.fleet_report import FleetGroup, FleetResult, write_fleet_report
 from sluice.sim.model import SERVICE_MAX_S, SERVICE_MIN_S, InstanceModel, pick_group
 from sluice.sim.oracle import OracleResult, PlanPolicy, best_fixed, oracle, work_floor
 from sluice.sim.report import write_report
+from sluice.sim.result import SimResult
+from sluice.sim.single import SimOptions, make_policy, run
 from sluice.sim.study import simulate_fleet_spec, simulate_spec
 from sluice.sim.trace import (
     GROUP_COLUMN,
@@ -19,6 +22,7 @@ from sluice.sim.trace import (
     trace_from_rows,
 )
 from sluice.sim.warm import WarmStart, warm_start, warm_start_count
+from sluice.sim.workload import EPOCH, Workload, prepare
 
 __all__ = [
     "EPOCH",

@@ -3,7 +3,7 @@ policy's cost can be read against what is possible, not only against the clairvo
 
 Where capacity asked for at a burst's first second arrives `startup_s` later, no causal
 policy can follow the oracle's plan. This module runs a simple causal family through the
-same engine instead:
+same simulator instead (`sluice.sim.single.run`, the kernel's `step` every tick):
 
 - Time is cut into windows of `W` seconds; window k is [kW, (k+1)W).
 - Each window's **need** is the smallest fixed fleet (ready from the window's start) that
@@ -14,7 +14,7 @@ same engine instead:
   rule: `prev` (the last window's need), `max3` (the most of the last three; `max10` on
   request), times a headroom h: N_k = ceil(h x rule). Window 0 has no past: it keeps the
   starting fleet (`SimOptions.initial`, e.g. the warm start, else the spec's count, what a
-  live autoscaler starts with).
+  live autoscaler starts with: `start_count`).
 - The count is asked for at window k's first tick (`WindowPlanPolicy`): instances launched
   then are ready `startup_s` later; nothing is launched before the window starts.
 
@@ -47,10 +47,11 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from sluice.policy.autoscale import Decision, GroupLoad
-from sluice.sim.engine import SimOptions, SimResult, Workload, run
-from sluice.sim.model import InstanceModel
+from sluice.policy.autoscale import Decision, GroupLoad, NoMemory
 from sluice.sim.oracle import best_fixed
+from sluice.sim.result import SimResult
+from sluice.sim.single import SimOptions, run, start_count
+from sluice.sim.workload import Workload
 
 __all__ = [
     "DEFAULT_RULES",
@@ -86,7 +87,8 @@ HINDSIGHT_NOTE = (
 class WindowPlanPolicy:
     """Asks at every tick of window k = floor(t / window_s) for `plan[k]` (the last entry
     after the plan ends). No look-ahead: a window's instances are asked for at its first
-    tick and are ready `startup_s` later."""
+    tick and are ready `startup_s` later. A `ScalingPolicy` that remembers nothing
+    (`NoMemory`): the plan is its configuration."""
 
     name = "causal"
 
@@ -97,18 +99,22 @@ class WindowPlanPolicy:
         self.window_s = window_s
         self.epoch = epoch
 
-    def decide(self, load: GroupLoad, now: float) -> Decision:
+    def initial(self) -> NoMemory:
+        return NoMemory()
+
+    def step(self, memory: NoMemory, load: GroupLoad, now: float) -> tuple[Decision, NoMemory]:
         k = min(max(int((now - self.epoch) // self.window_s), 0), len(self.plan) - 1)
-        return Decision(
+        decision = Decision(
             desired=self.plan[k],
             reason=f"window {k} ({self.window_s:g} s): count from past windows",
             winner="causal",
         )
+        return decision, memory
 
 
 @dataclass(frozen=True)
 class CausalCandidate:
-    """One member of the family, run through the engine."""
+    """One member of the family, run through the simulator."""
 
     window_s: float
     rule: str
@@ -167,14 +173,6 @@ class CausalResult:
         return self.best.result
 
 
-def start_count(model: InstanceModel, opts: SimOptions) -> int:
-    """Instances ready at t = 0 for an autoscaler: `opts.initial`, else the spec's count
-    within [min, max] (as the engine starts a live policy)."""
-    if opts.initial is not None:
-        return opts.initial
-    return min(max(model.group.replicas, model.min_instances), model.max_instances)
-
-
 def window_needs(work: Workload, window_s: float, opts: SimOptions | None = None) -> list[int]:
     """Each window's need: the smallest fixed fleet, ready from the window's start, that
     meets the SLO target on that window's requests alone (`max` when none does; `min` for
@@ -229,7 +227,7 @@ def causal(
     rules: Sequence[str] = DEFAULT_RULES,
     headrooms: Sequence[float] = HEADROOMS,
 ) -> CausalResult:
-    """Every (window, rule) candidate of the family through the engine, from the same start
+    """Every (window, rule) candidate of the family through the simulator, from the same start
     (`start_count`), each at the first headroom of the grid that reaches the target, and
     the best of them (see the module docstring)."""
     o = opts or SimOptions()

@@ -1,7 +1,6 @@
-"""What both simulators (`sluice.sim.engine`, one group; `sluice.sim.fleet`, a whole spec)
-record in the same codes, so their results read alike: each request's outcome, each
-simulated instance's state, the p95 window the autoscaler is fed, and a decision's entry in
-the decision log."""
+"""The codes the simulator (`sluice.sim.fleet`) records in, for a whole spec and for a fleet
+of one alike: each request's outcome, each simulated instance's state, the p95 window the
+autoscaler is fed, and a decision's entry in the decision log."""
 
 from __future__ import annotations
 

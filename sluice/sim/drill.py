@@ -1,7 +1,8 @@
 """A peak drill on the simulator (O5's dry run): the drill's arrival schedule through the
-one-group engine, with the group's live autoscaler and its measured start-up and service
-times, read back as the same samples, scale events and instances a live drill records
-(`sluice.policy.drill`), so one judge reads both and the two can be set side by side."""
+simulator as a fleet of one (`sluice.sim.single`), with the group's live autoscaler and its
+measured start-up and service times, read back as the same samples, scale events and
+instances a live drill records (`sluice.policy.drill`), so one judge reads both and the two
+can be set side by side."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import numpy as np
 import numpy.typing as npt
 
 from sluice.policy.drill import DrillSample, InstanceUp, ScaleEvent
-from sluice.sim.engine import SimOptions, make_policy, prepare, run
+from sluice.policy.tick import TICK_S
 from sluice.sim.model import InstanceModel
+from sluice.sim.single import SimOptions, make_policy, run
 from sluice.sim.trace import trace_from_rows
+from sluice.sim.workload import prepare
 from sluice.spec import GroupSpec, PlatformSpec
 from sluice.spec.runtimes import FixedServiceTime
 
@@ -62,7 +65,7 @@ def simulate_drill(
     done, arrived = result.done, trace.t
     ok = done >= 0
     in_slo = ok & (done - arrived <= work.limit + 1e-9)
-    edges = np.append(t, t[-1] + model.interval_s) if len(t) else np.zeros(1)
+    edges = np.append(t, t[-1] + TICK_S) if len(t) else np.zeros(1)  # a row per tick
     completed = np.histogram(done[ok], edges)[0]
     within = np.histogram(done[in_slo], edges)[0]
     shed = np.histogram(arrived[done == -2.0], edges)[0]
@@ -113,7 +116,7 @@ def _instances_up(
     events: list[ScaleEvent], ready: npt.NDArray[np.float64], t: npt.NDArray[np.float64]
 ) -> list[InstanceUp]:
     """Each instance a scale-up launched, ready at the first tick after the launch where the
-    ready count reached it (the engine's instances are not named: the k-th is `sim-k`)."""
+    ready count reached it (named here by launch order: the k-th is `sim-k`)."""
     out: list[InstanceUp] = []
     for e in events:
         for n in range(e.before + 1, e.after + 1):

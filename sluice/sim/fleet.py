@@ -1,29 +1,53 @@
-"""Fleet simulator: a whole spec (every group, shared pools, guarantees, borrowing, reclaims,
-budgets) on one virtual clock, decided each tick by the live controller's own step
-`sluice.policy.tick.decide`, so a what-if ("add this group", "shrink the pool to 40")
-shows what the controller would do, per group: SLO, cost, loans and reclaims.
+"""The simulator: a whole spec (every group, shared pools, guarantees, borrowing, reclaims,
+budgets) on one virtual clock, decided each tick by the live controller's own kernel
+`sluice.policy.kernel.step`, so a what-if ("add this group", "shrink the pool to 40")
+shows what the controller would do, per group: SLO, cost, loans and reclaims. A one-group
+study (`sluice.sim.single.run`: `sluice simulate`, the oracle, the causal reference, the
+drill's dry run, bench/autoscale.py) is this same loop on a fleet of one.
 
-`sluice.sim.engine` stays the fast one-group engine (the policy studies); this one reuses
-its request model: one event heap of `(t, kind, request)` tuples, arrivals from the merged,
-sorted traces beside it, each group's gateway a `GroupAdmission` (the live code), instances
-with independent slots, least-loaded pick over ready instances. Instances go starting ->
-ready (after the model's start-up) -> draining (no new requests; stops when its last request
-finishes, killed at `drain_timeout_s`, failing what is left) -> stopped.
+Events sit in one heap of `(t, kind, request)` tuples on float seconds; arrivals come from
+the merged, sorted traces beside it (no heap push per arrival). `kind >= 0` is the
+completion of `request` on instance `kind`; negative kinds are control events (ready, crash,
+drain deadline, tick). At equal times control events run first, so a tick sees an instance
+that became ready at that instant.
+
+Requests: each group's gateway is one `GroupAdmission` (the live code): slots = ready
+instances x max_concurrency; in-flight counts every running request, draining instances
+included, as the live gateway does; waiters past `max_wait_s` expire at each tick (up to
+one tick late). Balancing is least-loaded over ready instances with a free slot (in-flight
+buckets, O(slots) per pick). The live p2c picker (`sluice.policy.balance.pick_endpoint`)
+is not used: with independent slots and no slowdown the choice of instance changes no
+latency, only which instance drains first, and building `Endpoint` maps per request would
+cost about a third of the speed budget.
+
+Instances: starting (launch -> ready takes the model's start-up, times
+`slow_start_factor` for an injected slow start) -> ready (takes requests in
+`max_concurrency` independent slots; service time does not depend on how busy it is) ->
+draining (no new requests; stops when its last request finishes, killed at
+`drain_timeout_s`, failing what is left) -> stopped. An injected crash (exponential
+lifetime, `crash_rate_per_hour`) fails the instance's in-flight requests at once; the
+instance is observed `failed` until the tick's plan removes it.
 
 Every `TICK_S` of virtual time the tick does what `Controller.tick` does: the fleet as
-`InstanceStatus`es, each group's count in force, a `GroupLoad` per autoscaled group that is
-due (its own `interval_s`, as `LiveAutoscaling.due`), the quota memory and the `Meter`
-(advanced, then holding the round, as `LiveQuota.meter/record`), one `decide` call, and
-its actions applied (Launch: a new starting instance; Drain: draining; Remove: stopped at
-once). The loan ledger is kept with `ledger_changes`, as `LiveQuota._sync_ledger` does.
-Not simulated: rollouts (no floors), crash-loop backoff, warm standby kept out of rotation
-(standby instances serve here), crashes and slow starts (see the one-group engine).
+`InstanceStatus`es and a `GroupLoad` for each group the kernel says is `due` make the
+`World`; one `step` on the kernel's `Memory` (counts, policy memories, due times, quota,
+meter, crash-loop backoff) decides, and its actions are applied (Launch: a new starting
+instance; Drain: draining; Remove: stopped at once). The loan ledger is kept with
+`ledger_changes`, as `LiveQuota._sync_ledger` does. So quota (the pool's count, borrowing,
+reclaims, budgets), warm standby (launched, and counted by quota) and crash-loop backoff
+(a group whose instances keep crashing waits before each replacement) are the kernel's.
+
+Not simulated: rollouts (no floors), pins, overrides and no-gain holds (the `World` has
+none), warm standby kept out of rotation (standby instances serve here), slow start's
+small share of traffic for a newly ready instance, the route choice (each trace row goes
+to its group).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping
@@ -36,20 +60,12 @@ import numpy.typing as npt
 
 from sluice.core.instances import InstanceState, InstanceStatus
 from sluice.policy.admission import GroupAdmission, Offer
-from sluice.policy.autoscale import GroupLoad
+from sluice.policy.autoscale import GroupLoad, ScalingPolicy
+from sluice.policy.kernel import Memory, World, due, step
 from sluice.policy.plan import Drain, Launch
-from sluice.policy.quota import Allocation, Loan, QuotaState
-from sluice.policy.quota.metering import Meter
+from sluice.policy.quota import Allocation, Loan
 from sluice.policy.routing import PRIORITIES
-from sluice.policy.tick import (
-    BURST,
-    STABLE,
-    TICK_S,
-    TickInput,
-    decide,
-    spec_count,
-    standby,
-)
+from sluice.policy.tick import BURST, STABLE, TICK_S, is_advisory, spec_count, standby
 from sluice.sim.codes import (
     ACTIVE,
     DEAD,
@@ -62,8 +78,7 @@ from sluice.sim.codes import (
     STOPPED,
     decision_entry,
 )
-from sluice.sim.engine import EPOCH, SimResult, Workload
-from sluice.sim.fleet_inputs import scalers_for, with_pool_counts, workloads_for
+from sluice.sim.fleet_inputs import compiled_for, with_pool_counts, workloads_for
 from sluice.sim.fleet_report import (
     FLEET_COLUMNS,
     FleetGroup,
@@ -72,6 +87,8 @@ from sluice.sim.fleet_report import (
     LedgerRow,
     ReclaimRecord,
 )
+from sluice.sim.result import SimResult
+from sluice.sim.workload import EPOCH, Workload
 from sluice.spec import GroupSpec, PlatformSpec
 
 __all__ = [
@@ -86,25 +103,40 @@ __all__ = [
 ]
 
 
-_READY, _DRAIN_DEADLINE, _TICK = -3, -2, -1
-_DECISION_LOG = 1000
+_READY, _CRASH, _DRAIN_DEADLINE, _TICK = -4, -3, -2, -1
 _REASONS = 5
 """distinct refusal texts kept per group"""
+_SAMPLE_EVERY, _SAMPLES = 300, 100
+"""every 300th tick's decision is kept too, up to 100 of them per group"""
 
 
 @dataclass(frozen=True)
 class FleetOptions:
     seed: int = 0
-    """for the trace transforms of a study (`sluice.sim.study`); the run is deterministic"""
+    """seeds the injected crashes and slow starts (and a study's trace transforms,
+    `sluice.sim.study`); the same seed gives the same run"""
     epoch: float = EPOCH
     pool_counts: Mapping[str, int] = field(default_factory=dict)
     """pool -> count instead of the spec's ("what if the pool shrinks to 40")"""
     initial: Mapping[str, int] = field(default_factory=dict)
-    """group -> instances ready at t = 0; default: its count in force (+ warm standby)"""
+    """group -> instances ready at t = 0; default: its count in force (+ warm standby). An
+    actively autoscaled group starts with it as the count in force (less its standby), as
+    if its autoscaler had set it"""
     end_s: float | None = None
     """stop at this virtual second; None: once every request has finished"""
     policies: Mapping[str, str] = field(default_factory=dict)
-    """autoscaled group -> policy name instead of the spec's (`build_autoscaler`)"""
+    """autoscaled group -> policy name instead of the spec's (`build_policy`)"""
+    scalers: Mapping[str, ScalingPolicy[Any]] = field(default_factory=dict)
+    """autoscaled group -> a policy itself (a study's tuned or clairvoyant one), before
+    `policies` and the spec's"""
+    crash_rate_per_hour: float = 0.0
+    """per instance; 0 = no crashes"""
+    slow_start_prob: float = 0.0
+    """chance that one launch takes `slow_start_factor` x the normal start-up"""
+    slow_start_factor: float = 3.0
+    decision_log: int = 1000
+    """most count-changing decisions kept per group (all are counted in `scale_events`);
+    every 300th tick's decision is also kept, up to 100 of them, marked `changed: false`"""
 
 
 @dataclass(slots=True, eq=False)
@@ -132,7 +164,6 @@ class _Lane:
     rows: list[tuple[float, ...]] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     refused: str | None = None
-    next_at: float = -math.inf
     served: float = 0.0
     served_sq: float = 0.0
     unit_s: float = 0.0
@@ -148,6 +179,10 @@ class _Lane:
     refusals: int = 0
     initial: int = 0
     units_now: int = 0
+    sampled: int = 0
+    before: int = 0
+    """instances starting or ready when the tick began"""
+    seq_before: int = 0
 
     @classmethod
     def of(cls, gi: int, g: GroupSpec, work: Workload) -> _Lane:
@@ -157,8 +192,8 @@ class _Lane:
         return cls(gi, g, work, adm, [set() for _ in range(c)], count, c)
 
     def load(self, at: float, arrivals: int) -> GroupLoad:
-        """The group's `GroupLoad`, filled as the one-group engine fills it; `current` is
-        the count in force (what the controller passes, `LiveAutoscaling.due`)."""
+        """The group's `GroupLoad`; `current` is the count in force (what the controller
+        passes, `LiveAutoscaling.due`; `step` sets it again from its memory)."""
         self.marks.append(len(self.lat_log))
         window = self.lat_log[self.marks[0] :]
         p95 = None
@@ -192,14 +227,17 @@ def run_fleet(
     spec: PlatformSpec, workloads: Mapping[str, Workload], opts: FleetOptions | None = None
 ) -> FleetResult:
     """Replay every group's workload on one fleet until all requests have finished (or
-    `opts.end_s`), deciding each tick with `decide` (module docstring)."""
+    `opts.end_s`), deciding each tick with the kernel's `step` (module docstring)."""
     o = opts or FleetOptions()
     spec = with_pool_counts(spec, o.pool_counts)
     works = workloads_for(spec, workloads)
     lanes = [_Lane.of(gi, g, works[g.name]) for gi, g in enumerate(spec.groups)]
     by_name = {L.g.name: L for L in lanes}
-    scalers = scalers_for(spec, o.policies)
+    compiled = compiled_for(spec, o.policies, o.scalers)
     epoch = o.epoch
+    rng = random.Random(o.seed)
+    crash_rate = o.crash_rate_per_hour / 3600.0
+    slow_prob, slow_factor = o.slow_start_prob, o.slow_start_factor
 
     # all arrivals merged in time order (stable: by group at equal times)
     t_all = _cat([L.work.trace.t for L in lanes], np.float64)
@@ -227,7 +265,8 @@ def run_fleet(
     status: list[InstanceStatus] = []
     sids: list[str] = []
     index: dict[str, int] = {}
-    live: dict[int, None] = {}  # alive or draining, in launch order
+    live: dict[int, InstanceStatus] = {}  # alive or draining, in launch order: as observed
+    failed: dict[int, None] = {}  # crashed, observed `failed` until the plan removes them
     done: list[float] = [PENDING] * n
     awaiting: dict[int, ReclaimRecord] = {}  # instance -> the reclaim its stop releases
 
@@ -241,13 +280,18 @@ def run_fleet(
         launched.append(now)
         stopped.append(math.nan)
         status.append(InstanceStatus(sid, L.g.name, template, InstanceState.STARTING, epoch + now))
+        live[k] = status[k]
         sids.append(sid)
         index[sid] = k
-        live[k] = None
         L.starting.append(k)
         L.alive += 1
         L.peak = max(L.peak, L.alive)
-        push(heap, (now if ready_now else now + L.work.model.startup_s, _READY, k))
+        delay = 0.0 if ready_now else L.work.model.startup_s
+        if slow_prob > 0 and not ready_now and rng.random() < slow_prob:
+            delay *= slow_factor
+        push(heap, (now + delay, _READY, k))
+        if crash_rate > 0:
+            push(heap, (now + rng.expovariate(crash_rate), _CRASH, k))
 
     def start(L: _Lane, r: int, now: float) -> None:
         buckets = L.buckets
@@ -275,7 +319,7 @@ def run_fleet(
             rec.released(now)
 
     def take_out(k: int, now: float) -> None:
-        """A ready instance leaves rotation (drain or removal)."""
+        """A ready instance leaves rotation (drain, removal or crash)."""
         L = lane_of[k]
         lvl = inflight[k]
         if lvl < L.c:
@@ -293,6 +337,21 @@ def run_fleet(
                 start(L, r, now)
         inflight[k] = 0
 
+    def crash(k: int, now: float) -> None:
+        """An injected crash: killed in any state it is alive in, then observed failed."""
+        st = state[k]
+        if st == STARTING:
+            lane_of[k].starting.remove(k)
+        elif st == ACTIVE:
+            take_out(k, now)
+        elif st != DRAINING:
+            return
+        kill(k, now)
+        status[k] = dataclasses.replace(
+            status[k], state=InstanceState.FAILED, reason="crashed (injected)"
+        )
+        failed[k] = None
+
     def drain(k: int, now: float) -> None:
         st = state[k]
         if st == STARTING:  # serves nothing yet: stopped at once
@@ -302,7 +361,7 @@ def run_fleet(
             take_out(k, now)
             state[k] = DRAINING
             lane_of[k].draining += 1
-            status[k] = dataclasses.replace(status[k], state=InstanceState.DRAINING)
+            live[k] = status[k] = dataclasses.replace(status[k], state=InstanceState.DRAINING)
             if inflight[k] == 0:
                 stop(k, now)
             else:
@@ -326,7 +385,15 @@ def run_fleet(
             launch(L, 0.0, L.g.template(), ready_now=True)
     push(heap, (0.0, _TICK, 0))
 
-    quota, advice, meter = QuotaState(), QuotaState(), Meter()
+    memory = Memory(  # an active autoscaler's count in force starts at what is ready
+        counts={
+            L.g.name: max(0, L.initial - standby(L.g))
+            for L in lanes
+            if L.g.autoscaling is not None and not is_advisory(L.g)
+        }
+    )
+    for name, count in memory.counts.items():
+        by_name[name].count = count
     loans: tuple[Loan, ...] = ()
     book = Ledger(epoch)
     tiers: Mapping[str, str] = {}
@@ -336,7 +403,7 @@ def run_fleet(
     def keep(alloc: Allocation, now: float) -> None:
         """What follows from a round (`LiveQuota.record`): the ledger and the reclaims,
         and each refusal counted once while it lasts."""
-        for rec in book.keep(alloc, quota.loans, now):
+        for rec in book.keep(alloc, memory.quota.loans, now):
             for sid in rec.instances:
                 awaiting[index[sid]] = rec
         for L in lanes:
@@ -347,9 +414,21 @@ def run_fleet(
                     L.reasons.append(why)
             L.refused = why
 
+    def tiers_after(L: _Lane, own_units: int) -> tuple[int, int]:
+        """(stable, burst) of the group's running instances after the tick's actions, by
+        the tier the tick told each (one launched this tick has none). With all of its
+        instances on one side of its guarantee every one has that tier (`tick._tier`):
+        counted without asking the tiers one instance at a time."""
+        own = own_units // L.g.resources.accelerators
+        if own <= 0 or own >= L.before:
+            told = len(L.starting) + len(L.active) - (L.seq - L.seq_before)
+            return (told, 0) if own > 0 else (0, told)
+        seen = [tiers.get(sids[k]) for k in (*L.starting, *L.active)]
+        return seen.count(STABLE), seen.count(BURST)
+
     def tick(now: float, arrived: int) -> bool:
         """One controller tick at `now`; True when the run is over."""
-        nonlocal quota, advice, meter, loans, tiers, last_tick, ticks
+        nonlocal memory, loans, tiers, last_tick, ticks
         at = epoch + now
         dt = now - last_tick
         last_tick = now
@@ -362,55 +441,56 @@ def run_fleet(
             by_name[loan.borrower].borrowed_s += loan.units * dt
             if loan.lender is not None:
                 by_name[loan.lender].lent_s += loan.units * dt
-        meter = meter.advanced(at)
-        loads: dict[str, GroupLoad] = {}
-        for L in lanes:
-            auto = L.g.autoscaling
-            if auto is not None and at >= L.next_at:  # `LiveAutoscaling.due`
-                L.next_at = at + auto.interval_s
-                loads[L.g.name] = L.load(at, bisect_left(L.positions, arrived))
-        d = decide(
-            TickInput(
-                spec,
-                [status[k] for k in live],
-                {L.g.name: L.count for L in lanes},
-                at,
-                loads=loads,
-                scalers=scalers,
-                quota=quota,
-                advice=advice,
-                meter=meter,
-            )
-        )
+        loads = {
+            name: by_name[name].load(at, bisect_left(by_name[name].positions, arrived))
+            for name in due(memory, compiled, at)
+        }
+        for L in lanes:  # what the tiers are told of (`_tiers_after`)
+            L.before, L.seq_before = len(L.starting) + len(L.active), L.seq
+        observed = list(live.values())
+        if failed:
+            observed += [status[k] for k in failed]
+        d, after = step(memory, World(compiled, observed, loads), at)
         alloc = d.allocation.enforced
         keep(alloc, now)
-        quota, advice = alloc.state, d.allocation.advice.state
-        meter = meter.holding(alloc)
+        memory = after
         for name, count in d.counts.items():
             by_name[name].count = count
             by_name[name].scale_events += 1
         for s in d.scaled:
+            if s.advisory:
+                continue
             L = by_name[s.group.name]
-            if s.count != s.actual and not s.advisory and len(L.decisions) < _DECISION_LOG:
-                shown = dataclasses.replace(
-                    s.decision, desired=s.count, clipped_by=s.guards, reason=s.reason
-                )
-                L.decisions.append(decision_entry(now, s.load, shown, s.actual))
+            if s.count != s.actual:
+                if len(L.decisions) >= o.decision_log:
+                    continue
+            elif len(L.rows) % _SAMPLE_EVERY or L.sampled >= _SAMPLES:
+                continue
+            else:
+                L.sampled += 1  # a bounded sample of the steady decisions too
+            shown = dataclasses.replace(
+                s.decision, desired=s.count, clipped_by=s.guards, reason=s.reason
+            )
+            L.decisions.append(decision_entry(now, s.load, shown, s.actual))
         for a in d.actions:
             if isinstance(a, Launch):
                 launch(by_name[a.group], now, a.template)
                 continue
             k = index.get(a.instance_id)
-            drop = isinstance(a, Drain) and k is not None and state[k] == DRAINING
-            if k is None or state[k] >= STOPPED or drop:
+            if k is None:
+                continue
+            if k in failed:  # a crashed one, removed
+                del failed[k]
+            elif state[k] >= STOPPED or (isinstance(a, Drain) and state[k] == DRAINING):
                 continue
             L = lane_of[k]
-            if len(L.stops) < _DECISION_LOG:  # the tier decided (reclaimed: last tick's)
+            if len(L.stops) < o.decision_log:  # the tier decided (reclaimed: last tick's)
                 tier = d.tiers.get(a.instance_id, tiers.get(a.instance_id))
                 how = "drain" if isinstance(a, Drain) else "remove"
                 stop_row = {"t": now, "instance": a.instance_id, "action": how, "tier": tier}
                 L.stops.append({**stop_row, "reason": a.reason})
-            (drain if isinstance(a, Drain) else remove)(k, now)
+            if state[k] < STOPPED:
+                (drain if isinstance(a, Drain) else remove)(k, now)
         loans = alloc.loans
         borrowed: dict[str, int] = {}
         lent: dict[str, int] = {}
@@ -423,14 +503,13 @@ def run_fleet(
         for L in lanes:
             name = L.g.name
             L.units_now = alloc.grants[name].units_held
-            seen = [tiers.get(sids[k]) for k in (*L.starting, *L.active)]
             adm = L.adm
             busy = busy or adm.in_use > 0 or adm.queue_length > 0
             running = len(L.starting) + len(L.active)
             row: tuple[float, ...] = (now, bisect_left(L.positions, arrived), running)
             row += (len(L.active), L.count)
             row += (adm.queue_length, adm.in_use, L.draining, L.alive)
-            row += (seen.count(STABLE), seen.count(BURST), borrowed.get(name, 0))
+            row += (*tiers_after(L, alloc.grants[name].own_units), borrowed.get(name, 0))
             L.rows.append((*row, lent.get(name, 0), L.units_now))
         ticks += 1
         if o.end_s is not None:
@@ -478,11 +557,13 @@ def run_fleet(
                     L.starting.remove(r)
                     L.active.append(r)
                     L.buckets[0].add(r)
-                    status[r] = dataclasses.replace(
+                    live[r] = status[r] = dataclasses.replace(
                         status[r], state=InstanceState.READY, ready_at=epoch + now
                     )
                     for w in L.adm.set_slots(len(L.active) * L.c):
                         start(L, w, now)
+            elif k == _CRASH:
+                crash(r, now)
             elif state[r] == DRAINING:  # a drain that outlived drain_timeout_s
                 kill(r, now)
             continue
@@ -510,7 +591,7 @@ def run_fleet(
         tl = np.asarray(L.rows, dtype=np.float64).reshape(-1, len(FLEET_COLUMNS))
         base = len(SimResult.TIMELINE_COLUMNS)
         sim = SimResult(
-            policy=scalers[L.g.name].name if L.g.name in scalers else "fixed",
+            policy=p.name if (p := compiled.policies.get(L.g.name)) else "fixed",
             workload=L.work,
             done=done_all[np.asarray(L.positions, dtype=np.int64)],
             timeline=np.ascontiguousarray(tl[:, :base]),

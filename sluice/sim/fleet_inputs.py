@@ -1,20 +1,24 @@
 """The fleet simulator's inputs from a spec (`sluice.sim.fleet.run_fleet`): the spec with
-other pool counts (the "what if the pool shrinks to 40"), each group's workload, and each
-autoscaled group's policy; every mistake in them is a `SpecError` naming the option."""
+other pool counts (the "what if the pool shrinks to 40"), each group's workload, and the
+spec compiled for the kernel with each autoscaled group's policy; every mistake in them is
+a `SpecError` naming the option."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from sluice.core.errors import SpecError, SpecIssue
-from sluice.policy.autoscale import Autoscaler, build_autoscaler
+from sluice.policy.autoscale import ScalingPolicy, build_policy
 from sluice.policy.inventory import with_pool_counts
-from sluice.sim.engine import Workload, prepare
+from sluice.policy.kernel import Compiled, compile_spec, policy_key
 from sluice.sim.model import InstanceModel
 from sluice.sim.trace import trace_from_rows
+from sluice.sim.workload import Workload, prepare
 from sluice.spec import PlatformSpec
 
-__all__ = ["scalers_for", "with_pool_counts", "workloads_for"]
+__all__ = ["compiled_for", "with_pool_counts", "workloads_for"]
 
 
 def workloads_for(spec: PlatformSpec, given: Mapping[str, Workload]) -> dict[str, Workload]:
@@ -39,20 +43,38 @@ def workloads_for(spec: PlatformSpec, given: Mapping[str, Workload]) -> dict[str
     return out
 
 
-def scalers_for(spec: PlatformSpec, policies: Mapping[str, str]) -> dict[str, Autoscaler]:
-    """Each autoscaled group's policy, built once (`policies` may name another per group)."""
+def compiled_for(
+    spec: PlatformSpec,
+    policies: Mapping[str, str],
+    scalers: Mapping[str, ScalingPolicy[Any]] | None = None,
+) -> Compiled:
+    """`spec` compiled for the kernel, each autoscaled group with its policy (`policies` may
+    name another per group; `scalers` give one itself, e.g. a study's clairvoyant plan)."""
+    given = scalers or {}
     auto = {g.name: g for g in spec.groups if g.autoscaling is not None}
-    out: dict[str, Autoscaler] = {}
     issues = [
         SpecIssue("--policy", f"group {n!r} is not autoscaled; only autoscaled groups take one")
-        for n in policies
+        for n in (*policies, *given)
         if n not in auto
     ]
+    named = {n: p for n, p in policies.items() if n not in given}
     for name, g in auto.items():
+        if name in given:
+            continue
         try:
-            out[name] = build_autoscaler(g, spec.schedule_templates, policies.get(name))
+            build_policy(g, spec.schedule_templates, named.get(name))
         except ValueError as exc:
             issues.append(SpecIssue("--policy", f"group {name!r}: {exc}"))
     if issues:
         raise SpecError(issues)
-    return out
+    compiled = compile_spec(spec, named)
+    if not given:
+        return compiled
+    return dataclasses.replace(
+        compiled,
+        policies={**compiled.policies, **given},
+        keys={
+            **compiled.keys,
+            **{n: f"{policy_key(auto[n], spec)}|given:{p.name}" for n, p in given.items()},
+        },
+    )

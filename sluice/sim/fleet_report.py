@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sluice.policy.quota import Allocation, Loan, ledger_changes, reclaim_loan_ids
-from sluice.sim.engine import SimResult
+from sluice.sim.result import SimResult
 from sluice.spec import PlatformSpec
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 FLEET_COLUMNS = (*SimResult.TIMELINE_COLUMNS, "stable", "burst", "borrowed", "lent", "held")
-"""One timeline row per tick and group: the one-group engine's columns (`desired`: the
+"""One timeline row per tick and group: a one-group result's columns (`desired`: the
 count in force after the tick), then the tiers of the running instances after the tick's
 actions, units borrowed and lent, and units held after the quota round."""
 

@@ -10,7 +10,7 @@ has no field for it yet), so that a token-count outlier cannot hold a slot for m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +34,7 @@ SERVICE_MAX_S = 30.0
 
 @dataclass(frozen=True)
 class InstanceModel:
-    """Everything the engine needs to know about one group's simulated instances."""
+    """Everything the simulator needs to know about one group's simulated instances."""
 
     group: GroupSpec
     slots: int
@@ -52,6 +52,9 @@ class InstanceModel:
     interval_s: float
     """decision tick"""
     seed: int
+    platform: PlatformSpec | None = field(default=None, repr=False, compare=False)
+    """the spec the model was read from: a one-group run puts the group alone on its pool,
+    under the spec's budget and schedule templates (`sluice.sim.single.alone`)"""
 
     @classmethod
     def from_spec(
@@ -105,6 +108,7 @@ class InstanceModel:
             max_instances=auto.max if auto else group.replicas,
             interval_s=auto.interval_s if auto else 1.0,
             seed=seed,
+            platform=spec,
         )
 
     def service_times(

@@ -13,11 +13,12 @@ What each number bounds (instance-seconds, on one trace and instance model):
 - **oracle**: plans the instance count per second knowing every future arrival, launching
   `startup_s` ahead so capacity is ready in time, and keeps the cheapest plan that reaches
   the SLO target among a searched family (per-window mean or peak of the offered
-  concurrency over windows of 1 s - 2 min, a headroom factor found by bisection; each candidate
-  run through the same engine), with the best fixed N as one candidate. So it is never
-  dearer than the best fixed fleet. It is a *reference*, not a proven optimum: a plan
-  outside the family could be cheaper. It does bound what a causal policy with the same
-  start-up delay can reach within that family of plans.
+  concurrency over windows of 1 s - 2 min, a headroom factor found by bisection; each
+  candidate run through the same simulator as every policy, `sluice.sim.single.run`), with
+  the best fixed N as one candidate. So it is never dearer than the best fixed fleet. It
+  is a *reference*, not a proven optimum: a plan outside the family could be cheaper. It
+  does bound what a causal policy with the same start-up delay can reach within that
+  family of plans.
 
 - **warm start** (`sluice.sim.warm`): the count the oracle's run holds at t = 0, ready for
   every policy at t = 0 (`SimOptions.initial`), so that no policy pays a cold start the
@@ -40,8 +41,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sluice.policy.autoscale import Decision, FixedPolicy, GroupLoad
-from sluice.sim.engine import SimOptions, SimResult, Workload, run
+from sluice.policy.autoscale import Decision, FixedPolicy, GroupLoad, NoMemory
+from sluice.sim.result import SimResult
+from sluice.sim.single import SimOptions, run
+from sluice.sim.workload import Workload
 
 __all__ = ["OracleResult", "PlanPolicy", "best_fixed", "oracle", "work_floor"]
 
@@ -62,7 +65,9 @@ _FAMILIES: tuple[tuple[str, float], ...] = (
 
 class PlanPolicy:
     """Follows a precomputed per-second plan; asks at `t` for the most the plan needs over
-    [t, t + lead_s], so instances launched now are ready when they are needed."""
+    [t, t + lead_s], so instances launched now are ready when they are needed. A
+    `ScalingPolicy` that remembers nothing (`NoMemory`): the plan is its configuration, and
+    the count depends on the time alone."""
 
     name = "oracle"
 
@@ -74,13 +79,18 @@ class PlanPolicy:
         self.epoch = epoch
 
     @property
-    def initial(self) -> int:
+    def start(self) -> int:
+        """The count it asks for at t = 0: the instances a run of it begins with ready."""
         return self.ahead[0]
 
-    def decide(self, load: GroupLoad, now: float) -> Decision:
+    def initial(self) -> NoMemory:
+        return NoMemory()
+
+    def step(self, memory: NoMemory, load: GroupLoad, now: float) -> tuple[Decision, NoMemory]:
         """The planned count at trace second `now - epoch` (seconds)."""
         s = min(max(int(now - self.epoch), 0), len(self.ahead) - 1)
-        return Decision(desired=self.ahead[s], reason="clairvoyant plan", winner="oracle")
+        decision = Decision(desired=self.ahead[s], reason="clairvoyant plan", winner="oracle")
+        return decision, memory
 
 
 def work_floor(work: Workload) -> float:
@@ -164,7 +174,7 @@ def oracle(work: Workload, opts: SimOptions | None = None, steps: int = 9) -> Or
                 np.ceil(h * profile / m.slots - 1e-9), m.min_instances, m.max_instances
             ).astype(np.int64)
             policy = PlanPolicy(plan, m.startup_s, o.epoch)
-            res = run(work, policy, _with_initial(o, policy.initial))
+            res = run(work, policy, _with_initial(o, policy.start))
             evaluated += 1
             if _meets(res):
                 hi = h

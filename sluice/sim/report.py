@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sluice.sim.engine import SimResult
+from sluice.sim.result import SimResult
 
 __all__ = ["write_report"]
 

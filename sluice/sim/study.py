@@ -1,7 +1,9 @@
 """One what-if study: a spec, a trace (windowed and scaled), a policy -> the summary document
-(and optionally the HTML report). `sluice simulate` and the benchmarks call this. A fleet
-study (`simulate_fleet_spec`) runs every group of the spec, a trace per group
-(`--trace GROUP=FILE`, or one CSV with a `group` column), through `sluice.sim.fleet`.
+(and optionally the HTML report). `sluice simulate` and the benchmarks call this. A
+one-group study (`simulate_spec`) runs the group alone on its pool, a fleet of one
+(`sluice.sim.single`); a fleet study (`simulate_fleet_spec`) runs every group of the spec,
+a trace per group (`--trace GROUP=FILE`, or one CSV with a `group` column). Both go
+through the one simulator, `sluice.sim.fleet`, and the kernel's `step` every tick.
 
 `warm=True` begins the run (any policy, the oracle and the causal reference too) with
 the oracle's instance count at t = 0 ready (`sluice.sim.warm.warm_start`); without it a
@@ -18,15 +20,17 @@ from typing import Any
 
 from sluice.core.errors import SpecError, SpecIssue
 from sluice.sim.causal import HINDSIGHT_NOTE, causal
-from sluice.sim.engine import SimOptions, SimResult, make_policy, prepare, run
 from sluice.sim.families import FAMILY_PREFIX, load_trace_or_family
 from sluice.sim.fleet import FleetOptions, run_fleet
 from sluice.sim.fleet_report import write_fleet_report
 from sluice.sim.model import InstanceModel, pick_group
 from sluice.sim.oracle import oracle
 from sluice.sim.report import write_report
+from sluice.sim.result import SimResult
+from sluice.sim.single import SimOptions, make_policy, run
 from sluice.sim.trace import Trace, has_group_column, load_group_traces
 from sluice.sim.warm import warm_start
+from sluice.sim.workload import prepare
 from sluice.spec import PlatformSpec
 from sluice.spec.loader import load_spec_file
 
@@ -137,7 +141,7 @@ def split_group_ref(ref: str) -> tuple[str | None, str]:
 
 def wants_fleet(refs: Sequence[str], fleet: bool = False) -> bool:
     """The fleet simulation runs when asked, for several traces or a `GROUP=` prefix, and
-    for one CSV with a `group` column; else the one-group engine, as before."""
+    for one CSV with a `group` column; else one group alone (a fleet of one), as before."""
     if fleet or len(refs) != 1:
         return True
     group, ref = split_group_ref(refs[0])

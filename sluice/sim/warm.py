@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sluice.sim.engine import SimOptions, Workload
 from sluice.sim.oracle import OracleResult, oracle
+from sluice.sim.single import SimOptions
+from sluice.sim.workload import Workload
 
 __all__ = ["WarmStart", "warm_start", "warm_start_count"]
 
@@ -35,7 +36,7 @@ def warm_start(work: Workload, opts: SimOptions | None = None) -> WarmStart:
     The circularity (the oracle's plan depends on its initial fleet, and the warm start is
     the oracle's initial fleet) is cut by defining the count on the oracle as it runs
     without a warm start: each candidate begins with its own t = 0 need ready, i.e. a plan
-    with the most it asks for over [0, startup_s + 1 s] (`PlanPolicy.initial`, so that
+    with the most it asks for over [0, startup_s + 1 s] (`PlanPolicy.start`, so that
     capacity launched later is ready in time), a fixed fleet with its N. The count is what
     the winning run holds at t = 0, so that run is a warm run of the oracle as it stands
     (`WarmStart.oracle`). `oracle(work, ws.options)` searches again with every candidate

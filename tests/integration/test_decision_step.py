@@ -1,9 +1,10 @@
-"""One brain, two bodies: the live controller's tick decides through the one pure step,
-`sluice.policy.tick.decide` (the fleet simulator calls the same object: its own test), and
-applies exactly the actions it returns."""
+"""One brain, two bodies: the live controller's tick decides through the one pure kernel,
+`sluice.policy.kernel.step` (the fleet simulator calls the same object: its own test), and
+applies exactly the actions it returns; a recorded live run replays through it tick by tick."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import sluice.control.controller as live
+from sluice.policy import kernel
 from sluice.policy import tick as step
 from sluice.policy.plan import Launch
 from sluice.sim.fleet import FleetOptions, run_fleet
@@ -22,15 +24,17 @@ from tests.integration.test_advisory import controller, spec, ticks
 async def test_the_controller_applies_what_the_decision_step_returns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert live.decide is step.decide  # the very function, not a copy
+    assert live.step is kernel.step  # the very function, not a copy
     seen: list[step.TickDecision] = []
 
-    def spy(inputs: step.TickInput) -> step.TickDecision:
-        decision = step.decide(inputs)
+    def spy(
+        memory: kernel.Memory, world: kernel.World, now: float
+    ) -> tuple[step.TickDecision, kernel.Memory]:
+        decision, after = kernel.step(memory, world, now)
         seen.append(decision)
-        return decision
+        return decision, after
 
-    monkeypatch.setattr(live, "decide", spy)
+    monkeypatch.setattr(live, "step", spy)
     async with controller(tmp_path, spec(mode="active")) as (ctl, sup, _store, clock):
         await ticks(ctl, clock, 3)
         assert len(seen) == 3  # every tick, once
@@ -44,6 +48,39 @@ async def test_the_controller_applies_what_the_decision_step_returns(
         metrics = ctl.server_metrics().decode()
         assert "sluice_controller_decide_seconds_count 3.0" in metrics
         assert "sluice_controller_tick_seconds_bucket" in metrics
+
+
+def _view(d: step.TickDecision) -> tuple[Any, ...]:
+    """What a decision says: actions, counts, each scaled group's count and reasons, tiers,
+    grants, and the policies' next memories."""
+    scaled = [(s.group.name, s.count, s.guards, s.reason, s.decision) for s in d.scaled]
+    grants = d.allocation.enforced.grants
+    return (d.actions, dict(d.counts), scaled, dict(d.tiers), grants, dict(d.memories))
+
+
+@pytest.mark.asyncio
+async def test_a_recorded_live_run_replays_through_the_kernel_tick_by_tick(
+    tmp_path: Path,
+) -> None:
+    """The controller's journal port records each tick's memory, world and decision; from
+    the first memory, the recorded worlds give the same decisions and the same memories,
+    tick by tick. The same input twice decides the same and changes nothing it was given."""
+    records: list[tuple[kernel.Memory, kernel.World, float, step.TickDecision]] = []
+    async with controller(tmp_path, spec(mode="active")) as (ctl, _sup, _store, clock):
+        ctl.journal = lambda m, w, now, d: records.append((m, w, now, d))
+        await ticks(ctl, clock, 12)
+    assert len(records) == 12
+    assert any(d.counts for *_, d in records) and any(d.actions for *_, d in records)
+    memory = records[0][0]
+    for recorded, world, now, decision in records:
+        assert memory == recorded
+        again, memory = kernel.step(memory, world, now)
+        assert _view(again) == _view(decision)
+    first, world, now, _ = records[6]
+    kept = copy.deepcopy(first)
+    a, after_a = kernel.step(first, world, now)
+    b, after_b = kernel.step(first, world, now)
+    assert _view(a) == _view(b) and after_a == after_b and first == kept
 
 
 BUDGETED = """

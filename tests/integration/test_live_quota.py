@@ -55,7 +55,8 @@ async def round_(
     state, advice = quota.memory
     meter = quota.meter(now)
     tick = decide(TickInput(spec, observed, counts, now, quota=state, advice=advice, meter=meter))
-    return await quota.record(spec, tick, now), tick
+    kept = meter.holding(tick.allocation.enforced)
+    return await quota.record(spec, tick, kept, now), tick
 
 
 def test_loan_reclaim_and_return_are_in_the_ledger(database: Database) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.policy.autoscale import Decision, GroupLoad, KpaPolicy
+from sluice.policy.autoscale import Decision, GroupLoad, KpaMemory, KpaPolicy, Stateful
 from sluice.spec.autoscaling import KpaSpec
 
 
@@ -24,7 +24,7 @@ def load(t: float, ready: int, concurrency: int, **kw: Any) -> GroupLoad:
     )
 
 
-def feed(pol: KpaPolicy, start: int, stop: int, ready: int, concurrency: int) -> Decision:
+def feed(pol: Stateful[KpaMemory], start: int, stop: int, ready: int, concurrency: int) -> Decision:
     dec = None
     for t in range(start, stop):
         dec = pol.decide(load(t, ready, concurrency), float(t))
@@ -33,14 +33,14 @@ def feed(pol: KpaPolicy, start: int, stop: int, ready: int, concurrency: int) ->
 
 
 def test_dspc_is_ceil_of_the_stable_average_over_target() -> None:
-    pol = KpaPolicy(KpaSpec(), min_scale=0, max_scale=0)
+    pol = Stateful(KpaPolicy(KpaSpec(), min_scale=0, max_scale=0))
     dec = feed(pol, 0, 60, ready=4, concurrency=8)
     assert dec.desired == 3  # ceil(8 / 2.8)
     assert dec.proposals == {"stable": 3, "panic": 3}
 
 
 def test_partial_and_full_windows_average_per_second_buckets() -> None:
-    pol = KpaPolicy(KpaSpec(), min_scale=0, max_scale=0)
+    pol = Stateful(KpaPolicy(KpaSpec(), min_scale=0, max_scale=0))
     feed(pol, 0, 30, ready=10, concurrency=28)
     dec = feed(pol, 30, 59, ready=10, concurrency=0)  # last tick at t=58
     # stable: 30 x 28 over 59 buckets = 14.24 -> 6; panic 0 -> clamped to floor(10 / 2)
@@ -51,7 +51,7 @@ def test_partial_and_full_windows_average_per_second_buckets() -> None:
 
 
 def test_panic_at_200_percent_and_never_decreasing_while_panicking() -> None:
-    pol = KpaPolicy(KpaSpec(), min_scale=0, max_scale=0)
+    pol = Stateful(KpaPolicy(KpaSpec(), min_scale=0, max_scale=0))
     feed(pol, 0, 60, ready=5, concurrency=14)
     assert pol.decide(load(60, 5, 28), 60.0).desired == 6  # (59x14 + 28)/60 -> 6
     pol.decide(load(61, 5, 28), 61.0)
@@ -70,7 +70,7 @@ def test_panic_at_200_percent_and_never_decreasing_while_panicking() -> None:
 
 
 def test_max_scale_down_rate_halves_at_most_per_tick_then_zero_after_grace() -> None:
-    pol = KpaPolicy(KpaSpec(), min_scale=0, max_scale=0)
+    pol = Stateful(KpaPolicy(KpaSpec(), min_scale=0, max_scale=0))
     assert feed(pol, 0, 61, ready=10, concurrency=0).desired == 5  # floor(10 / 2)
     assert pol.decide(load(62, 5, 0), 62.0).desired == 2
     assert pol.decide(load(64, 2, 0), 64.0).desired == 1
@@ -81,26 +81,28 @@ def test_max_scale_down_rate_halves_at_most_per_tick_then_zero_after_grace() -> 
 
 
 def test_max_scale_up_rate() -> None:
-    pol = KpaPolicy(KpaSpec(), min_scale=0, max_scale=0)
+    pol = Stateful(KpaPolicy(KpaSpec(), min_scale=0, max_scale=0))
     assert pol.decide(load(0, 1, 1000), 0.0).desired == 358  # ceil(1000/2.8) <= 1000 x 1
-    pol = KpaPolicy(KpaSpec(max_scale_up_rate=2), min_scale=0, max_scale=0)
+    pol = Stateful(KpaPolicy(KpaSpec(max_scale_up_rate=2), min_scale=0, max_scale=0))
     assert pol.decide(load(0, 1, 1000), 0.0).desired == 2  # ceil(2 x 1)
-    pol = KpaPolicy(KpaSpec(), min_scale=1, max_scale=50)
+    pol = Stateful(KpaPolicy(KpaSpec(), min_scale=1, max_scale=50))
     assert pol.decide(load(0, 1, 1000), 0.0).desired == 50
 
 
 def test_tick_every_2s_and_poke_from_zero() -> None:
-    pol = KpaPolicy(KpaSpec(), min_scale=0, max_scale=0)
+    pol = Stateful(KpaPolicy(KpaSpec(), min_scale=0, max_scale=0))
     first = pol.decide(load(0, 2, 5), 0.0)
     assert pol.decide(load(1, 2, 50), 1.0) is first
     assert pol.decide(load(2, 2, 50), 2.0) is not first
-    cold = KpaPolicy(KpaSpec(), min_scale=0, max_scale=0)
+    cold = Stateful(KpaPolicy(KpaSpec(), min_scale=0, max_scale=0))
     assert cold.decide(load(0, 0, 0), 0.0).desired == 0
     assert cold.decide(load(1, 0, 1), 1.0).desired == 1  # the activator pokes at once
 
 
 def test_scale_down_delay_keeps_the_recent_max() -> None:
-    pol = KpaPolicy(KpaSpec(scale_down_delay_s=30, stable_window_s=6), min_scale=0, max_scale=0)
+    pol = Stateful(
+        KpaPolicy(KpaSpec(scale_down_delay_s=30, stable_window_s=6), min_scale=0, max_scale=0)
+    )
     assert feed(pol, 0, 10, ready=10, concurrency=28).desired == 10
     # t=10: buckets 5..10 hold 5 x 28 -> ceil(23.3 / 2.8) = 9, kept for 30 s
     assert feed(pol, 10, 39, ready=10, concurrency=0).desired == 9
@@ -108,6 +110,6 @@ def test_scale_down_delay_keeps_the_recent_max() -> None:
 
 
 def test_missing_metrics_keep_the_count() -> None:
-    pol = KpaPolicy(KpaSpec(), min_scale=1, max_scale=10)
+    pol = Stateful(KpaPolicy(KpaSpec(), min_scale=1, max_scale=10))
     dec = pol.decide(load(0, 3, 0, fresh=False), 0.0)
     assert dec.desired == 3 and "metrics missing" in dec.reason

@@ -26,7 +26,7 @@ from sluice.sim.families import FAMILIES
 from sluice.spec import load_spec_file
 from sluice.spec.autoscaling import AutoscalingSpec
 
-from .test_sim_engine import REFERENCE
+from .test_sim_single import REFERENCE
 
 
 def test_erlang_c_matches_the_closed_forms() -> None:
@@ -115,7 +115,7 @@ def test_burst_envelope_takes_the_worst_span() -> None:
 def feed(counts: list[int], service_s: float = 1.0, spec: AutoscalingSpec | None = None) -> Any:
     """A TrafficWindows fed one tick a second with these arrivals, each served in
     `service_s` (the gateway's served seconds), all finished by the next tick."""
-    tw = TrafficWindows(spec or AutoscalingSpec(max=100))
+    tw = TrafficWindows.start(spec or AutoscalingSpec(max=100))
     arrivals = 0
     for t, n in enumerate(counts):
         arrivals += n
@@ -131,7 +131,7 @@ def feed(counts: list[int], service_s: float = 1.0, spec: AutoscalingSpec | None
             served_s=arrivals * service_s,
             served_sq_s=arrivals * service_s**2,
         )
-        tw.observe(load, float(t), 60.0)
+        _, tw = tw.observe(load, float(t), 60.0)
     return tw
 
 

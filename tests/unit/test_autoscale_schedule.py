@@ -14,7 +14,9 @@ from sluice.policy.autoscale import (
     KpaPolicy,
     ScheduleFloors,
     SluicePolicy,
+    Stateful,
     build_autoscaler,
+    build_policy,
     resolve_schedules,
 )
 from sluice.spec import GroupSpec
@@ -96,7 +98,7 @@ def test_templates_resolve_by_name_and_unknown_names_fail() -> None:
 def test_cron_floor_applied_and_released_through_a_named_template() -> None:
     g = group({"min": 1, "max": 20, "schedules": ["peak-season"], "down": {"cooldown_s": 0}})
     pol = build_autoscaler(g, {"peak-season": [entry(n=6, dur=600)]})
-    assert isinstance(pol, SluicePolicy)
+    assert isinstance(pol, Stateful) and isinstance(pol.policy, SluicePolicy)
     current, t = 1, MONDAY_9 - 60
     seen: list[int] = []
     while t < MONDAY_9 + 1800:
@@ -116,16 +118,21 @@ def test_cron_floor_applied_and_released_through_a_named_template() -> None:
 
 def test_factory_picks_policies_by_name() -> None:
     g = group({"min": 1, "max": 10, "stable": 2})
-    assert isinstance(build_autoscaler(g, {}), SluicePolicy)
-    hpa = build_autoscaler(g, {}, "hpa")
+    assert isinstance(build_policy(g, {}), SluicePolicy)
+    hpa = build_policy(g, {}, "hpa")
     assert isinstance(hpa, HpaPolicy) and (hpa.min, hpa.max) == (2, 10)
-    kpa = build_autoscaler(g, {}, "kpa")
+    kpa = build_policy(g, {}, "kpa")
     assert isinstance(kpa, KpaPolicy) and (kpa.min, kpa.max) == (2, 10)
     fixed = build_autoscaler(g, {}, "fixed:7")
     assert isinstance(fixed, FixedPolicy) and fixed.decide(idle(0, 1), 0).desired == 7
     assert build_autoscaler(g, {}, "fixed").decide(idle(0, 1), 0).desired == 2  # replicas
     assert isinstance(build_autoscaler(group(), {}), FixedPolicy)
-    assert isinstance(build_autoscaler(group({"max": 3, "policy": "kpa"}), {}), KpaPolicy)
+    assert isinstance(build_policy(group({"max": 3, "policy": "kpa"}), {}), KpaPolicy)
+    # the stateful face: the same policy, its memory kept
+    for name, cls in (("sluice", SluicePolicy), ("hpa", HpaPolicy), ("kpa", KpaPolicy)):
+        scaler = build_autoscaler(g, {}, name)
+        assert isinstance(scaler, Stateful) and isinstance(scaler.policy, cls)
+        assert scaler.name == name and scaler.memory == scaler.policy.initial()
 
 
 @pytest.mark.parametrize("name", ["nope", "fixed:x", "fixed:-1", "HPA"])
@@ -141,5 +148,5 @@ def test_factory_needs_an_autoscaling_block_for_real_policies() -> None:
 
 def test_factory_uses_the_slo_latency_as_p95_target() -> None:
     g = group({"max": 5}, slo={"latency_ms": 1500})
-    pol = build_autoscaler(g, {})
+    pol = build_policy(g, {})
     assert isinstance(pol, SluicePolicy) and pol.latency_target_ms == 1500

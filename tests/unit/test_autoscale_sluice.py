@@ -1,4 +1,5 @@
-"""The Sluice autoscaler on a virtual clock: every knob, driven through `decide` only."""
+"""The Sluice autoscaler on a virtual clock: every knob, driven through `decide` only (the
+policy's `step`, its memory kept by `Stateful`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.autoscale import Decision, GroupLoad, SluicePolicy
+from sluice.policy.autoscale import Decision, GroupLoad, SluiceMemory, SluicePolicy, Stateful
 from sluice.spec.autoscaling import AutoscalingSpec
 
 SLOTS = 4
@@ -56,9 +57,11 @@ class World:
     carry: float = 0.0
     decisions: list[Decision] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
+    scaler: Stateful[SluiceMemory] = field(init=False)
 
     def __post_init__(self) -> None:
         self.ready_at = [-1e9] * self.current
+        self.scaler = Stateful(self.policy)
 
     def tick(
         self, demand: float, *, p95_s: float | None = None, fresh: bool = True, age: float = 0
@@ -84,7 +87,7 @@ class World:
             startup_s=self.startup_s,
             fresh=fresh,
         )
-        dec = self.policy.decide(load, self.t)
+        dec = self.scaler.decide(load, self.t)
         self._apply(dec.desired)
         self.decisions.append(dec)
         self.counts.append(dec.desired)
@@ -511,7 +514,7 @@ def test_measured_service_seconds_beat_littles_law_at_a_rise() -> None:
     while long requests are still running."""
 
     def service_seen(served: bool) -> dict[str, float]:
-        pol = SluicePolicy(spec())
+        pol = Stateful(SluicePolicy(spec()))
         for t in range(100):
             # 10 requests of 1 s finish each second; 10 long ones (100 s) are running
             done = 10 * t

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from sluice.policy.autoscale import GroupLoad, SluicePolicy
+from sluice.policy.autoscale import GroupLoad, SluicePolicy, Stateful
 from sluice.policy.server_metrics import (
     MAX_BUCKETS,
     Histogram,
@@ -239,7 +239,7 @@ def test_server_view_never_counts_a_request_twice(
 
 def _decide(in_flight: int, server_waiting: int) -> tuple[int, dict[str, float], str]:
     spec = AutoscalingSpec.model_validate({"max": 10, "targets": {"latency_p95_ms": 1000}})
-    policy = SluicePolicy(spec)
+    policy = Stateful(SluicePolicy(spec))
     for t in range(5):
         d = policy.decide(
             GroupLoad(

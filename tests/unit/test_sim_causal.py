@@ -21,7 +21,7 @@ from sluice.sim import (
     warm_start,
 )
 from sluice.sim.causal import RULES, causal_plan, window_needs
-from tests.unit.test_sim_engine import fixed_service, poisson
+from tests.unit.test_sim_single import fixed_service, poisson
 
 CURRENT = SimResult.TIMELINE_COLUMNS.index("current")
 READY = SimResult.TIMELINE_COLUMNS.index("ready")

@@ -1,5 +1,5 @@
 """The fleet simulator (`sluice.sim.fleet`): every tick goes through the controller's own
-`decide`; borrowing lets a burst hold its SLO and the lender gets its guarantee back in
+kernel `step`; borrowing lets a burst hold its SLO and the lender gets its guarantee back in
 time; a smaller pool costs less and hurts the lowest priority first; burst instances go
 first on scale-down."""
 
@@ -10,9 +10,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-import sluice.policy.tick
+import sluice.policy.kernel
 import sluice.sim.fleet
-from sluice.policy.tick import TickDecision, TickInput
+from sluice.policy.kernel import Memory, World
+from sluice.policy.tick import TickDecision
 from sluice.sim import InstanceModel, Trace, Workload, prepare, trace_from_rows
 from sluice.sim.fleet import TICK_S, FleetOptions, FleetResult, run_fleet
 from sluice.spec import PlatformSpec, load_spec_text
@@ -87,15 +88,15 @@ def row(result: FleetResult, group: str) -> dict[str, object]:
     return next(r for r in result.summary()["groups"] if r["group"] == group)
 
 
-def test_every_tick_is_the_controllers_own_decide(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert sluice.sim.fleet.decide is sluice.policy.tick.decide
+def test_every_tick_is_the_controllers_own_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert sluice.sim.fleet.step is sluice.policy.kernel.step
     seen: list[float] = []
 
-    def spy(inp: TickInput) -> TickDecision:
-        seen.append(inp.now)
-        return sluice.policy.tick.decide(inp)
+    def spy(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory]:
+        seen.append(now)
+        return sluice.policy.kernel.step(memory, world, now)
 
-    monkeypatch.setattr(sluice.sim.fleet, "decide", spy)
+    monkeypatch.setattr(sluice.sim.fleet, "step", spy)
     spec = spec_of(8, steady=STEADY, bursty=BURSTY.replace("BORROW", "priority: 0"))
     result = run_fleet(spec, works(spec, {"bursty": arrivals(burst, 60.0, 3)}))
     assert len(seen) == result.ticks > 60

@@ -7,7 +7,7 @@ import numpy as np
 
 from sluice.policy.autoscale import GroupLoad
 from sluice.sim import PlanPolicy, best_fixed, oracle, prepare, run, trace_from_rows, work_floor
-from tests.unit.test_sim_engine import fixed_service
+from tests.unit.test_sim_single import fixed_service
 
 
 def bursty_trace() -> object:
@@ -43,7 +43,15 @@ def test_a_plan_is_asked_for_start_up_seconds_ahead() -> None:
     load = GroupLoad(
         at=0, current=1, ready=1, slots_per_instance=4, in_flight=0, queued=0, arrivals=0
     )
-    assert p.decide(load, 1000.0 + 60).desired == 1
-    assert p.decide(load, 1000.0 + 69).desired == 5  # 100 - 31: launched in time
-    assert p.decide(load, 1000.0 + 109).desired == 5
-    assert p.decide(load, 1000.0 + 111).desired == 1  # down once the need is over
+    m = p.initial()
+
+    def at(now: float) -> int:
+        d, after = p.step(m, load, now)
+        assert after == m  # it remembers nothing: the plan is its configuration
+        return d.desired
+
+    assert p.start == 1
+    assert at(1000.0 + 60) == 1
+    assert at(1000.0 + 69) == 5  # 100 - 31: launched in time
+    assert at(1000.0 + 109) == 5
+    assert at(1000.0 + 111) == 1  # down once the need is over

@@ -21,7 +21,7 @@ from sluice.sim import (
     warm_start,
     warm_start_count,
 )
-from tests.unit.test_sim_engine import fixed_service
+from tests.unit.test_sim_single import fixed_service
 
 DESIRED = SimResult.TIMELINE_COLUMNS.index("desired")
 READY = SimResult.TIMELINE_COLUMNS.index("ready")

@@ -1,20 +1,37 @@
 """The contract every autoscaling policy keeps, live and simulated alike.
 
-A policy is a small stateful object (it remembers its windows, cooldowns and panic mode)
-fed one `GroupLoad` sample per tick; `decide(load, now)` returns a `Decision`. It never
-reads a clock: `now` is an argument, in seconds (epoch seconds live, trace seconds + an
-epoch offset in the simulator), and `load.at` says when the sample was taken, so a sample
-older than the policy's `metrics_max_age_s` counts as missing. The caller applies
-`Decision.desired` through the quota allocator and planner.
+A policy (`ScalingPolicy`) is immutable configuration built from the spec; what it
+remembers between ticks (its windows, cooldowns and panic mode) is a separate frozen value,
+its memory. Fed one `GroupLoad` sample per tick, `step(memory, load, now)` returns the
+`Decision` and the next memory, and never changes the memory it was given: the same
+(memory, load, now) always gives equal results. It never reads a clock: `now` is an
+argument, in seconds (epoch seconds live, trace seconds + an epoch offset in the
+simulator), and `load.at` says when the sample was taken, so a sample older than the
+policy's `metrics_max_age_s` counts as missing. The caller applies `Decision.desired`
+through the quota allocator and planner.
+
+`Autoscaler` is the older, stateful face of the same thing (`decide(load, now)`), kept for
+callers that hold one object per group: `Stateful(policy)` is one, keeping the memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["Autoscaler", "Decision", "GroupLoad", "TrafficSample", "window_quantile"]
+__all__ = [
+    "Autoscaler",
+    "Decision",
+    "GroupLoad",
+    "ScalingPolicy",
+    "Stateful",
+    "TrafficSample",
+    "window_quantile",
+]
+
+M = TypeVar("M")
+"""a policy's memory type: a frozen dataclass of immutable fields"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +94,50 @@ class Decision:
     """the count before guards; None when equal to `desired`"""
 
 
+class ScalingPolicy(Protocol[M]):
+    """A per-group scaling policy (sluice, hpa, kpa, fixed, ...): configuration only, its
+    memory a value of type `M` (a frozen dataclass: tuples, numbers, None, nested frozen
+    values; it compares with == and pickles)."""
+
+    name: str
+
+    def initial(self) -> M:
+        """The memory before the first sample."""
+        ...
+
+    def step(self, memory: M, load: GroupLoad, now: float) -> tuple[Decision, M]:
+        """(desired instance count at `now`, the next memory); called once per tick, `now`
+        increasing. `memory` is not changed."""
+        ...
+
+
 class Autoscaler(Protocol):
-    """A per-group scaling policy (sluice, hpa, kpa, fixed, ...)."""
+    """A per-group scaling policy that keeps its own memory (see `Stateful`)."""
 
     name: str
 
     def decide(self, load: GroupLoad, now: float) -> Decision:
         """Desired instance count at `now`; called once per tick, `now` increasing."""
         ...
+
+
+class Stateful(Generic[M]):
+    """A `ScalingPolicy` with its memory kept here: the `Autoscaler` callers that hold one
+    object per group use. `decide` is `step` on `memory`, which then becomes the next one."""
+
+    __slots__ = ("memory", "name", "policy")
+
+    def __init__(self, policy: ScalingPolicy[M], memory: M | None = None) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self.memory: M = policy.initial() if memory is None else memory
+
+    def decide(self, load: GroupLoad, now: float) -> Decision:
+        decision, self.memory = self.policy.step(self.memory, load, now)
+        return decision
+
+    def __repr__(self) -> str:
+        return f"Stateful({self.policy!r})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,11 @@
-"""Build a group's autoscaler by name from its spec (the one registry of policies)."""
+"""Build a group's scaling policy by name from its spec (the one registry of policies)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from sluice.policy.autoscale.base import Autoscaler
+from sluice.policy.autoscale.base import Autoscaler, ScalingPolicy, Stateful
 from sluice.policy.autoscale.fixed import FixedPolicy
 from sluice.policy.autoscale.hpa import HpaPolicy
 from sluice.policy.autoscale.kpa import KpaPolicy
@@ -13,7 +14,7 @@ from sluice.policy.autoscale.sluice import SluicePolicy
 from sluice.spec.autoscaling import ScheduleEntry
 from sluice.spec.models import GroupSpec
 
-__all__ = ["POLICY_NAMES", "build_autoscaler"]
+__all__ = ["POLICY_NAMES", "build_autoscaler", "build_policy"]
 
 POLICY_NAMES = ("sluice", "hpa", "kpa", "fixed", "fixed:N")
 
@@ -23,7 +24,20 @@ def build_autoscaler(
     templates: Mapping[str, Sequence[ScheduleEntry]],
     policy: str | None = None,
 ) -> Autoscaler:
-    """The autoscaler for `group`. `policy` overrides `group.autoscaling.policy`:
+    """`build_policy` with its memory kept: `Stateful(policy)`, or for a fixed count the
+    `FixedPolicy` itself (it remembers nothing and decides as it is)."""
+    built = build_policy(group, templates, policy)
+    if isinstance(built, FixedPolicy):
+        return built
+    return Stateful(built)
+
+
+def build_policy(
+    group: GroupSpec,
+    templates: Mapping[str, Sequence[ScheduleEntry]],
+    policy: str | None = None,
+) -> ScalingPolicy[Any]:
+    """The scaling policy for `group`. `policy` overrides `group.autoscaling.policy`:
     'sluice', 'hpa', 'kpa', 'fixed' (the group's `replicas`) or 'fixed:N'.
     A group without an `autoscaling` block gets `FixedPolicy(replicas)` unless told otherwise.
     HPA and KPA take `max(min, stable)` as their minimum and ignore schedules (upstream has

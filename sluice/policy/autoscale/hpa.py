@@ -27,17 +27,39 @@ One deviation: at 0 replicas with min > 0 upstream disables the HPA (a user scal
 from __future__ import annotations
 
 import math
-from collections import deque
+from dataclasses import dataclass
 
 from sluice.policy.autoscale.base import Decision, GroupLoad
 from sluice.spec.autoscaling import HpaBehaviorRule, HpaSpec
 
-__all__ = ["HpaPolicy"]
+__all__ = ["HpaMemory", "HpaPolicy"]
+
+
+Events = tuple[tuple[float, int], ...]
+"""(t, replicas changed), oldest first"""
+
+
+@dataclass(frozen=True, slots=True)
+class HpaMemory:
+    """What `HpaPolicy` remembers between ticks (a frozen value; `step` returns the next)."""
+
+    last_sync: float | None = None
+    """when the last reconcile ran"""
+    last: Decision | None = None
+    """its decision, held until the next sync"""
+    recommendations: tuple[tuple[float, int], ...] = ()
+    """(t, recommendation) of recent reconciles (upstream's list, outdated slots reused)"""
+    up_events: Events = ()
+    down_events: Events = ()
+
+
+_START = HpaMemory()
 
 
 class HpaPolicy:
-    """Kubernetes HPA v2. Reads `current`, `ready`, `in_flight`, `queued` (only at 0
-    replicas), `slots_per_instance`, `fresh`/`at`. `now` in seconds."""
+    """Kubernetes HPA v2: configuration only (its memory is an `HpaMemory` value, see
+    `ScalingPolicy`). Reads `current`, `ready`, `in_flight`, `queued` (only at 0 replicas),
+    `slots_per_instance`, `fresh`/`at`. `now` in seconds."""
 
     name = "hpa"
 
@@ -54,44 +76,51 @@ class HpaPolicy:
         self.min = min_replicas
         self.max = max_replicas
         self.metrics_max_age_s = metrics_max_age_s
-        self._last_sync: float | None = None
-        self._last: Decision | None = None
-        self._recommendations: list[tuple[float, int]] = []
-        self._up_events: deque[tuple[float, int]] = deque()
-        self._down_events: deque[tuple[float, int]] = deque()
         longest = [
             p.period_s for r in (self.spec.scale_up, self.spec.scale_down) for p in r.policies
         ]
         self._event_horizon = max(longest, default=0.0)
 
-    def decide(self, load: GroupLoad, now: float) -> Decision:
-        """Desired replicas; recomputed every `sync_period_s`, held in between."""
+    def initial(self) -> HpaMemory:
+        """Nothing reconciled yet."""
+        return _START
+
+    def step(self, memory: HpaMemory, load: GroupLoad, now: float) -> tuple[Decision, HpaMemory]:
+        """Desired replicas, recomputed every `sync_period_s` and held in between, and the
+        next memory (`memory` is not changed)."""
+        m = memory
         if (
-            self._last is not None
-            and self._last_sync is not None
-            and now - self._last_sync < self.spec.sync_period_s
+            m.last is not None
+            and m.last_sync is not None
+            and now - m.last_sync < self.spec.sync_period_s
         ):
-            return self._last
-        self._last_sync = now
-        self._last = self._sync(load, now)
-        return self._last
+            return m.last, m
+        decision, recommendations, ups, downs = self._sync(load, now, m)
+        return decision, HpaMemory(now, decision, recommendations, ups, downs)
 
     # -- one reconcile ---------------------------------------------------------------------
 
-    def _sync(self, load: GroupLoad, now: float) -> Decision:
+    def _sync(
+        self, load: GroupLoad, now: float, m: HpaMemory
+    ) -> tuple[Decision, tuple[tuple[float, int], ...], Events, Events]:
+        """One reconcile: (decision, recommendations, up events, down events)."""
         current = load.current
+        ups, downs = m.up_events, m.down_events
         if current > self.max:
-            return self._rescale(now, current, self.max, "above maxReplicas", "max")
+            d = self._rescale(current, self.max, "above maxReplicas", "max")
+            return d, m.recommendations, *self._record_event(now, d.desired - current, ups, downs)
         if current < self.min:
-            return self._rescale(now, current, self.min, "below minReplicas", "min")
+            d = self._rescale(current, self.min, "below minReplicas", "min")
+            return d, m.recommendations, *self._record_event(now, d.desired - current, ups, downs)
         stale = not load.fresh or now - load.at > self.metrics_max_age_s
         metric = None if stale else self._metric_replicas(load)
         if metric is None:
             why = "metrics missing" if stale else "no ready instance reports the metric"
-            return Decision(desired=current, reason=f"{why}: hold {current} (ScalingActive=False)")
+            d = Decision(desired=current, reason=f"{why}: hold {current} (ScalingActive=False)")
+            return d, m.recommendations, ups, downs
         proposed, usage, target = metric
-        stabilized = self._stabilize(now, current, proposed)
-        desired, limit = self._rate_limit(now, current, stabilized)
+        stabilized, recommendations = self._stabilize(now, current, proposed, m.recommendations)
+        desired, limit = self._rate_limit(now, current, stabilized, ups, downs)
         signals = {"in_flight_per_ready": usage, "target": target, "proposed": float(proposed)}
         clipped: list[str] = []
         if stabilized != proposed:
@@ -104,8 +133,8 @@ class HpaPolicy:
             + (f"; {limit} -> {desired}" if desired != stabilized else "")
         )
         if desired != current:
-            self._record_event(now, desired - current)
-        return Decision(
+            ups, downs = self._record_event(now, desired - current, ups, downs)
+        d = Decision(
             desired=desired,
             reason=reason,
             signals=signals,
@@ -114,9 +143,9 @@ class HpaPolicy:
             clipped_by=tuple(clipped),
             unclipped=proposed if proposed != desired else None,
         )
+        return d, recommendations, ups, downs
 
-    def _rescale(self, now: float, current: int, desired: int, why: str, guard: str) -> Decision:
-        self._record_event(now, desired - current)
+    def _rescale(self, current: int, desired: int, why: str, guard: str) -> Decision:
         return Decision(
             desired=desired,
             reason=f"{current} {why} -> {desired}",
@@ -149,13 +178,20 @@ class HpaPolicy:
         proposed = math.ceil(new_ratio * current)
         return (current if proposed < current else proposed), usage, target
 
-    def _stabilize(self, now: float, current: int, proposed: int) -> int:
-        """Highest recommendation in the scale-down window, lowest in the scale-up one."""
+    def _stabilize(
+        self,
+        now: float,
+        current: int,
+        proposed: int,
+        recommendations: tuple[tuple[float, int], ...],
+    ) -> tuple[int, tuple[tuple[float, int], ...]]:
+        """Highest recommendation in the scale-down window, lowest in the scale-up one, and
+        the recommendations with `proposed` in."""
         up_cut = now - self.spec.scale_up.stabilization_s
         down_cut = now - self.spec.scale_down.stabilization_s
         up_rec = down_rec = proposed
         old = -1
-        for i, (t, rec) in enumerate(self._recommendations):
+        for i, (t, rec) in enumerate(recommendations):
             if t > up_cut:
                 up_rec = min(up_rec, rec)
             if t > down_cut:
@@ -164,40 +200,55 @@ class HpaPolicy:
                 old = i
         result = min(max(current, up_rec), down_rec)
         if old >= 0:  # upstream reuses one outdated slot instead of growing the list
-            self._recommendations[old] = (now, proposed)
+            recommendations = (
+                *recommendations[:old],
+                (now, proposed),
+                *recommendations[old + 1 :],
+            )
         else:
-            self._recommendations.append((now, proposed))
-        return result
+            recommendations = (*recommendations, (now, proposed))
+        return result, recommendations
 
-    def _rate_limit(self, now: float, current: int, desired: int) -> tuple[int, str]:
+    def _rate_limit(
+        self, now: float, current: int, desired: int, ups: Events, downs: Events
+    ) -> tuple[int, str]:
         """Clamp to [minReplicas, maxReplicas] and the behavior policies' limits."""
         if desired > current:
-            limit = _policy_limit(
-                now, current, self._up_events, self._down_events, self.spec.scale_up, up=True
-            )
+            limit = _policy_limit(now, current, ups, downs, self.spec.scale_up, up=True)
             limit = max(limit, current)
             allowed, why = (limit, "scale-up limit") if self.max > limit else (self.max, "max")
             return (allowed, why) if desired > allowed else (desired, "")
         if desired < current:
-            limit = _policy_limit(
-                now, current, self._up_events, self._down_events, self.spec.scale_down, up=False
-            )
+            limit = _policy_limit(now, current, ups, downs, self.spec.scale_down, up=False)
             limit = min(limit, current)
             allowed, why = (limit, "scale-down limit") if self.min < limit else (self.min, "min")
             return (allowed, why) if desired < allowed else (desired, "")
         return desired, ""
 
-    def _record_event(self, now: float, change: int) -> None:
+    def _record_event(
+        self, now: float, change: int, ups: Events, downs: Events
+    ) -> tuple[Events, Events]:
+        """(ups, downs) with a change of `change` replicas at `now`, events older than the
+        longest policy period dropped."""
         if change == 0:
-            return
-        events = self._up_events if change > 0 else self._down_events
-        events.append((now, abs(change)))
-        for q in (self._up_events, self._down_events):
-            while q and q[0][0] <= now - self._event_horizon:
-                q.popleft()
+            return ups, downs
+        if change > 0:
+            ups = (*ups, (now, abs(change)))
+        else:
+            downs = (*downs, (now, abs(change)))
+        cutoff = now - self._event_horizon
+        return _after(ups, cutoff), _after(downs, cutoff)
 
 
-def _changed_in_period(now: float, period_s: float, events: deque[tuple[float, int]]) -> int:
+def _after(events: Events, cutoff: float) -> Events:
+    """`events` less the leading ones at or before `cutoff`."""
+    k, n = 0, len(events)
+    while k < n and events[k][0] <= cutoff:
+        k += 1
+    return events[k:] if k else events
+
+
+def _changed_in_period(now: float, period_s: float, events: Events) -> int:
     """getReplicasChangePerPeriod: replicas changed by events newer than now - period."""
     cutoff = now - period_s
     return sum(n for t, n in events if t > cutoff)
@@ -206,8 +257,8 @@ def _changed_in_period(now: float, period_s: float, events: deque[tuple[float, i
 def _policy_limit(
     now: float,
     current: int,
-    ups: deque[tuple[float, int]],
-    downs: deque[tuple[float, int]],
+    ups: Events,
+    downs: Events,
     rule: HpaBehaviorRule,
     *,
     up: bool,

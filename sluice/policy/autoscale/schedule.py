@@ -3,8 +3,9 @@
 An entry `{cron, min, duration_s, timezone}` holds at least `min` instances from each cron
 firing for `duration_s`. Groups list entries inline or name reusable templates of
 `PlatformSpec.schedule_templates`. Lookups are cached per entry (the last firing and the
-next one), so calling `floor_at` every simulated second costs a few comparisons; croniter
-runs only when a firing boundary is crossed or time jumps backwards.
+next one, a value the caller keeps), so calling `floor_in` every simulated second costs a
+few comparisons; croniter runs only when a firing boundary is crossed or time jumps
+backwards.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from croniter import croniter
 
 from sluice.spec.autoscaling import ScheduleEntry
 
-__all__ = ["ScheduleFloors", "resolve_schedules"]
+__all__ = ["Firings", "ScheduleFloors", "resolve_schedules"]
 
 
 def resolve_schedules(
@@ -41,46 +42,65 @@ def resolve_schedules(
     return out
 
 
-@dataclass(slots=True)
+Firings = tuple[tuple[float, float] | None, ...]
+"""per entry of a `ScheduleFloors`, its cached (last firing, next firing) around the last
+time asked, None before the first ask"""
+
+
+@dataclass(frozen=True, slots=True)
 class _Window:
-    """One entry's cached firings: `prev` <= t < `next` for the last time asked."""
+    """One entry and its time zone."""
 
     label: str
     entry: ScheduleEntry
     zone: ZoneInfo
-    prev: float = float("nan")
-    next: float = float("nan")
 
-    def active(self, now: float) -> bool:
-        if not (self.prev <= now < self.next):  # NaN compares False: first call refreshes
-            self._refresh(now)
-        return now < self.prev + self.entry.duration_s
-
-    def _refresh(self, now: float) -> None:
+    def firings(self, now: float) -> tuple[float, float]:
+        """(prev, next): the firings with prev <= now < next."""
         start = datetime.fromtimestamp(now, self.zone)
         prev = float(croniter(self.entry.cron, start).get_prev(float))
         it = croniter(self.entry.cron, datetime.fromtimestamp(prev, self.zone))
         nxt = float(it.get_next(float))
         if nxt <= now:  # `now` sits exactly on a firing: croniter's get_prev skips it
             prev, nxt = nxt, float(it.get_next(float))
-        self.prev, self.next = prev, nxt
+        return prev, nxt
 
 
 class ScheduleFloors:
-    """The highest scheduled floor in force at `now` (epoch seconds) and who set it."""
+    """The highest scheduled floor in force at `now` (epoch seconds) and who set it.
+
+    Configuration only: the firings it looked up are a `Firings` value the caller keeps
+    (`initial()`, then what `floor_in` returns), so a lookup every simulated second costs
+    a few comparisons."""
 
     def __init__(self, entries: Sequence[tuple[str, ScheduleEntry]] = ()) -> None:
-        self._windows = [
+        self._windows = tuple(
             _Window(label, entry, ZoneInfo(entry.timezone)) for label, entry in entries
-        ]
+        )
 
     def __bool__(self) -> bool:
         return bool(self._windows)
 
+    def initial(self) -> Firings:
+        """No firing looked up yet."""
+        return (None,) * len(self._windows)
+
+    def floor_in(self, now: float, cache: Firings) -> tuple[int, str | None, Firings]:
+        """(floor, label, cache): the highest active entry at `now` ((0, None) when none is
+        active), with `cache` (from `initial()` or the last call) updated where croniter had
+        to be asked (a firing boundary crossed, or time went back)."""
+        best, label = 0, None
+        for i, w in enumerate(self._windows):
+            if w.entry.min > best:
+                fired = cache[i]
+                if fired is None or not (fired[0] <= now < fired[1]):
+                    fired = w.firings(now)
+                    cache = (*cache[:i], fired, *cache[i + 1 :])
+                if now < fired[0] + w.entry.duration_s:
+                    best, label = w.entry.min, w.label
+        return best, label, cache
+
     def floor_at(self, now: float) -> tuple[int, str | None]:
         """(floor, label) of the highest active entry; (0, None) when none is active."""
-        best, label = 0, None
-        for w in self._windows:
-            if w.entry.min > best and w.active(now):
-                best, label = w.entry.min, w.label
+        best, label, _ = self.floor_in(now, self.initial())
         return best, label

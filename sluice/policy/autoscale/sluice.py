@@ -86,8 +86,7 @@ What the defaults do not reach, and why, is in bench/README.md (autoscale sectio
 from __future__ import annotations
 
 import math
-from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from sluice.policy.autoscale.base import Decision, GroupLoad
 from sluice.policy.autoscale.queueing import (
@@ -97,12 +96,12 @@ from sluice.policy.autoscale.queueing import (
     wait_allowance_s,
 )
 from sluice.policy.autoscale.reasons import lead_sentence
-from sluice.policy.autoscale.schedule import ScheduleFloors
+from sluice.policy.autoscale.schedule import Firings, ScheduleFloors
 from sluice.policy.autoscale.traffic import TrafficWindows
 from sluice.policy.autoscale.windows import RollingExtreme
 from sluice.spec.autoscaling import AutoscalingSpec, SloSpec
 
-__all__ = ["SluicePolicy"]
+__all__ = ["SluiceMemory", "SluicePolicy"]
 
 _LATENCY_OK = 0.8
 """p95 under this share of its target counts as 'well under' (S4 veto)"""
@@ -128,8 +127,36 @@ def _waiting_is_queued(load: GroupLoad) -> GroupLoad:
     return replace(load, in_flight=load.in_flight - waiting, queued=load.queued + waiting)
 
 
+@dataclass(frozen=True, slots=True)
+class SluiceMemory:
+    """What `SluicePolicy` remembers between ticks (a frozen value; `step` returns the next)."""
+
+    traffic: TrafficWindows
+    down_max: RollingExtreme[int]
+    """rolling max of the recommendations over `down.stabilization_s`"""
+    up_min: RollingExtreme[int]
+    """rolling min of the recommendations over `up.stabilization_s`"""
+    ups: tuple[tuple[float, int], ...] = ()
+    """(t, instances added) within the longest step-limit period"""
+    downs: tuple[tuple[float, int], ...] = ()
+    """(t, instances removed) within the longest step-limit period"""
+    last_up_at: float | None = None
+    """when the count last went up (the cooldown's clock)"""
+    last_out: int | None = None
+    """the count the last decision asked for"""
+    seeded: bool = False
+    """the first sample's count is in `down_max`"""
+    panic_over_at: float | None = None
+    """when the burst last stood over the panic threshold; None: not panicking"""
+    panic_max: int = 0
+    """the highest count asked while panicking"""
+    schedule: Firings = ()
+    """the scheduled floors' cached firings (`ScheduleFloors.floor_in`)"""
+
+
 class SluicePolicy:
-    """Sluice's multi-signal policy. Reads every `GroupLoad` field except `draining`.
+    """Sluice's multi-signal policy: configuration only (its memory is a `SluiceMemory`
+    value, see `ScalingPolicy`). Reads every `GroupLoad` field except `draining`.
 
     `latency_target_ms` stands in when `spec.targets.latency_p95_ms` is unset (the factory
     passes the group's `slo.latency_ms`). `now` and `load.at` in seconds.
@@ -148,37 +175,64 @@ class SluicePolicy:
         self.slo = slo if slo is not None else DEFAULT_SLO
         self.schedules = schedules if schedules is not None else ScheduleFloors()
         self.latency_target_ms = spec.targets.latency_p95_ms or latency_target_ms
-        self.traffic = TrafficWindows(spec)
-        self._down_max: RollingExtreme[int] = RollingExtreme(spec.down.stabilization_s)
-        self._up_min: RollingExtreme[int] = RollingExtreme(spec.up.stabilization_s, largest=False)
-        self._ups: deque[tuple[float, int]] = deque()
-        self._downs: deque[tuple[float, int]] = deque()
-        self._last_up_at: float | None = None
-        self._last_out: int | None = None
-        self._seeded = False
-        self._panic_over_at: float | None = None
-        self._panic_max = 0
+        self._step_horizon = max(spec.up.period_s, spec.down.period_s)
+
+    def initial(self) -> SluiceMemory:
+        """The memory before the first sample: empty windows, nothing asked yet."""
+        spec = self.spec
+        return SluiceMemory(
+            TrafficWindows.start(spec),
+            RollingExtreme(spec.down.stabilization_s),
+            RollingExtreme(spec.up.stabilization_s, largest=False),
+            schedule=self.schedules.initial(),
+        )
 
     # -- the tick --------------------------------------------------------------------------
 
-    def decide(self, load: GroupLoad, now: float) -> Decision:
-        """Desired instances at `now` (seconds) from one sample; see the module docstring."""
+    def step(
+        self, memory: SluiceMemory, load: GroupLoad, now: float
+    ) -> tuple[Decision, SluiceMemory]:
+        """Desired instances at `now` (seconds) from one sample, and the next memory; see the
+        module docstring. `memory` is not changed."""
         spec = self.spec
-        floor, floor_by = self._floor(now)
+        m = memory
+        floor, floor_by, schedule = self._floor(now, m.schedule)
         current = load.current
-        if not self._seeded:  # the starting count is the first recommendation: a new (or
-            self._seeded = True  # restarted) group is not shrunk before the window has seen load
-            self._down_max.add(now, current)
+        down_max = m.down_max
+        if not m.seeded:  # the starting count is the first recommendation: a new (or
+            # restarted) group is not shrunk before the window has seen load
+            down_max = down_max.add(now, current)
         if not load.fresh or now - load.at > spec.metrics_max_age_s:
-            return self._hold_missing(load, now, floor, floor_by)
+            decision = self._hold_missing(load, now, floor, floor_by, m.last_out)
+            ups, downs, last_up_at, last_out = self._commit(now, current, decision.desired, m)
+            return decision, SluiceMemory(
+                traffic=m.traffic,
+                down_max=down_max,
+                up_min=m.up_min,
+                ups=ups,
+                downs=downs,
+                last_up_at=last_up_at,
+                last_out=last_out,
+                seeded=True,
+                panic_over_at=m.panic_over_at,
+                panic_max=m.panic_max,
+                schedule=schedule,
+            )
         load = _waiting_is_queued(load)
-        arrived = self.traffic.observe(load, now, self._burst_horizon(load))
-        signals, proposals = self._signals(load, now)
-        rec, winner, top, notes = self._combine(load, signals, proposals)
+        arrived, traffic = m.traffic.observe(load, now, self._burst_horizon(load))
+        signals, proposals, traffic = self._signals(load, now, traffic)
+        panic_over_at, panic_max = self._update_panic(load, signals, m.panic_over_at, m.panic_max)
+        rec, winner, top, notes, panic_max = self._combine(
+            load, signals, proposals, panic_over_at is not None, panic_max
+        )
         if load.server_waiting:
             notes.append(f"{load.server_waiting} requests wait inside the servers")
         cold = current == 0 and (arrived > 0 or load.queued > 0 or load.in_flight > 0)
-        desired, clipped = self._guard(load, now, rec, cold, notes)
+        active_at = traffic.active_at
+        idle = now - active_at if active_at is not None else math.inf
+        desired, clipped, up_min, down_max = self._guard(
+            load, now, rec, cold, notes, idle, panic_over_at is not None, m, m.up_min, down_max
+        )
         if cold and desired < 1:
             desired = 1
         if desired < floor:
@@ -191,9 +245,9 @@ class SluicePolicy:
             notes.append(f"max {spec.max}")
         if cold:
             notes.append("cold start: scale from zero at once")
-        self._commit(now, current, desired)
+        ups, downs, last_up_at, last_out = self._commit(now, current, desired, m)
         lead = f"{winner} -> {rec}" if winner else f"hold {rec}"
-        return Decision(
+        decision = Decision(
             desired=desired,
             reason="; ".join([lead_sentence(top, signals, proposals, lead), *notes]),
             signals=signals,
@@ -202,26 +256,40 @@ class SluicePolicy:
             clipped_by=tuple(clipped),
             unclipped=rec if rec != desired else None,
         )
+        return decision, SluiceMemory(
+            traffic=traffic,
+            down_max=down_max,
+            up_min=up_min,
+            ups=ups,
+            downs=downs,
+            last_up_at=last_up_at,
+            last_out=last_out,
+            seeded=True,
+            panic_over_at=panic_over_at,
+            panic_max=panic_max,
+            schedule=schedule,
+        )
 
     # -- steps -----------------------------------------------------------------------------
 
-    def _floor(self, now: float) -> tuple[int, str]:
+    def _floor(self, now: float, schedule: Firings) -> tuple[int, str, Firings]:
         spec = self.spec
         floor, by = spec.min, "min"
         if spec.stable > floor:
             floor, by = spec.stable, "stable"
         if self.schedules:
-            sched, label = self.schedules.floor_at(now)
+            sched, label, schedule = self.schedules.floor_in(now, schedule)
             if sched > floor and label is not None:
                 floor, by = sched, label
-        return min(floor, spec.max), by
+        return min(floor, spec.max), by, schedule
 
-    def _hold_missing(self, load: GroupLoad, now: float, floor: int, by: str) -> Decision:
+    def _hold_missing(
+        self, load: GroupLoad, now: float, floor: int, by: str, last_out: int | None
+    ) -> Decision:
         """Stale or missing metrics are not zero load: keep the count, floors still hold."""
-        keep = load.current if self._last_out is None else max(load.current, self._last_out)
+        keep = load.current if last_out is None else max(load.current, last_out)
         desired = min(max(keep, floor), self.spec.max)
         clipped = (by,) if desired > keep else ()
-        self._commit(now, load.current, desired)
         age = now - load.at
         return Decision(
             desired=desired,
@@ -239,13 +307,15 @@ class SluicePolicy:
         time to act on it."""
         return max(self.spec.targets.window_s, 2.0 * self._lead(load))
 
-    def _signals(self, load: GroupLoad, now: float) -> tuple[dict[str, float], dict[str, int]]:
+    def _signals(
+        self, load: GroupLoad, now: float, traffic: TrafficWindows
+    ) -> tuple[dict[str, float], dict[str, int], TrafficWindows]:
+        """The signals and each one's proposal, and the windows once read (`settle`)."""
         t = self.spec.targets
         slots = load.slots_per_instance
         target = t.utilization * slots
         ready = max(load.ready, 1)
         lead = self._lead(load)
-        traffic = self.traffic
         in_flight = traffic.in_flight(now)
         queue_w = traffic.queue_window(now)
         conc = in_flight + queue_w
@@ -282,6 +352,7 @@ class SluicePolicy:
         if span > 0:
             # the steady need sizes for the rate at ready time: the steady rate, plus the
             # trend over the lead time when its slope stands clear of the noise
+            traffic = traffic.settle(load.at)
             dispersion = traffic.dispersion(load.at)
             steady_rate = traffic.steady_rate(rate, dispersion)
             projected = steady_rate
@@ -296,7 +367,7 @@ class SluicePolicy:
             signals["rate_projected"] = round(projected, 3)
             if service is not None:
                 self._size_from_model(
-                    load, projected, service, service_cv2, dispersion, signals, proposals
+                    load, traffic, projected, service, service_cv2, dispersion, signals, proposals
                 )
         over = queue > t.queue_per_instance * ready + _EPS and backlog > _EPS
         sustained = rate * service if service is not None else in_flight
@@ -312,11 +383,12 @@ class SluicePolicy:
                 proposals["latency"] = (
                     math.ceil(max(load.current, 1) * min(ratio, 2.0)) if ratio > 1 else load.current
                 )
-        return signals, proposals
+        return signals, proposals, traffic
 
     def _size_from_model(
         self,
         load: GroupLoad,
+        traffic: TrafficWindows,
         rate: float,
         service: float,
         service_cv2: float,
@@ -336,7 +408,7 @@ class SluicePolicy:
         steady = steady_slots(offered, objective, miss)
         hold = steady_slots(offered * (1 + self.spec.targets.tolerance), objective, miss)
         wait = wait_allowance_s(service, slo.slowdown, slo.slack_s, slo.latency_ms)
-        work = self.traffic.work_by_span(service, self.spec.interval_s)
+        work = traffic.work_by_span(service, self.spec.interval_s)
         envelope, window = burst_slots(work, wait)
         signals.update(
             {
@@ -354,18 +426,23 @@ class SluicePolicy:
         proposals["envelope"] = _need(envelope, load.slots_per_instance)
 
     def _combine(
-        self, load: GroupLoad, signals: dict[str, float], proposals: dict[str, int]
-    ) -> tuple[int, str, str, list[str]]:
-        """Apply the combination rule (module docstring).
+        self,
+        load: GroupLoad,
+        signals: dict[str, float],
+        proposals: dict[str, int],
+        panicking: bool,
+        panic_max: int,
+    ) -> tuple[int, str, str, list[str], int]:
+        """Apply the combination rule (module docstring), `panicking` as `_update_panic`
+        says, `panic_max` the highest count asked while panicking.
 
-        Returns (count, winner, top, notes): `top` is the load signal that asked the most
-        (it opens the reason), `winner` what set the count ('latency' or 'tolerance' when
-        they held it).
+        Returns (count, winner, top, notes, panic_max): `top` is the load signal that asked
+        the most (it opens the reason), `winner` what set the count ('latency' or
+        'tolerance' when they held it).
         """
         spec, t = self.spec, self.spec.targets
         current = load.current
         notes: list[str] = []
-        panicking = self._update_panic(load, signals, proposals)
         candidates: dict[str, int] = {
             k: proposals[k] for k in ("steady", "envelope", "concurrency") if k in proposals
         }
@@ -373,7 +450,7 @@ class SluicePolicy:
         if queue_fires:
             candidates["queue"] = proposals["queue"]
         if panicking:
-            candidates["panic"] = max(proposals["panic"], self._panic_max)
+            candidates["panic"] = max(proposals["panic"], panic_max)
         winner: str = max(candidates, key=lambda k: candidates[k])
         top, rec = winner, candidates[winner]
         target = signals["target_per_instance"]
@@ -397,16 +474,16 @@ class SluicePolicy:
                     f"but p95 {p95:.0f}ms is well under {lat_target:.0f}ms and no queue: "
                     "no scale-up (S4)"
                 )
-                return current, "latency", top, notes
+                return current, "latency", top, notes, panic_max
             # the deadband is for the noisy short-window signals; the steady need reads a
             # long window (or a change that cleared its noise test) and has its margin
             damped = winner in ("concurrency", "envelope")
             if damped and self._demand_slots(winner, signals) <= current * (1 + t.tolerance):
                 notes.append(f"within tolerance {t.tolerance:g} of capacity: hold")
-                return current, "tolerance", top, notes
+                return current, "tolerance", top, notes, panic_max
         elif rec < current and lat_bad:
             notes.append("p95 over target: no scale-down")
-            return current, "latency", top, notes
+            return current, "latency", top, notes, panic_max
         elif rec < current:
             # hysteresis: shrink only to a count that stays `tolerance` under its target,
             # so noise around a boundary does not walk the count down and up again
@@ -427,12 +504,12 @@ class SluicePolicy:
                     winner = "tolerance"
                     notes.append(f"within tolerance {t.tolerance:g} of target: hold")
         if panicking:
-            held = rec == self._panic_max > proposals["panic"]
-            self._panic_max = max(self._panic_max, rec)
+            held = rec == panic_max > proposals["panic"]
+            panic_max = max(panic_max, rec)
             notes.append(f"panic (burst {signals['burst']:.1f}, >= {spec.panic.threshold:g}x)")
             if held:
-                notes.append(f"no scale-down while panicking: hold {self._panic_max}")
-        return rec, winner, top, notes
+                notes.append(f"no scale-down while panicking: hold {panic_max}")
+        return rec, winner, top, notes, panic_max
 
     @staticmethod
     def _demand_slots(signal: str, signals: dict[str, float]) -> float:
@@ -443,54 +520,64 @@ class SluicePolicy:
         return slots / signals["slots_per_instance"]
 
     def _update_panic(
-        self, load: GroupLoad, signals: dict[str, float], proposals: dict[str, int]
-    ) -> bool:
-        """Enter at threshold x capacity over the panic window; leave a calm window later."""
+        self,
+        load: GroupLoad,
+        signals: dict[str, float],
+        panic_over_at: float | None,
+        panic_max: int,
+    ) -> tuple[float | None, int]:
+        """Enter at threshold x capacity over the panic window; leave a calm window later.
+        Returns the next (panic_over_at, panic_max): panicking while the first is set."""
         p = self.spec.panic
         if not p.enabled:
-            return False
+            return panic_over_at, panic_max
         # the burst's own ratio to capacity, as Knative compares it: rounded up to instances
         # first, a 1-instance group read any burst just over its target as 2x
         capacity = signals["target_per_instance"] * max(load.current, 1)
         over = signals["burst"] >= p.threshold * capacity and signals["burst"] > 0
         if over:
-            self._panic_over_at = load.at
-        elif (
-            self._panic_over_at is not None
-            and load.at - self._panic_over_at >= self.spec.targets.window_s
-        ):
-            self._panic_over_at = None
-            self._panic_max = 0
-        signals["panicking"] = 1.0 if self._panic_over_at is not None else 0.0
-        return self._panic_over_at is not None
+            panic_over_at = load.at
+        elif panic_over_at is not None and load.at - panic_over_at >= self.spec.targets.window_s:
+            panic_over_at = None
+            panic_max = 0
+        signals["panicking"] = 1.0 if panic_over_at is not None else 0.0
+        return panic_over_at, panic_max
 
     def _guard(
-        self, load: GroupLoad, now: float, rec: int, cold: bool, notes: list[str]
-    ) -> tuple[int, list[str]]:
-        """Stabilization, cooldown, step limits and the 1 -> 0 rule; returns (count, guards)."""
+        self,
+        load: GroupLoad,
+        now: float,
+        rec: int,
+        cold: bool,
+        notes: list[str],
+        idle: float,
+        panicking: bool,
+        m: SluiceMemory,
+        up_min: RollingExtreme[int],
+        down_max: RollingExtreme[int],
+    ) -> tuple[int, list[str], RollingExtreme[int], RollingExtreme[int]]:
+        """Stabilization, cooldown, step limits and the 1 -> 0 rule (`idle`: seconds since
+        anything was active; `m`: the tick's memory, for the step history and the cooldown
+        clock). Returns (count, guards, up_min, down_max): the windows with `rec` in."""
         spec = self.spec
         current = load.current
         clipped: list[str] = []
         down = spec.down
         zero_ok = spec.min == 0 and spec.stable == 0
-        active_at = self.traffic.active_at
-        idle = now - active_at if active_at is not None else math.inf
         if current == 0 and not cold:
             notes.append("at zero, nothing arrived: stay")  # the windows are history
-            return 0, clipped
-        if (
-            current == 1
-            and zero_ok
-            and idle >= down.to_zero_delay_s
-            and self._panic_over_at is None
-        ):
+            return 0, clipped, up_min, down_max
+        if current == 1 and zero_ok and idle >= down.to_zero_delay_s and not panicking:
             # the last instance has its own rule (Ray's downscale_to_zero_delay_s, KEDA's
             # cooldownPeriod): the idle time is its stabilization, cooldown does not apply
             clipped.append("to-zero")
             notes.append(f"idle {idle:.0f}s >= {down.to_zero_delay_s:g}s: release the last")
-            return 0, clipped
-        up_rec = rec if cold else self._up_min.add(now, rec)
-        down_rec = self._down_max.add(now, rec)
+            return 0, clipped, up_min, down_max
+        if not cold:
+            up_min = up_min.add(now, rec)
+        up_rec = rec if cold else up_min.extreme
+        down_max = down_max.add(now, rec)
+        down_rec = down_max.extreme
         stabilized = min(max(current, up_rec), down_rec)
         if rec > current and stabilized < rec:
             clipped.append("up-stabilization")
@@ -499,36 +586,44 @@ class SluicePolicy:
             clipped.append("stabilization")
             notes.append(f"rolling max over {spec.down.stabilization_s:g}s holds {stabilized}")
         if stabilized > current:
-            return self._limit_up(now, current, stabilized, clipped, notes), clipped
+            desired = self._limit_up(now, current, stabilized, clipped, notes, m.ups)
+            return desired, clipped, up_min, down_max
         if stabilized < current:
-            if self._panic_over_at is not None:
+            if panicking:
                 clipped.append("panic")
                 notes.append("no scale-down while panicking")
-                return current, clipped
-            if self._last_up_at is not None and now - self._last_up_at < spec.down.cooldown_s:
-                left = spec.down.cooldown_s - (now - self._last_up_at)
+                return current, clipped, up_min, down_max
+            last_up_at = m.last_up_at
+            if last_up_at is not None and now - last_up_at < spec.down.cooldown_s:
+                left = spec.down.cooldown_s - (now - last_up_at)
                 clipped.append("cooldown")
                 notes.append(
                     f"cooldown {spec.down.cooldown_s:g}s after scale-up ({left:.0f}s left)"
                 )
-                return current, clipped
-            desired = self._limit_down(now, current, stabilized, clipped, notes)
+                return current, clipped, up_min, down_max
+            desired = self._limit_down(now, current, stabilized, clipped, notes, m.downs)
             if desired == 0 and zero_ok and idle < spec.down.to_zero_delay_s:
                 clipped.append("to-zero-delay")
                 notes.append(
                     f"last instance kept: idle {idle:.0f}s < {spec.down.to_zero_delay_s:g}s"
                 )
                 desired = 1
-            return desired, clipped
-        return current, clipped
+            return desired, clipped, up_min, down_max
+        return current, clipped, up_min, down_max
 
     def _limit_up(
-        self, now: float, current: int, want: int, clipped: list[str], notes: list[str]
+        self,
+        now: float,
+        current: int,
+        want: int,
+        clipped: list[str],
+        notes: list[str],
+        ups: tuple[tuple[float, int], ...],
     ) -> int:
         up = self.spec.up
         if not (up.max_step or up.max_percent):
             return want
-        added = _in_period(now, up.period_s, self._ups)
+        added = _in_period(now, up.period_s, ups)
         base = max(current - added, 0)
         allowed = max(up.max_step, math.ceil(base * up.max_percent / 100), 1)
         upper = max(base + allowed, current)
@@ -539,12 +634,18 @@ class SluicePolicy:
         return want
 
     def _limit_down(
-        self, now: float, current: int, want: int, clipped: list[str], notes: list[str]
+        self,
+        now: float,
+        current: int,
+        want: int,
+        clipped: list[str],
+        notes: list[str],
+        downs: tuple[tuple[float, int], ...],
     ) -> int:
         down = self.spec.down
         if not (down.max_step or down.max_percent):
             return want
-        removed = _in_period(now, down.period_s, self._downs)
+        removed = _in_period(now, down.period_s, downs)
         base = current + removed
         allowed = max(down.max_step, math.floor(base * down.max_percent / 100), 1)
         lower = min(base - allowed, current)
@@ -554,23 +655,32 @@ class SluicePolicy:
             return lower
         return want
 
-    def _commit(self, now: float, current: int, desired: int) -> None:
-        """Remember what was asked (step-limit history, cooldown clock)."""
-        before = self._last_out if self._last_out is not None else current
+    def _commit(
+        self, now: float, current: int, desired: int, m: SluiceMemory
+    ) -> tuple[tuple[tuple[float, int], ...], tuple[tuple[float, int], ...], float | None, int]:
+        """What to remember of what was asked (step-limit history, cooldown clock): the next
+        (ups, downs, last_up_at, last_out)."""
+        before = m.last_out if m.last_out is not None else current
         change = desired - before
+        ups, downs, last_up_at = m.ups, m.downs, m.last_up_at
         if change > 0:
-            self._last_up_at = now
-            self._ups.append((now, change))
+            last_up_at = now
+            ups = (*ups, (now, change))
         elif change < 0:
-            self._downs.append((now, -change))
-        horizon = max(self.spec.up.period_s, self.spec.down.period_s)
-        for q in (self._ups, self._downs):
-            while q and q[0][0] <= now - horizon:
-                q.popleft()
-        self._last_out = desired
+            downs = (*downs, (now, -change))
+        cutoff = now - self._step_horizon
+        return _after(ups, cutoff), _after(downs, cutoff), last_up_at, desired
 
 
-def _in_period(now: float, period_s: float, events: deque[tuple[float, int]]) -> int:
+def _after(events: tuple[tuple[float, int], ...], cutoff: float) -> tuple[tuple[float, int], ...]:
+    """`events` (oldest first) less the leading ones at or before `cutoff`."""
+    k, n = 0, len(events)
+    while k < n and events[k][0] <= cutoff:
+        k += 1
+    return events[k:] if k else events
+
+
+def _in_period(now: float, period_s: float, events: tuple[tuple[float, int], ...]) -> int:
     """Instances changed by events newer than now - period_s."""
     cutoff = now - period_s
     return sum(n for t, n in events if t > cutoff)

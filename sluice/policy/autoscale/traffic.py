@@ -2,21 +2,23 @@
 policy sizes from (rates, service time and its variability, burstiness, the work that arrived
 over each recent span), kept apart from the decisions so each can be read and tested alone.
 
-Fed one `GroupLoad` per tick (`observe`); every estimate is amortised O(1) or O(log n) per
-tick (bench/simulate.py runs hours of trace a second).
+Fed one `GroupLoad` per tick (`observe`, which returns the next windows: a frozen value);
+every estimate is amortised O(1) or O(log n) per tick, plus one copy of each window's tuple
+(bench/simulate.py runs hours of trace a second).
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from bisect import bisect_left, bisect_right
-from collections import deque
+from dataclasses import dataclass, replace
 
 from sluice.policy.autoscale.base import GroupLoad
 from sluice.policy.autoscale.windows import SlidingMean, Trend
 from sluice.spec.autoscaling import AutoscalingSpec
 
-__all__ = ["MIN_COMPLETIONS", "TrafficWindows"]
+__all__ = ["MIN_COMPLETIONS", "TrafficConfig", "TrafficWindows"]
 
 MIN_COMPLETIONS = 40
 """the service time needs completions: with fewer in its window it is unknown (the model's
@@ -27,139 +29,192 @@ _CHANGE_SIGMAS = 3.0
 _SERVICE_MAX_S = 3600.0
 """the service-time window never reaches further back than this"""
 _EPS = 1e-9
+_T = struct.Struct("d")
+_N = struct.Struct("q")
+_SVC = struct.Struct("ddqd")
+"""a service sample: t, busy (or served) seconds, completions, served squares"""
 
 
-class TrafficWindows:
-    """Sliding windows over a group's samples. `spec` sets their lengths:
-    `targets.window_s` (rate, concurrency), `panic.window_s` (burst rate, short queue),
-    `targets.trend_window_s` (trend), `down.stabilization_s` (the memory: steady rate,
-    dispersion), `targets.service_completions` (service time)."""
+@dataclass(frozen=True, slots=True)
+class TrafficConfig:
+    """The window lengths `TrafficWindows` reads from an `AutoscalingSpec`."""
 
-    def __init__(self, spec: AutoscalingSpec) -> None:
-        self.spec = spec
+    window_s: float
+    """`targets.window_s`: rate, concurrency"""
+    panic_s: float
+    """`panic.window_s`: burst rate, short queue"""
+    trend_s: float
+    """`targets.trend_window_s`"""
+    memory_s: float
+    """`down.stabilization_s`: steady rate, dispersion"""
+    service_completions: int
+    rate_arrivals: int
+
+    @classmethod
+    def of(cls, spec: AutoscalingSpec) -> TrafficConfig:
         t = spec.targets
-        memory_s = spec.down.stabilization_s
-        self._in_flight = SlidingMean(t.window_s)
-        self._queue = SlidingMean(spec.panic.window_s)
-        self._queue_w = SlidingMean(t.window_s)
-        self._trend = Trend(t.trend_window_s)
-        # t, cumulative arrivals: one sample a tick, as far back as the longest window read
-        # (rate, panic, burst horizon, memory); each window starts at `_start_index`. Two
-        # parallel deques so each bisects without a key function (5 bisects a tick)
-        self._t: deque[float] = deque()
-        self._n: deque[int] = deque()
-        self._horizon_s = 0.0
-        # t, busy (or served) seconds, completions, served squares (-1: unknown)
-        self._svc: deque[tuple[float, float, int, float]] = deque()
-        self._busy_s = 0.0  # integral of in_flight over time (request-seconds)
-        # arrivals expected per tick at the burst-window rate, and the squared deviations of
-        # the actual counts from it: the local dispersion index
-        self._expected = SlidingMean(memory_s)
-        self._deviation_sq = SlidingMean(memory_s)
-        self.active_at: float | None = None
-        """when anything last arrived, ran or waited (the 1 -> 0 rule's idle clock)"""
+        return cls(
+            t.window_s,
+            spec.panic.window_s,
+            t.trend_window_s,
+            spec.down.stabilization_s,
+            t.service_completions,
+            t.rate_arrivals,
+        )
 
-    def observe(self, load: GroupLoad, now: float, horizon_s: float) -> int:
-        """Feed one sample; `horizon_s` is the longest burst span kept. Returns the arrivals
-        since the previous sample."""
-        spec = self.spec
-        self._in_flight.add(now, float(load.in_flight))
-        self._queue.add(now, float(load.queued))
-        self._queue_w.add(now, float(load.queued))
+
+@dataclass(frozen=True, slots=True)
+class TrafficWindows:
+    """Sliding windows over a group's samples, a frozen value: `observe` returns the next
+    one. `config` sets their lengths (`TrafficConfig.of(spec)`): `targets.window_s` (rate,
+    concurrency), `panic.window_s` (burst rate, short queue), `targets.trend_window_s`
+    (trend), `down.stabilization_s` (the memory: steady rate, dispersion),
+    `targets.service_completions` (service time). `TrafficWindows.start(spec)` is the value
+    before the first sample."""
+
+    config: TrafficConfig
+    in_flight_w: SlidingMean
+    queue_short: SlidingMean
+    queue_w: SlidingMean
+    trend_w: Trend
+    expected: SlidingMean
+    """arrivals expected per tick at the burst-window rate (over the memory) ..."""
+    deviation_sq: SlidingMean
+    """... and the squared deviations of the actual counts from it: the local dispersion"""
+    ts: bytes = b""
+    """sample times, one a tick, as far back as the longest window read (rate, panic, burst
+    horizon, memory), packed as native doubles (a copy is one memcpy: see windows.py); each
+    window starts at `_start_index`"""
+    ns: bytes = b""
+    """cumulative arrivals at `ts`, packed as native int64 (parallel arrays, so each
+    bisects a memoryview without a key)"""
+    horizon_s: float = 0.0
+    svc: bytes = b""
+    """(t, busy (or served) seconds, completions, served squares (-1: unknown)), packed"""
+    busy_s: float = 0.0
+    """integral of in_flight over time (request-seconds)"""
+    active_at: float | None = None
+    """when anything last arrived, ran or waited (the 1 -> 0 rule's idle clock)"""
+
+    @classmethod
+    def start(cls, spec: AutoscalingSpec) -> TrafficWindows:
+        """The windows of `spec`, empty."""
+        c = TrafficConfig.of(spec)
+        return cls(
+            c,
+            SlidingMean(c.window_s),
+            SlidingMean(c.panic_s),
+            SlidingMean(c.window_s),
+            Trend(c.trend_s),
+            SlidingMean(c.memory_s),
+            SlidingMean(c.memory_s),
+        )
+
+    def observe(self, load: GroupLoad, now: float, horizon_s: float) -> tuple[int, TrafficWindows]:
+        """Feed one sample; `horizon_s` is the longest burst span kept. Returns (the arrivals
+        since the previous sample, the windows with the sample in)."""
+        c = self.config
+        in_flight_w = self.in_flight_w.add(now, float(load.in_flight))
+        queue_short = self.queue_short.add(now, float(load.queued))
+        queue_w = self.queue_w.add(now, float(load.queued))
         at = load.at
-        ts, ns = self._t, self._n
+        ts, ns = self.ts, self.ns
+        trend, busy_s = self.trend_w, self.busy_s
         arrived, dt = 0, 0.0
         if ts:
-            dt = at - ts[-1]
-            arrived = max(0, load.arrivals - ns[-1])
+            dt = at - _T.unpack_from(ts, len(ts) - _T.size)[0]
+            arrived = max(0, load.arrivals - _N.unpack_from(ns, len(ns) - _N.size)[0])
             if dt > 0:
-                self._trend.add(at, arrived / dt)
-                self._busy_s += load.in_flight * dt
-        self._observe_service(load)
-        ts.append(at)
-        ns.append(load.arrivals)
-        self._horizon_s = horizon_s
-        longest = max(
-            spec.targets.window_s, spec.panic.window_s, horizon_s, spec.down.stabilization_s
-        )
-        while len(ts) > 2 and ts[1] <= at - longest:
-            ts.popleft()
-            ns.popleft()
-        t0, a0 = self._sample(self._start_index(spec.panic.window_s))
+                trend = trend.add(at, arrived / dt)
+                busy_s += load.in_flight * dt
+        svc = _observe_service(self.svc, load, busy_s, c.service_completions)
+        longest = max(c.window_s, c.panic_s, horizon_s, c.memory_s)
+        # append, then drop the oldest while the second oldest is at or before the start
+        # of the longest window (two are always kept)
+        cut = at - longest
+        old = _times(ts)
+        j, kept = 0, len(old) + 1
+        while kept - j > 2 and old[j + 1] <= cut:
+            j += 1
+        ts = ts[j * _T.size :] + _T.pack(at)
+        ns = ns[j * _N.size :] + _N.pack(load.arrivals)
+        expected, deviation_sq = self.expected, self.deviation_sq
+        tv = _times(ts)
+        i = _start_index(tv, c.panic_s)
+        t0, a0 = tv[i], _counts(ns)[i]
         if dt > 0 and at > t0:
-            expected = (load.arrivals - a0) / (at - t0) * dt
-            self._expected.add(now, expected)
-            self._deviation_sq.add(now, (arrived - expected) ** 2)
+            e = (load.arrivals - a0) / (at - t0) * dt
+            expected = expected.add(now, e)
+            deviation_sq = deviation_sq.add(now, (arrived - e) ** 2)
+        active_at = self.active_at
         if arrived > 0 or load.in_flight > 0 or load.queued > 0:
-            self.active_at = now
-        return arrived
+            active_at = now
+        return arrived, TrafficWindows(
+            c,
+            in_flight_w,
+            queue_short,
+            queue_w,
+            trend,
+            expected,
+            deviation_sq,
+            ts,
+            ns,
+            horizon_s,
+            svc,
+            busy_s,
+            active_at,
+        )
 
-    def _observe_service(self, load: GroupLoad) -> None:
-        svc = self._svc
-        if load.served_s is None:
-            svc.append((load.at, self._busy_s, load.completions, -1.0))
-        else:
-            sq = load.served_sq_s if load.served_sq_s is not None else -1.0
-            svc.append((load.at, load.served_s, load.completions, sq))
-        # over the last `service_completions` completions: a window that adapts to the rate
-        # (seconds at a busy hour, hours overnight), at most an hour
-        keep = self.spec.targets.service_completions
-        while len(svc) > 2 and (
-            load.completions - svc[1][2] >= keep or svc[1][0] <= load.at - _SERVICE_MAX_S
-        ):
-            svc.popleft()
+    def settle(self, at: float) -> TrafficWindows:
+        """The windows once the memory's (dispersion's) are read at `at`: what `at` pushes
+        out of them dropped, as the next `observe` would (`self` when nothing is)."""
+        expected, deviation_sq = self.expected, self.deviation_sq
+        e, d = expected.evict(at), deviation_sq.evict(at)
+        if e is expected and d is deviation_sq:
+            return self
+        return replace(self, expected=e, deviation_sq=d)
 
-    def _start_index(self, span_s: float) -> int:
-        """Where a window of `span_s` seconds ending at the newest sample starts: the newest
-        sample at or before its start (so the window is spanned whole), else the oldest;
-        never the newest itself while there are two."""
-        ts = self._t
-        i = bisect_right(ts, ts[-1] - span_s) - 1
-        return min(max(i, 0), max(len(ts) - 2, 0))
-
-    def _sample(self, i: int) -> tuple[float, int]:
-        """(t, cumulative arrivals) of the `i`-th kept sample."""
-        return self._t[i], self._n[i]
+    def _sample(self, span_s: float) -> tuple[tuple[float, int], tuple[float, int]]:
+        """((t, cumulative arrivals) where a window of `span_s` starts (`_start_index`), the
+        same of the newest sample)."""
+        tv, nv = _times(self.ts), _counts(self.ns)
+        i = _start_index(tv, span_s)
+        return (tv[i], nv[i]), (tv[-1], nv[-1])
 
     # -- estimates -------------------------------------------------------------------------
 
     def in_flight(self, now: float) -> float:
-        return self._in_flight.mean(now) or 0.0
+        return self.in_flight_w.mean(now) or 0.0
 
     def queue(self, now: float) -> float:
         """Mean queue over the panic window (a short memory: a burst's queue, not noise)."""
-        return self._queue.mean(now) or 0.0
+        return self.queue_short.mean(now) or 0.0
 
     def queue_window(self, now: float) -> float:
-        return self._queue_w.mean(now) or 0.0
+        return self.queue_w.mean(now) or 0.0
 
     def rate(self) -> tuple[float, float]:
         """(arrivals per second over `targets.window_s`, the span it covers in seconds)."""
-        (t0, a0), (t1, a1) = (
-            self._sample(self._start_index(self.spec.targets.window_s)),
-            self._sample(-1),
-        )
+        (t0, a0), (t1, a1) = self._sample(self.config.window_s)
         span = t1 - t0
         return ((a1 - a0) / span if span > 0 else 0.0), span
 
     def burst_rate(self) -> float:
         """Arrivals per second over the panic window."""
-        (t0, a0), (t1, a1) = (
-            self._sample(self._start_index(self.spec.panic.window_s)),
-            self._sample(-1),
-        )
+        (t0, a0), (t1, a1) = self._sample(self.config.panic_s)
         return (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0
 
     def trend(self, at: float) -> tuple[float, float, float] | None:
         """The arrival rate's least-squares line: (value at `at`, slope, its standard error)."""
-        return self._trend.fit(at)
+        return self.trend_w.fit(at)
 
     def service(self) -> tuple[float, float] | None:
         """(mean, squared CV) of the recent completions' service times: from their own
         service seconds where the sample carries them (`served_s`), else by Little's law
         (request-seconds in flight / completions, high while a rise's long requests are
         still running; CV^2 then taken as 1, exponential). None under `MIN_COMPLETIONS`."""
-        s0, s1 = self._svc[0], self._svc[-1]
+        svc = self.svc
+        s0, s1 = _SVC.unpack_from(svc, 0), _SVC.unpack_from(svc, len(svc) - _SVC.size)
         finished, busy = s1[2] - s0[2], s1[1] - s0[1]
         if finished < MIN_COMPLETIONS or busy <= 0:
             return None
@@ -177,12 +232,13 @@ class TrafficWindows:
         (within the memory) unless `rate` differs from it by more than `_CHANGE_SIGMAS`
         standard errors (Poisson, times `dispersion`, the index `dispersion()` gives): a real
         change counts within one window, noise does not move the count."""
-        lo = self._start_index(self.spec.down.stabilization_s)
-        t1, n1 = self._sample(-1)
-        want = n1 - self.spec.targets.rate_arrivals
-        i = max(bisect_right(self._n, want, lo=lo) - 1, lo)
-        t0, n0 = self._sample(i)
-        window = self.spec.targets.window_s
+        tv, nv = _times(self.ts), _counts(self.ns)
+        lo = _start_index(tv, self.config.memory_s)
+        t1, n1 = tv[-1], nv[-1]
+        want = n1 - self.config.rate_arrivals
+        i = max(bisect_right(nv, want, lo=lo) - 1, lo)
+        t0, n0 = tv[i], nv[i]
+        window = self.config.window_s
         if t1 - t0 <= window:
             return rate
         steady = (n1 - n0) / (t1 - t0)
@@ -194,8 +250,9 @@ class TrafficWindows:
         tick's arrivals from what the panic-window rate expected, over that expectation.
         1 for Poisson arrivals at any slowly changing rate, far above for arrivals that come
         in clumps of seconds; a rate that changes between windows (on/off, diurnal) is the
-        steady rate's business. Never below 1 (smoother than Poisson is not counted on)."""
-        expected, deviation = self._expected.mean(at), self._deviation_sq.mean(at)
+        steady rate's business. Never below 1 (smoother than Poisson is not counted on).
+        A read, `self` is not changed (`settle(at)` is the windows it leaves behind)."""
+        expected, deviation = self.expected.mean(at), self.deviation_sq.mean(at)
         if expected is None or deviation is None or expected <= 0:
             return 1.0
         return max(1.0, deviation / expected)
@@ -203,8 +260,8 @@ class TrafficWindows:
     def work_by_span(self, service_s: float, tick_s: float) -> list[tuple[float, float]]:
         """(T, request-seconds that arrived in the last T) for T = tick, 2 tick, 4 tick, ...
         up to the burst horizon."""
-        ts, ns = self._t, self._n
-        lo = self._start_index(self._horizon_s)
+        ts, ns = _times(self.ts), _counts(self.ns)
+        lo = _start_index(ts, self.horizon_s)
         last_at, last_n = ts[-1], ns[-1]
         out: list[tuple[float, float]] = []
         i = len(ts) - 1
@@ -218,3 +275,41 @@ class TrafficWindows:
                 out.append((last_at - t_i, (last_n - n_i) * service_s))
             span *= 2.0
         return out
+
+
+def _times(packed: bytes) -> memoryview[float]:
+    """The packed sample times as a sequence of floats (indexable, bisectable)."""
+    return memoryview(packed).cast("d")
+
+
+def _counts(packed: bytes) -> memoryview[int]:
+    """The packed cumulative counts as a sequence of ints."""
+    return memoryview(packed).cast("q")
+
+
+def _start_index(ts: memoryview[float], span_s: float) -> int:
+    """Where a window of `span_s` seconds ending at the newest sample starts: the newest
+    sample at or before its start (so the window is spanned whole), else the oldest; never
+    the newest itself while there are two."""
+    i = bisect_right(ts, ts[-1] - span_s) - 1
+    return min(max(i, 0), max(len(ts) - 2, 0))
+
+
+def _observe_service(svc: bytes, load: GroupLoad, busy_s: float, keep: int) -> bytes:
+    """`svc` with `load`'s service sample appended, over the last `keep` completions: a
+    window that adapts to the rate (seconds at a busy hour, hours overnight), at most an
+    hour (two samples are always kept)."""
+    if load.served_s is None:
+        entry = _SVC.pack(load.at, busy_s, load.completions, -1.0)
+    else:
+        sq = load.served_sq_s if load.served_sq_s is not None else -1.0
+        entry = _SVC.pack(load.at, load.served_s, load.completions, sq)
+    oldest = load.at - _SERVICE_MAX_S
+    size = _SVC.size
+    j, kept = 0, len(svc) // size + 1
+    while kept - j > 2:
+        at, _, completions, _ = _SVC.unpack_from(svc, (j + 1) * size)
+        if not (load.completions - completions >= keep or at <= oldest):
+            break
+        j += 1
+    return svc[j * size :] + entry

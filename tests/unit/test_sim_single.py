@@ -1,8 +1,11 @@
-"""The simulator's engine: analytic instance counts, Little's law, determinism, drains,
-crashes, and that it drives the live policy and admission code (no copies)."""
+"""One group's run, a fleet of one (`sluice.sim.single`): analytic instance counts, Little's
+law, determinism, drains, crashes, and that every tick goes through the kernel's `step` and
+the live admission code (no copies): quota at the pool's count, warm standby, crash-loop
+backoff."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -13,9 +16,11 @@ import yaml
 
 import sluice.policy.admission
 import sluice.policy.autoscale
-import sluice.policy.plan
-import sluice.sim.engine
+import sluice.policy.kernel
+import sluice.sim.fleet
 from sluice.policy.autoscale.queueing import Objective, steady_slots
+from sluice.policy.kernel import Memory, World
+from sluice.policy.tick import TICK_S, TickDecision
 from sluice.sim import (
     InstanceModel,
     PlanPolicy,
@@ -177,11 +182,22 @@ def test_same_seed_same_result_and_another_seed_differs() -> None:
     assert not np.array_equal(a.done, c.done)
 
 
-def test_the_engine_drives_the_live_policy_and_admission_objects() -> None:
-    assert sluice.sim.engine.build_autoscaler is sluice.policy.autoscale.build_autoscaler
-    assert sluice.sim.engine.GroupAdmission is sluice.policy.admission.GroupAdmission
-    assert sluice.sim.engine.plan_group is sluice.policy.plan.plan_group
+def test_every_tick_is_the_kernels_step_and_the_admission_is_the_live_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert sluice.sim.fleet.step is sluice.policy.kernel.step
+    assert sluice.sim.fleet.GroupAdmission is sluice.policy.admission.GroupAdmission
+    seen: list[float] = []
+
+    def spy(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory]:
+        seen.append(now)
+        return sluice.policy.kernel.step(memory, world, now)
+
+    monkeypatch.setattr(sluice.sim.fleet, "step", spy)
     model = fixed_service(0.5)
+    res = run(prepare(model, constant_rate(20, 60)), make_policy(model, "sluice"))
+    assert len(seen) == len(res.timeline) > 60
+    assert np.allclose(np.diff(seen), TICK_S) and seen[0] == SimOptions().epoch
     for name in ("sluice", "hpa", "kpa", "fixed:2"):
         policy = make_policy(model, name)
         assert type(policy).__module__.startswith("sluice.policy.autoscale.")
@@ -230,3 +246,35 @@ def test_every_policy_pays_at_least_the_work_floor() -> None:
     for name in ("hpa", "kpa", "fixed:3"):
         s = run(work, make_policy(model, name)).summary()
         assert s["instance_seconds"] >= s["work_floor_instance_seconds"]
+
+
+def test_quota_clips_at_the_pools_count() -> None:
+    # the group alone on its pool: 3 units, one per instance; fixed:5 gets 3, and says why
+    model = model_with(autoscaling={"policy": "sluice", "min": 1, "max": 8})
+    spec = model.platform
+    assert spec is not None
+    pool = spec.pools[0].model_copy(update={"count": 3})
+    small = dataclasses.replace(model, platform=spec.model_copy(update={"pools": [pool]}))
+    work = prepare(small, constant_rate(20, 60))
+    res = run(work, make_policy(small, "fixed:5"), SimOptions(initial=1))
+    assert res.peak_instances == 3 and res.column("desired").max() == 3
+    first = res.decisions[0]
+    assert first["to"] == 3 and "quota" in first["clipped_by"]
+
+
+def test_warm_standby_is_launched_beside_the_count() -> None:
+    model = fixed_service(0.5, autoscaling={"min": 1, "max": 8, "warm_standby": 1})
+    res = run(prepare(model, constant_rate(20, 60)), make_policy(model, "fixed:3"))
+    assert res.initial_instances == 4 and res.peak_instances == 4
+    assert res.column("desired")[-1] == 3 and res.column("alive")[-1] == 4
+
+
+def test_a_crash_loop_waits_before_each_replacement() -> None:
+    # crashes every few seconds, 10 s start-up: replacements crash before any is ready,
+    # so the kernel's backoff (1 s, 2 s, 4 s ...) holds launches back
+    model = fixed_service(1.0, startup_s=10)
+    work = prepare(model, constant_rate(5, 300))
+    res = run(work, make_policy(model, "fixed:3"), SimOptions(seed=1, crash_rate_per_hour=1800))
+    short = res.column("current") < 3
+    assert short.mean() > 0.3  # a real loop: often short of its count
+    assert res.summary()["failed"] > 0

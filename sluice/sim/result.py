@@ -1,0 +1,98 @@
+"""One group's outcome of a simulation (`SimResult`): each request's completion, the
+timeline of ticks, the decision log, instance-seconds; `summary()` is the JSON document
+`sluice simulate` prints (and each group's row of a fleet's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from sluice.sim.codes import FAILED
+from sluice.sim.workload import Workload
+
+__all__ = ["SimResult"]
+
+
+@dataclass
+class SimResult:
+    """Outcome of one group's run; `summary()` is the JSON document `sluice simulate`
+    prints."""
+
+    policy: str
+    workload: Workload
+    done: npt.NDArray[np.float64]
+    """completion time per request; -2 rejected (shed/expired), -3 failed (crash/kill)"""
+    timeline: npt.NDArray[np.float64]
+    """one row per tick: TIMELINE_COLUMNS"""
+    decisions: list[dict[str, Any]]
+    instance_seconds: float
+    scale_events: int
+    peak_instances: int
+    shed: int
+    expired: int
+    end_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+    initial_instances: int = 0
+    """instances ready at t = 0, before the first decision (`SimOptions.initial` or its
+    default)"""
+
+    TIMELINE_COLUMNS = (
+        "t",
+        "arrivals",
+        "current",
+        "ready",
+        "desired",
+        "queued",
+        "in_flight",
+        "draining",
+        "alive",
+    )
+
+    def column(self, name: str) -> npt.NDArray[np.float64]:
+        return self.timeline[:, self.TIMELINE_COLUMNS.index(name)]
+
+    def latencies(self) -> npt.NDArray[np.float64]:
+        """Latency (s) of each completed request, in trace order."""
+        ok = self.done >= 0
+        return self.done[ok] - self.workload.trace.t[ok]
+
+    def summary(self) -> dict[str, Any]:
+        w = self.workload
+        n = len(w.trace)
+        ok_mask = self.done >= 0
+        lat = self.done - w.trace.t
+        in_slo = int(np.count_nonzero(ok_mask & (lat <= w.limit + 1e-9)))
+        done_lat = lat[ok_mask]
+        waits = done_lat - w.service[ok_mask]
+        q = self.column("queued") if len(self.timeline) else np.zeros(1)
+        price = w.model.price_per_hour
+        return {
+            "policy": self.policy,
+            "trace": w.trace.name,
+            "requests": n,
+            "completed": int(ok_mask.sum()),
+            "rejected": self.shed + self.expired,
+            "failed": int(np.count_nonzero(self.done == FAILED)),
+            "slo_attainment": in_slo / n if n else 1.0,
+            "slo_target": w.model.slo.target,
+            "p50_ms": _pct_ms(done_lat, 50),
+            "p90_ms": _pct_ms(done_lat, 90),
+            "p99_ms": _pct_ms(done_lat, 99),
+            "mean_wait_ms": float(waits.mean() * 1000) if waits.size else 0.0,
+            "mean_queue": float(q.mean()),
+            "instance_seconds": self.instance_seconds,
+            "cost": self.instance_seconds / 3600.0 * price,
+            "work_floor_instance_seconds": w.work_floor_instance_seconds,
+            "scale_events": self.scale_events,
+            "peak_instances": self.peak_instances,
+            "duration_s": self.end_s,
+            "initial_instances": self.initial_instances,
+            **self.extra,
+        }
+
+
+def _pct_ms(values: npt.NDArray[np.float64], q: float) -> float | None:
+    return float(np.percentile(values, q) * 1000.0) if values.size else None
