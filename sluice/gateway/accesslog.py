@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, TextIO
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from sluice.policy.route_choice import ExchangeRecord
+
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
-
-    from sluice.gateway.exchange import Exchange
 
 __all__ = ["FLUSH_INTERVAL_S", "REPEAT_LOG_S", "AccessLog"]
 
@@ -102,32 +102,17 @@ class AccessLog:
         self.write_errors = 0
         """Writes refused ever (each may have lost several lines)."""
 
-    def record(self, ex: Exchange, latency: float) -> None:
-        """Log `ex` as it ends; `latency`: seconds from its first parsed byte until now.
-
-        `group` is where it was served (after any failover or fallback, which `via` tells);
-        `queue_ms` is the time it waited for a slot; `mirror` the group a copy went to.
-        """
-        key: _Fixed = (
-            ex.method,
-            ex.url,
-            ex.status,
-            ex.tenant,
-            ex.model,
-            ex.priority,
-            ex.route,
-            ex.group,
-            ex.instance,
-            ex.via,
-            ex.mirror,
-            ex.retried,
-            ex.error_code,
-        )
+    def record(self, rec: ExchangeRecord) -> None:
+        """Log one finished exchange (see `ExchangeRecord` for what each field means)."""
+        key: _Fixed = rec[:13]  # (`FIXED_FIELDS`, spelt out for the type checker)
+        # The rest unpacked in one step, in field order: `rec.name` is a descriptor call each.
+        (_, _, _, _, _, _, _, _, _, _,
+         _, _, _, request_id, t0, queue_ms_f, latency, _, bytes_out, _) = rec  # fmt: skip
         fixed = self._fixed.get(key)
         if fixed is None:
             fixed = self._render_fixed(key)
         head, where = fixed
-        start_ms = int(ex.t0 * 1000.0)
+        start_ms = int(t0 * 1000.0)
         if start_ms != self._ts_ms:
             self._ts_ms = start_ms
             wall_ms = int((time.time() - latency) * 1000.0)
@@ -136,13 +121,13 @@ class AccessLog:
         latency_ms = self._latency.get(latency_us)
         if latency_ms is None:
             latency_ms = self._render_latency(latency_us)
-        queue_ms = f"{ex.queue_ms:.3f}" if ex.queue_ms else "0.0"
+        queue_ms = f"{queue_ms_f:.3f}" if queue_ms_f else "0.0"
         # Keys, in order: ts, request_id, method, path, status, latency_ms, queue_ms, tenant,
         # model, priority, route, group, instance, via, mirror, retried, error, bytes_out.
         # (An f-string: a third cheaper than the same line formatted with `%`.)
         line = (
-            f'{{"ts":{self._ts},"request_id":{_quote(ex.request_id.decode("latin-1"))},'
-            f'{head}{latency_ms},"queue_ms":{queue_ms}{where}{ex.bytes_out}}}\n'
+            f'{{"ts":{self._ts},"request_id":{_quote(request_id.decode("latin-1"))},'
+            f'{head}{latency_ms},"queue_ms":{queue_ms}{where}{bytes_out}}}\n'
         )
         if self._fd is not None:
             self._pending.append(line)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from random import Random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sluice.gateway.metrics import DURATION_BUCKETS_S, GroupMetrics
 from sluice.policy.admission import GroupAdmission
@@ -26,12 +26,29 @@ from sluice.policy.reachability import Reachability
 from sluice.policy.routing import Endpoint, GroupTraffic
 
 if TYPE_CHECKING:
-    from sluice.gateway.exchange import Exchange
+    from sluice.core.errors import SluiceError
     from sluice.gateway.samples import SampleRing
 
-__all__ = ["GroupRuntime"]
+__all__ = ["GroupRuntime", "Waiter", "header_value"]
 
 _NO_EJECTIONS: dict[str, Ejection] = {}
+
+
+class Waiter(Protocol):
+    """A request that waits in a group's queue for a slot (an `exchange.Exchange`, its own
+    admission ticket): what the gateway state does with it once admission let it go."""
+
+    def leave_queue(self, now: float) -> float:
+        """Out of the queue (with a slot, or refused); the seconds it waited."""
+        ...
+
+    def resume(self) -> None:
+        """It got a slot: proceed (on the next loop iteration)."""
+        ...
+
+    def refused_in_queue(self, err: SluiceError, reason: str, now: float) -> None:
+        """Admission dropped it from the queue (`reason`): answer `err`."""
+        ...
 
 
 def _outlier_settings(t: GroupTraffic) -> tuple[int, float, int, float]:
@@ -78,7 +95,7 @@ class GroupRuntime:
         self.name = name
         self.metrics = metrics
         self.traffic = GroupTraffic()
-        self.admission: GroupAdmission[Exchange] = GroupAdmission(
+        self.admission: GroupAdmission[Waiter] = GroupAdmission(
             self.traffic.max_queue, self.traffic.max_wait_s
         )
         self.outlier = self._detector(self.traffic)
@@ -120,7 +137,7 @@ class GroupRuntime:
 
     def configure(
         self, traffic: GroupTraffic, endpoints: tuple[Endpoint, ...], now: float
-    ) -> list[Exchange]:
+    ) -> list[Waiter]:
         """Apply a snapshot's settings and instances; returns waiters admitted by new slots."""
         if _outlier_settings(self.traffic) != _outlier_settings(traffic):
             self.outlier = self._detector(traffic)
@@ -146,7 +163,7 @@ class GroupRuntime:
             self.latency.forget(keep)
         return self.refresh(now)
 
-    def refresh(self, now: float) -> list[Exchange]:
+    def refresh(self, now: float) -> list[Waiter]:
         """Recompute candidates and slots from the ejections in force at `now`; returns the
         waiters that slots freed by this admit.
 
@@ -193,7 +210,7 @@ class GroupRuntime:
             return True
         return bool(self.down_since) and now - self.down_since < self.traffic.max_wait_s
 
-    def unreachable(self, instance_id: str, now: float) -> list[Exchange]:
+    def unreachable(self, instance_id: str, now: float) -> list[Waiter]:
         """A connection to the instance failed (refused, unreachable, timed out): out of
         rotation at once (see `refresh`). Returns the waiters admitted if this changed the
         slots (it never adds any, but keep it uniform)."""
@@ -203,7 +220,7 @@ class GroupRuntime:
             return self.refresh(now)
         return []
 
-    def reached(self, instance_id: str) -> list[Exchange]:
+    def reached(self, instance_id: str) -> list[Waiter]:
         """A connection to the instance succeeded; returns waiters admitted if it was out."""
         if self.reach.connected(instance_id):
             return self.refresh(time.monotonic())
@@ -253,7 +270,7 @@ class GroupRuntime:
 
     # -- outcomes -------------------------------------------------------------------------------
 
-    def failure(self, instance_id: str, reason: str, now: float) -> list[Exchange]:
+    def failure(self, instance_id: str, reason: str, now: float) -> list[Waiter]:
         """An instance failed a request (connect error, broken response, 5xx); returns the
         waiters admitted if this changed the slots (it never adds any, but keep it uniform)."""
         ep = next((e for e in self.endpoints if e.instance_id == instance_id), None)
@@ -266,7 +283,7 @@ class GroupRuntime:
             return []
         return self._ejected(instance_id, now)
 
-    def answered(self, instance_id: str, status: int, latency_s: float) -> list[Exchange]:
+    def answered(self, instance_id: str, status: int, latency_s: float) -> list[Waiter]:
         """An instance answered a request in full in `latency_s` seconds (from its first byte,
         less its queue wait); feeds latency ejection and slow start (which listens to latency
         only while latency ejection is on). A 5xx is a failure, counted by `failure`.
@@ -302,7 +319,7 @@ class GroupRuntime:
         if self.ramp.answered(ep, wall, self.slow_start_s, lagging):
             self.settle_at = self.ramp.settle_at(self.endpoints, self.slow_start_s)
 
-    def _ejected(self, instance_id: str, now: float) -> list[Exchange]:
+    def _ejected(self, instance_id: str, now: float) -> list[Waiter]:
         """`instance_id` was just ejected: its latency is judged afresh when it is back."""
         if self.latency is not None:
             self.latency.reset(instance_id)

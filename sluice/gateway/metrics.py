@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import (
     CollectorRegistry,
@@ -30,12 +30,13 @@ from prometheus_client.core import (
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from sluice.policy.routing import PRIORITIES
+from sluice.policy.admission import GroupAdmission
+from sluice.policy.route_choice import ExchangeRecord
+from sluice.policy.routing import PRIORITIES, Endpoint
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from sluice.gateway.groups import GroupRuntime
     from sluice.gateway.readiness import Readiness
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "GroupMetrics",
     "Histogram",
     "InstanceStats",
+    "RuntimeView",
 ]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -205,6 +207,16 @@ class GroupMetrics:
         stats.duration.observe(latency_s)
 
 
+class RuntimeView(Protocol):
+    """What a scrape reads of a group's live state (a `groups.GroupRuntime`)."""
+
+    @property
+    def endpoints(self) -> Sequence[Endpoint]: ...
+    @property
+    def admission(self) -> GroupAdmission[Any]: ...
+    def ejected_now(self, now: float) -> Mapping[str, object]: ...
+
+
 class GatewayMetrics:
     """Every group's counters, by group name; `""` holds requests that never reached a group
     (401, 404, rate limited, /healthz, ...)."""
@@ -213,7 +225,7 @@ class GatewayMetrics:
 
     def __init__(
         self,
-        runtimes: Callable[[], dict[str, GroupRuntime]],
+        runtimes: Callable[[], Mapping[str, RuntimeView]],
         version: Callable[[], int],
         readiness: Readiness | None = None,
     ) -> None:
@@ -230,25 +242,21 @@ class GatewayMetrics:
             gm = self.groups[name] = GroupMetrics()
         return gm
 
-    def request_done(
-        self,
-        group: str | None,
-        route: str | None,
-        status: int,
-        latency_s: float,
-        served_s: float = 0.0,
-        instance: str | None = None,
-        answer: int = 0,
-    ) -> None:
-        """Count one finished request (inlined: it runs for every request). `instance`: the
-        one that answered (or was last tried), with `answer` the status it gave it (0: none,
-        see `CODE_CLASSES`)."""
-        gm = self.groups.get(group or "")
+    def record(self, rec: ExchangeRecord) -> None:
+        """Count one finished exchange (inlined: it runs for every request). Per instance
+        (`rec.instance`: the one that answered or was tried last) by the status it gave
+        (`rec.answer`; 0: none, see `CODE_CLASSES`) and its time there (`rec.served_s`)."""
+        # Unpacked in one step, in field order: `rec.name` is a descriptor call each.
+        (_, _, status, _, _, _, route_tag, group_name, instance, _,
+         _, _, _, _, _, _, latency_s, served_s, _, answer) = rec  # fmt: skip
+        group = group_name or ""
+        gm = self.groups.get(group)
         if gm is None:
-            gm = self.groups[group or ""] = GroupMetrics()
-        stats = gm.routes.get(route or "")
+            gm = self.groups[group] = GroupMetrics()
+        route = route_tag or ""
+        stats = gm.routes.get(route)
         if stats is None:
-            stats = gm.routes[route or ""] = RouteStats()
+            stats = gm.routes[route] = RouteStats()
         statuses = stats.statuses
         statuses[status] = statuses.get(status, 0) + 1
         hist = stats.duration
@@ -265,6 +273,25 @@ class GatewayMetrics:
             hist = inst.duration
             hist.counts[bisect_left(hist.bounds, served_s)] += 1
             hist.sum += served_s
+
+    def request_done(
+        self,
+        group: str | None,
+        route: str | None,
+        status: int,
+        latency_s: float,
+        served_s: float = 0.0,
+        instance: str | None = None,
+        answer: int = 0,
+    ) -> None:
+        """`record`, for a request given by its parts (only what the metrics read)."""
+        queue_ms = (latency_s - served_s) * 1000.0
+        self.record(
+            ExchangeRecord(
+                b"", b"", status, None, None, None, route, group, instance, None, None,
+                False, None, b"", 0.0, queue_ms, latency_s, served_s, 0, answer,
+            )
+        )  # fmt: skip
 
     def route_counts(self) -> dict[str, dict[str, int]]:
         """Requests answered so far by route rule, then final group (the console's share of
@@ -285,7 +312,7 @@ class _Collector(Collector):
     def __init__(
         self,
         metrics: GatewayMetrics,
-        runtimes: Callable[[], dict[str, GroupRuntime]],
+        runtimes: Callable[[], Mapping[str, RuntimeView]],
         version: Callable[[], int],
         readiness: Readiness | None,
     ) -> None:

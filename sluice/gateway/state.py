@@ -15,11 +15,11 @@ import math
 import random
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sluice.gateway.accesslog import AccessLog
 from sluice.gateway.errors import QueueTimeout
-from sluice.gateway.groups import GroupRuntime
+from sluice.gateway.groups import GroupRuntime, Waiter, header_value
 from sluice.gateway.limits import Limits
 from sluice.gateway.metrics import GatewayMetrics
 from sluice.gateway.readiness import Readiness
@@ -28,17 +28,15 @@ from sluice.gateway.samples import GatewaySampling
 from sluice.gateway.upstream import UpstreamPool
 from sluice.policy.rate_shares import RateShare, even_share
 from sluice.policy.ratelimit import TokenBucket
-from sluice.policy.routing import (
-    GroupTraffic,
-    RequestMeta,
-    Route,
-    RouteTable,
-    RoutingSnapshot,
-    TenantAccess,
+from sluice.policy.route_choice import (
+    RouteChoice,
+    RoutePlan,
+    RouteRequest,
+    plan,
+    plan_route,
+    route_of,
 )
-
-if TYPE_CHECKING:
-    from sluice.gateway.exchange import Exchange
+from sluice.policy.routing import GroupTraffic, Route, RouteTable, RoutingSnapshot, TenantAccess
 
 __all__ = ["EMPTY_SNAPSHOT", "QUEUE_TICK_S", "GatewayState"]
 
@@ -46,6 +44,7 @@ _MEMO_MAX = 8192  # entries per memo; past that it is cleared (keys may be rando
 _BEARER = b"bearer "
 _SERVED_MAX = 4096  # instances remembered in `served` before the ones gone are forgotten
 _UNKNOWN = TenantAccess("")  # a memo miss (None in the memo means: no such key)
+_GROUP_HEADER = b"x-sluice-group"  # an operator's named group (see `RouteRequest.group`)
 QUEUE_TICK_S = 0.05
 """How often queued requests are checked for `max_wait_s` while any wait (one timer)."""
 
@@ -61,16 +60,15 @@ class GatewayState:
     per instance, `groups` hold admission and outlier state across snapshots."""
 
     __slots__ = (
+        "_plans",
         "_queue_timer",
         "_rate_caps",
         "_rate_split",
         "_rid_prefix",
         "_rid_seq",
         "_route_headers",
-        "_routes",
         "_tenants",
         "_uses_headers",
-        "_uses_priority",
         "_waiting",
         "access_log",
         "arrivals",
@@ -137,9 +135,8 @@ class GatewayState:
         self._route_headers: dict[tuple[str | None, str | None, str | None], bytes] = {}
         # Per-snapshot memos: a snapshot never changes, so its answers can be kept until the next.
         self._tenants: dict[bytes, TenantAccess | None] = {}
-        self._routes: dict[tuple[str, ...], Route] = {}
+        self._plans: dict[tuple[str, str, str | None, int], RoutePlan] = {}
         self._uses_headers = False
-        self._uses_priority = False
         self._waiting: set[GroupRuntime] = set()
         self._queue_timer: asyncio.TimerHandle | None = None
 
@@ -154,15 +151,14 @@ class GatewayState:
         if snapshot.limits is not None:
             self.limits.configure(snapshot.limits)
         self._tenants = {}
-        self._routes = {}
+        self._plans = {}
         self._uses_headers = snapshot.routes.uses_headers
-        self._uses_priority = snapshot.routes.uses_priority
         names = {*snapshot.group_models, *snapshot.endpoints, *snapshot.traffic}
         if len(self.served) > _SERVED_MAX:  # forget instances long gone; keep the live ones
             live = {ep.instance_id for eps in snapshot.endpoints.values() for ep in eps}
             self.served = {i: n for i, n in self.served.items() if i in live}
         groups = self.groups
-        orphans: list[Exchange] = []
+        orphans: list[Waiter] = []
         for name in [n for n in groups if n not in names]:
             gone = groups.pop(name)
             self._waiting.discard(gone)
@@ -245,22 +241,36 @@ class GatewayState:
         memo[authorization] = tenant
         return tenant
 
-    def resolve(
-        self, tenant: TenantAccess, model: str, priority: str, headers: list[bytes]
-    ) -> Route:
-        """`snapshot.resolve`, memoised per (tenant, model[, priority]) unless some rule reads
-        headers; refusals are not memoised."""
+    def choose(
+        self, tenant: TenantAccess, model: str, priority: str | None, headers: list[bytes]
+    ) -> RouteChoice:
+        """`route_choice.choose` for one request of `tenant` (`priority`: the one it asked
+        for, if it may ask), with its plan kept for the snapshot served: per (tenant, model,
+        priority), and per rule matched when rules read headers (then the rules are looked
+        up per request). An operator's named group is planned per request. Refusals are
+        not kept (they raise)."""
+        snapshot = self.snapshot
+        direct = header_value(headers, _GROUP_HEADER) if tenant.operator else None
+        if direct is not None:
+            named = RouteRequest(tenant, model, priority, group=direct)
+            return plan(snapshot, named).draw(self.rng)
+        request: RouteRequest | None = None
+        route: Route | None = None
         if self._uses_headers:
-            meta = RequestMeta(tenant.name, model, priority, header_map(headers))
-            return self.snapshot.resolve(tenant, meta)
-        key = (tenant.name, model, priority) if self._uses_priority else (tenant.name, model)
-        route = self._routes.get(key)
-        if route is None:
-            route = self.snapshot.resolve(tenant, RequestMeta(tenant.name, model, priority))
-            if len(self._routes) >= _MEMO_MAX:
-                self._routes.clear()
-            self._routes[key] = route
-        return route
+            request = RouteRequest(tenant, model, priority, header_map(headers))
+            route = route_of(snapshot, request)
+        key = (tenant.name, model, priority, -1 if route is None else route.index)
+        plans = self._plans
+        found = plans.get(key)
+        if found is None:
+            if request is None or route is None:
+                found = plan(snapshot, RouteRequest(tenant, model, priority))
+            else:
+                found = plan_route(snapshot, request, route)
+            if len(plans) >= _MEMO_MAX:
+                plans.clear()
+            plans[key] = found
+        return found.draw(self.rng)
 
     def rate_wait(self, tenant: str) -> float:
         """0.0 if `tenant` may send one more request now, else seconds until it may (at
@@ -306,7 +316,7 @@ class GatewayState:
 
     # -- the queue ------------------------------------------------------------------------------
 
-    def wake(self, group: GroupRuntime, woken: list[Exchange], now: float) -> None:
+    def wake(self, group: GroupRuntime, woken: list[Waiter], now: float) -> None:
         """Queued requests that got a slot: each resumes on the next loop iteration (not in
         the middle of the exchange whose release freed the slot)."""
         loop = asyncio.get_running_loop()

@@ -2,7 +2,7 @@
 30 req/s through the gateway.
 
 A request the killed instance had not answered yet got no byte of its answer, so the gateway
-retries it on another instance (`relay.py`: `upstream_failed` with nothing received), and a
+retries it on another instance (`exchange.py`: `upstream_failed` with nothing received), and a
 request that finds the dead instance's port closed is retried too. So at most the requests in
 flight at each kill may fail (bounded by the client's in-flight count at that instant, and
 by `max_concurrency`), and in practice none should. Recovery: from a kill until the group has

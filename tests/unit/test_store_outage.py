@@ -12,7 +12,6 @@ import logging
 import os
 import sqlite3
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -27,6 +26,7 @@ from sluice.cli.serving import StoreOutageFilter
 from sluice.cli.statedir import hold_state_dir
 from sluice.core import StoreUnavailable, Unavailable
 from sluice.gateway.accesslog import REPEAT_LOG_S, AccessLog
+from sluice.policy.route_choice import ExchangeRecord
 from sluice.store import outage_reason, redacted, store_unavailable
 
 PASSWORD = "pw-c0ffee-5ecret"
@@ -188,8 +188,8 @@ def test_the_filter_drops_an_outages_traceback_and_spaces_its_repeats() -> None:
 # -- the access log on a full disk -----------------------------------------------------------
 
 
-def exchange(n: int) -> Any:
-    return SimpleNamespace(
+def exchange(n: int) -> ExchangeRecord:
+    return ExchangeRecord(
         method=b"POST",
         url=b"/v1/chat/completions",
         status=200,
@@ -203,10 +203,13 @@ def exchange(n: int) -> Any:
         mirror=None,
         retried=False,
         error_code=None,
+        request_id=b"rid-%d" % n,
         t0=0.001 * n,
         queue_ms=0.0,
-        request_id=b"rid-%d" % n,
+        latency_s=0.01,
+        served_s=0.01,
         bytes_out=10,
+        answer=200,
     )
 
 
@@ -232,7 +235,7 @@ async def test_a_full_disk_costs_lines_counted_and_one_log_line_a_minute(
     stream = FullDisk()
     log = AccessLog(stream, monotonic=lambda: now[0])
     for n in range(200):  # 200 requests in 20 s on a full disk: no exception reaches them
-        log.record(exchange(n), 0.01)
+        log.record(exchange(n))
         log.flush()
         now[0] += 0.1
     assert log.dropped == 200 and log.write_errors == 200
@@ -240,10 +243,10 @@ async def test_a_full_disk_costs_lines_counted_and_one_log_line_a_minute(
     assert len(said) == 1 and said[0].levelno == logging.ERROR and not said[0].exc_info
     assert "cannot be written (No space left on device)" in said[0].getMessage()
     now[0] = REPEAT_LOG_S + 1.0
-    log.record(exchange(200), 0.01)
+    log.record(exchange(200))
     assert "201 line(s) lost in 61 s" in caplog.records[-1].getMessage()
     stream.full = False  # space freed
-    log.record(exchange(201), 0.01)
+    log.record(exchange(201))
     log.flush()
     assert "written again" in caplog.records[-1].getMessage()
     assert [json.loads(line)["request_id"] for line in stream.getvalue().splitlines()] == [
@@ -273,21 +276,21 @@ async def test_a_file_cut_mid_line_by_a_full_disk_keeps_whole_lines(
 
     monkeypatch.setattr(accesslog_module.os, "write", write)
     probe = io.StringIO()
-    AccessLog(probe).record(exchange(0), 0.01)
+    AccessLog(probe).record(exchange(0))
     room[0] = len(probe.getvalue()) * 3 // 2  # a line and a half
     with path.open("a", buffering=1 << 16, encoding="utf-8") as stream:
         log = AccessLog(stream)
         for n in range(5):
-            log.record(exchange(n), 0.01)
+            log.record(exchange(n))
         log.flush()  # the first line fits, the second is cut: 4 lost
         assert log.dropped == 4
         for n in range(5, 8):
-            log.record(exchange(n), 0.01)
+            log.record(exchange(n))
         log.flush()  # still full: 3 more
         assert log.dropped == 7
         room[0] = 1 << 20  # space freed
         for n in range(8, 10):
-            log.record(exchange(n), 0.01)
+            log.record(exchange(n))
         log.flush()
     lines = path.read_text().splitlines()
     assert json.loads(lines[0])["request_id"] == "rid-0"
@@ -303,10 +306,10 @@ async def test_the_access_log_writes_a_healthy_file_whole(tmp_path: Path) -> Non
     with path.open("a", buffering=1 << 16, encoding="utf-8") as stream:
         log = AccessLog(stream)
         for n in range(3):
-            log.record(exchange(n), 0.01)
+            log.record(exchange(n))
         await asyncio.sleep(0.3)  # the timed flush
         assert len(path.read_text().splitlines()) == 3
-        log.record(exchange(3), 0.01)
+        log.record(exchange(3))
         log.flush()
     assert len(path.read_text().splitlines()) == 4 and log.dropped == 0
 
