@@ -70,6 +70,14 @@ def simulate(
     fleet: Annotated[
         bool, typer.Option("--fleet", help="simulate every group of the spec together")
     ] = False,
+    routed: Annotated[
+        bool,
+        typer.Option(
+            "--routed",
+            help="one trace of callers (tenant, model, priority): route each request by "
+            "the spec's rules and rate limits, run the fleet, report per route and tenant",
+        ),
+    ] = False,
     pool: Annotated[
         list[str] | None,
         typer.Option("--pool", help="NAME=COUNT: the pool's size instead of the spec's (fleet)"),
@@ -84,6 +92,7 @@ def simulate(
         TraceShape,
         parse_pool_counts,
         simulate_fleet_spec,
+        simulate_routed_spec,
         simulate_spec,
         wants_fleet,
     )
@@ -92,6 +101,26 @@ def simulate(
         if speedup <= 0 or rate_scale <= 0:
             raise SpecError([SpecIssue("--speedup/--rate-scale", "must be > 0")])
         shape = TraceShape(start, duration, speedup, rate_scale)
+        fleet_options = FleetOptions(
+            seed=seed,
+            crash_rate_per_hour=crash_rate,
+            slow_start_prob=slow_start_prob,
+            slow_start_factor=slow_start_factor,
+        )
+        if routed:
+            if len(trace) != 1 or warm:
+                fix = "give one --trace of callers (no GROUP= prefix) and no --warm-start"
+                raise SpecError([SpecIssue("--routed", f"a routed run reads one trace; {fix}")])
+            return simulate_routed_spec(
+                spec,
+                trace[0],
+                policy=policy,
+                slo_ms=slo_ms,
+                shape=shape,
+                pools=parse_pool_counts(pool or []),
+                options=fleet_options,
+                report_dir=report,
+            )
         if wants_fleet(trace, fleet):
             if warm:
                 why = "the one-group simulation's option (the oracle's count); leave it out"
@@ -104,12 +133,7 @@ def simulate(
                 slo_ms=slo_ms,
                 shape=shape,
                 pools=parse_pool_counts(pool or []),
-                options=FleetOptions(
-                    seed=seed,
-                    crash_rate_per_hour=crash_rate,
-                    slow_start_prob=slow_start_prob,
-                    slow_start_factor=slow_start_factor,
-                ),
+                options=fleet_options,
                 report_dir=report,
             )
         if pool:
@@ -135,6 +159,8 @@ def simulate(
     def render(r: dict[str, Any]) -> None:
         if r.get("mode") == "fleet":
             render_fleet(r)
+            if "routed" in r:
+                render_routed(r["routed"])
             return
         out.print(
             f"{r['group']} / {r['policy']} ({r['start']} start, "
@@ -202,3 +228,40 @@ def render_fleet(r: dict[str, Any]) -> None:
     out.print(f"pools: {pools}; {len(r['ledger'])} loans in the ledger", soft_wrap=True)
     if "report" in r:
         out.print(f"report: {r['report']}")
+
+
+def render_routed(r: dict[str, Any]) -> None:
+    """A row per route (the groups it reached), then per tenant (what the gateway refused
+    itself: rate limits, no route): requests, SLO attainment, p50/p99, rejected and failed
+    in the groups."""
+    from rich import box
+    from rich.table import Column, Table
+
+    def table(what: str, extra: str) -> Table:
+        return Table(
+            *(Column(what, no_wrap=True), Column(extra, no_wrap=True), "REQS", "SLO %"),
+            *("P50 MS", "P99 MS", "REJ", "FAIL"),
+            title=f"by {what.lower()}",
+            caption="REJ: shed or expired in its group's queue; FAIL: failed at an instance",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            padding=(0, 1, 0, 0),
+        )
+
+    def numbers(o: dict[str, Any]) -> tuple[str, ...]:
+        return (
+            *(str(o["requests"]), f"{100 * o['slo_attainment']:.2f}"),
+            f"{o['p50_ms']:.0f}" if o["p50_ms"] is not None else "-",
+            f"{o['p99_ms']:.0f}" if o["p99_ms"] is not None else "-",
+            *(str(o["rejected"]), str(o["failed"])),
+        )
+
+    routes = table("ROUTE", "TO")
+    for tag, o in r["routes"].items():
+        routes.add_row(tag, ", ".join(o["groups"]), *numbers(o))
+    out.print(routes)
+    tenants = table("TENANT", "REFUSED")
+    for name, o in r["tenants"].items():
+        refused = ", ".join(f"{k} {v}" for k, v in o["refused"].items()) or "-"
+        tenants.add_row(name, refused, *numbers(o))
+    out.print(tenants)

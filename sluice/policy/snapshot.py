@@ -21,7 +21,7 @@ from sluice.policy.routing import (
 )
 from sluice.spec.models import GroupSpec, PlatformSpec, RouteSpec, TenantSpec
 
-__all__ = ["build_routing_snapshot", "route_rules"]
+__all__ = ["build_routing_snapshot", "route_rules", "tenant_access"]
 
 
 def route_rules(spec: PlatformSpec) -> list[RouteRule]:
@@ -52,7 +52,8 @@ def _rule(r: RouteSpec) -> RouteRule:
     )
 
 
-def _tenant(t: TenantSpec) -> TenantAccess:
+def tenant_access(t: TenantSpec) -> TenantAccess:
+    """What tenant `t` may reach, as routing reads it."""
     limit = t.rate_limit
     return TenantAccess(
         name=t.name,
@@ -95,7 +96,7 @@ def build_routing_snapshot(
     in force; `version` numbers the snapshot."""
     tenants: dict[str, TenantAccess] = {}
     for t in spec.tenants:
-        access = _tenant(t)
+        access = tenant_access(t)
         for key in t.api_keys:
             tenants[api_key_digest(key)] = access
         for digest in t.api_key_sha256:

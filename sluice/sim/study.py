@@ -27,6 +27,7 @@ from sluice.sim.model import InstanceModel, pick_group
 from sluice.sim.oracle import oracle
 from sluice.sim.report import write_report
 from sluice.sim.result import SimResult
+from sluice.sim.routed import route_trace, routed_outcomes
 from sluice.sim.single import SimOptions, make_policy, run
 from sluice.sim.trace import Trace, has_group_column, load_group_traces
 from sluice.sim.warm import warm_start
@@ -188,6 +189,52 @@ def fleet_traces(
             raise SpecError([SpecIssue("--trace", why, source)])
         out[name] = load_trace_or_family(ref)
     return out
+
+
+def simulate_routed_spec(
+    spec_path: str | Path,
+    ref: str,
+    *,
+    policy: str | None = None,
+    slo_ms: float | None = None,
+    shape: TraceShape | None = None,
+    pools: Mapping[str, int] | None = None,
+    options: FleetOptions | None = None,
+    report_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """One trace of callers (tenant, model, priority per request) through the spec's own
+    rate limits and route choice (`sluice.sim.routed`), then the whole fleet; the summary
+    adds `routed`: outcomes per route and per tenant."""
+    if policy in ("oracle", "causal"):
+        fix = "the fleet runs the live policies; use the one-group simulation for it"
+        raise SpecError([SpecIssue("--policy", f"{policy!r}: {fix}")])
+    spec = load_spec_file(spec_path).spec
+    sh = shape or TraceShape()
+    o = options or FleetOptions()
+    trace = load_trace_or_family(ref).transform(
+        start=sh.start,
+        duration=sh.duration,
+        speedup=sh.speedup,
+        rate_scale=sh.rate_scale,
+        seed=o.seed,
+    )
+    routed = route_trace(spec, trace, o.seed)
+    groups = {g.name: g for g in spec.groups}
+    works = {
+        name: prepare(InstanceModel.from_spec(spec, groups[name], slo_ms), part)
+        for name, part in routed.groups.items()
+    }
+    if policy is not None:
+        every = {g.name: policy for g in spec.groups if g.autoscaling is not None}
+        o = dataclasses.replace(o, policies=every)
+    if pools:
+        o = dataclasses.replace(o, pool_counts={**o.pool_counts, **pools})
+    result = run_fleet(spec, works, o)
+    summary = result.summary()
+    summary["routed"] = routed_outcomes(routed, result)
+    if report_dir is not None:
+        summary["report"] = str(write_fleet_report(result, report_dir, summary))
+    return summary
 
 
 def simulate_fleet_spec(
