@@ -107,35 +107,24 @@ def simulate(
             slow_start_prob=slow_start_prob,
             slow_start_factor=slow_start_factor,
         )
+        fleet_args: dict[str, Any] = {
+            "policy": policy,
+            "slo_ms": slo_ms,
+            "shape": shape,
+            "pools": parse_pool_counts(pool or []),
+            "options": fleet_options,
+            "report_dir": report,
+        }
         if routed:
             if len(trace) != 1 or warm:
                 fix = "give one --trace of callers (no GROUP= prefix) and no --warm-start"
                 raise SpecError([SpecIssue("--routed", f"a routed run reads one trace; {fix}")])
-            return simulate_routed_spec(
-                spec,
-                trace[0],
-                policy=policy,
-                slo_ms=slo_ms,
-                shape=shape,
-                pools=parse_pool_counts(pool or []),
-                options=fleet_options,
-                report_dir=report,
-            )
+            return simulate_routed_spec(spec, trace[0], **fleet_args)
         if wants_fleet(trace, fleet):
             if warm:
                 why = "the one-group simulation's option (the oracle's count); leave it out"
                 raise SpecError([SpecIssue("--warm-start", why)])
-            return simulate_fleet_spec(
-                spec,
-                trace,
-                group=group,
-                policy=policy,
-                slo_ms=slo_ms,
-                shape=shape,
-                pools=parse_pool_counts(pool or []),
-                options=fleet_options,
-                report_dir=report,
-            )
+            return simulate_fleet_spec(spec, trace, group=group, **fleet_args)
         if pool:
             fix = "add --fleet (or --trace GROUP=FILE) to run the fleet simulation"
             raise SpecError([SpecIssue("--pool", f"a pool size is a fleet what-if; {fix}")])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from sluice.core.errors import SpecError, SpecIssue
 from sluice.sim.causal import HINDSIGHT_NOTE, causal
 from sluice.sim.families import FAMILY_PREFIX, load_trace_or_family
 from sluice.sim.fleet import FleetOptions, run_fleet
-from sluice.sim.fleet_report import write_fleet_report
+from sluice.sim.fleet_report import FleetResult, write_fleet_report
 from sluice.sim.model import InstanceModel, pick_group
 from sluice.sim.oracle import oracle
 from sluice.sim.report import write_report
@@ -31,7 +31,7 @@ from sluice.sim.routed import route_trace, routed_outcomes
 from sluice.sim.single import SimOptions, make_policy, run
 from sluice.sim.trace import Trace, has_group_column, load_group_traces
 from sluice.sim.warm import warm_start
-from sluice.sim.workload import prepare
+from sluice.sim.workload import Workload, prepare
 from sluice.spec import PlatformSpec
 from sluice.spec.loader import load_spec_file
 
@@ -57,6 +57,16 @@ class TraceShape:
     speedup: float = 1.0
     rate_scale: float = 1.0
 
+    def of(self, trace: Trace, seed: int) -> Trace:
+        """`trace` windowed and scaled; `seed` draws the copies of a rate scale above 1."""
+        return trace.transform(
+            start=self.start,
+            duration=self.duration,
+            speedup=self.speedup,
+            rate_scale=self.rate_scale,
+            seed=seed,
+        )
+
 
 def simulate_spec(
     spec_path: str | Path,
@@ -78,13 +88,7 @@ def simulate_spec(
     model = InstanceModel.from_spec(loaded.spec, g, slo_ms)
     sh = shape or TraceShape()
     o = options or SimOptions()
-    trace = load_trace_or_family(trace_path).transform(
-        start=sh.start,
-        duration=sh.duration,
-        speedup=sh.speedup,
-        rate_scale=sh.rate_scale,
-        seed=o.seed,
-    )
+    trace = sh.of(load_trace_or_family(trace_path), o.seed)
     work = prepare(model, trace)
     extra: dict[str, Any] = {}
     result: SimResult
@@ -205,36 +209,19 @@ def simulate_routed_spec(
     """One trace of callers (tenant, model, priority per request) through the spec's own
     rate limits and route choice (`sluice.sim.routed`), then the whole fleet; the summary
     adds `routed`: outcomes per route and per tenant."""
-    if policy in ("oracle", "causal"):
-        fix = "the fleet runs the live policies; use the one-group simulation for it"
-        raise SpecError([SpecIssue("--policy", f"{policy!r}: {fix}")])
     spec = load_spec_file(spec_path).spec
-    sh = shape or TraceShape()
     o = options or FleetOptions()
-    trace = load_trace_or_family(ref).transform(
-        start=sh.start,
-        duration=sh.duration,
-        speedup=sh.speedup,
-        rate_scale=sh.rate_scale,
-        seed=o.seed,
+    routed = route_trace(
+        spec, (shape or TraceShape()).of(load_trace_or_family(ref), o.seed), o.seed
     )
-    routed = route_trace(spec, trace, o.seed)
     groups = {g.name: g for g in spec.groups}
     works = {
         name: prepare(InstanceModel.from_spec(spec, groups[name], slo_ms), part)
         for name, part in routed.groups.items()
     }
-    if policy is not None:
-        every = {g.name: policy for g in spec.groups if g.autoscaling is not None}
-        o = dataclasses.replace(o, policies=every)
-    if pools:
-        o = dataclasses.replace(o, pool_counts={**o.pool_counts, **pools})
-    result = run_fleet(spec, works, o)
-    summary = result.summary()
-    summary["routed"] = routed_outcomes(routed, result)
-    if report_dir is not None:
-        summary["report"] = str(write_fleet_report(result, report_dir, summary))
-    return summary
+    return _fleet_run(
+        spec, works, o, policy, pools, report_dir, lambda r: {"routed": routed_outcomes(routed, r)}
+    )
 
 
 def simulate_fleet_spec(
@@ -252,24 +239,32 @@ def simulate_fleet_spec(
     """Run the whole spec on its traces (`fleet_traces`), each windowed and scaled by
     `shape`; `policy` replaces every autoscaled group's, `pools` the pools' counts. Returns
     `FleetResult.summary()` (the `--json` document)."""
-    if policy in ("oracle", "causal"):
-        fix = "the fleet runs the live policies; use the one-group simulation for it"
-        raise SpecError([SpecIssue("--policy", f"{policy!r}: {fix}")])
     spec = load_spec_file(spec_path).spec
     sh = shape or TraceShape()
     o = options or FleetOptions()
-    works = {}
-    for name, trace in fleet_traces(spec, refs, group, str(spec_path)).items():
-        g = spec.group(name)
-        assert g is not None
-        cut = trace.transform(
-            start=sh.start,
-            duration=sh.duration,
-            speedup=sh.speedup,
-            rate_scale=sh.rate_scale,
-            seed=o.seed,
-        )
-        works[name] = prepare(InstanceModel.from_spec(spec, g, slo_ms), cut)
+    groups = {g.name: g for g in spec.groups}
+    works = {
+        name: prepare(InstanceModel.from_spec(spec, groups[name], slo_ms), sh.of(trace, o.seed))
+        for name, trace in fleet_traces(spec, refs, group, str(spec_path)).items()
+    }
+    return _fleet_run(spec, works, o, policy, pools, report_dir)
+
+
+def _fleet_run(
+    spec: PlatformSpec,
+    works: Mapping[str, Workload],
+    options: FleetOptions,
+    policy: str | None,
+    pools: Mapping[str, int] | None,
+    report_dir: str | Path | None,
+    more: Callable[[FleetResult], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """`run_fleet` with `policy` for every autoscaled group and `pools` as the pools' counts;
+    its summary, with what `more` reads from the result, and the report if asked."""
+    if policy in ("oracle", "causal"):
+        fix = "the fleet runs the live policies; use the one-group simulation for it"
+        raise SpecError([SpecIssue("--policy", f"{policy!r}: {fix}")])
+    o = options
     if policy is not None:
         every = {g.name: policy for g in spec.groups if g.autoscaling is not None}
         o = dataclasses.replace(o, policies=every)
@@ -277,6 +272,8 @@ def simulate_fleet_spec(
         o = dataclasses.replace(o, pool_counts={**o.pool_counts, **pools})
     result = run_fleet(spec, works, o)
     summary = result.summary()
+    if more is not None:
+        summary.update(more(result))
     if report_dir is not None:
         summary["report"] = str(write_fleet_report(result, report_dir, summary))
     return summary

@@ -39,6 +39,21 @@ def pairs(packed: bytes) -> list[tuple[float, float]]:
     return list(_PAIR.iter_unpack(packed))
 
 
+def _dropped(samples: bytes, cutoff: float, total: float, evictions: int) -> tuple[int, float, int]:
+    """How many bytes of packed (t, value) pairs lie at or before `cutoff`, with `total`
+    less their values and `evictions` counting them (the order of the subtractions kept)."""
+    unpack = _PAIR.unpack_from
+    k, n = 0, len(samples)
+    while k < n:
+        at, v = unpack(samples, k)
+        if at > cutoff:
+            break
+        total -= v
+        evictions += 1
+        k += _PAIR_SIZE
+    return k, total, evictions
+
+
 @dataclass(frozen=True, slots=True)
 class SlidingMean:
     """Mean of the samples taken within the last `window_s` seconds (sample-weighted).
@@ -58,19 +73,9 @@ class SlidingMean:
     def add(self, t: float, value: float) -> SlidingMean:
         """The window with `value` taken at `t` (and what `t` pushes out of it dropped)."""
         old = self.samples
-        total = self.total + value
-        evictions = self.evictions
         cutoff = t - self.window_s
-        unpack = _PAIR.unpack_from
-        k, n = 0, len(old)
-        while k < n:
-            at, v = unpack(old, k)
-            if at > cutoff:
-                break
-            total -= v
-            evictions += 1
-            k += _PAIR_SIZE
-        if k == n and t <= cutoff:  # a window of 0 keeps nothing, the new sample included
+        k, total, evictions = _dropped(old, cutoff, self.total + value, self.evictions)
+        if k == len(old) and t <= cutoff:  # a window of 0 keeps nothing, the new sample included
             total -= value
             evictions += 1
             samples = b""
@@ -88,16 +93,7 @@ class SlidingMean:
         cutoff = now - self.window_s
         if not samples or _PAIR.unpack_from(samples, 0)[0] > cutoff:
             return self
-        total, evictions = self.total, self.evictions
-        unpack = _PAIR.unpack_from
-        k, n = 0, len(samples)
-        while k < n:
-            at, v = unpack(samples, k)
-            if at > cutoff:
-                break
-            total -= v
-            evictions += 1
-            k += _PAIR_SIZE
+        k, total, evictions = _dropped(samples, cutoff, self.total, self.evictions)
         kept = samples[k:]
         if evictions >= _RESUM_EVERY:
             total = math.fsum(v for _, v in _PAIR.iter_unpack(kept))
