@@ -36,11 +36,12 @@ instance; Drain: draining; Remove: stopped at once). The loan ledger is kept wit
 `ledger_changes`, as `LiveQuota._sync_ledger` does. So quota (the pool's count, borrowing,
 reclaims, budgets), warm standby (launched, and counted by quota) and crash-loop backoff
 (a group whose instances keep crashing waits before each replacement) are the kernel's.
+Warm standby stays out of rotation as the live routing keeps it: a group serves from its
+oldest ready instances, as many as its count in force (`rotate`).
 
 Not simulated: rollouts (no floors), pins, overrides and no-gain holds (the `World` has
-none), warm standby kept out of rotation (standby instances serve here), slow start's
-small share of traffic for a newly ready instance, the route choice (each trace row goes
-to its group).
+none), slow start's small share of traffic for a newly ready instance; the route choice
+only with `sluice.sim.routed` (else each trace row goes to its group).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import dataclasses
 import math
 import random
 from bisect import bisect_left
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
@@ -155,6 +156,9 @@ class _Lane:
     """slots per instance (max_concurrency)"""
     starting: list[int] = field(default_factory=list)
     active: list[int] = field(default_factory=list)
+    """ready instances in rotation, in the order they became ready"""
+    spare: list[int] = field(default_factory=list)
+    """ready instances kept out of rotation (warm standby: the newest), oldest first"""
     positions: list[int] = field(default_factory=list)
     """indexes of the group's requests in the merged arrivals"""
     lat_log: list[float] = field(default_factory=list)
@@ -176,9 +180,13 @@ class _Lane:
     shed: int = 0
     expired: int = 0
     scale_events: int = 0
+    clipped: Counter[str] = field(default_factory=Counter)
+    """decisions clipped, by guard (quota, budget, cooldown, step, max, ...)"""
     refusals: int = 0
     initial: int = 0
     units_now: int = 0
+    warm: bool = False
+    """keeps warm standby out of rotation (an active autoscaler's `warm_standby`)"""
     sampled: int = 0
     before: int = 0
     """instances starting or ready when the tick began"""
@@ -189,7 +197,9 @@ class _Lane:
         count = spec_count(g)  # as `Controller.desired_replicas` starts
         adm: GroupAdmission[int] = GroupAdmission(g.queue.max_length, g.queue.max_wait_s)
         c = g.max_concurrency
-        return cls(gi, g, work, adm, [set() for _ in range(c)], count, c)
+        lane = cls(gi, g, work, adm, [set() for _ in range(c)], count, c)
+        lane.warm = standby(g) > 0
+        return lane
 
     def load(self, at: float, arrivals: int) -> GroupLoad:
         """The group's `GroupLoad`; `current` is the count in force (what the controller
@@ -205,7 +215,7 @@ class _Lane:
         return GroupLoad(
             at=at,
             current=self.count,
-            ready=len(self.active),
+            ready=len(self.active) + len(self.spare),
             slots_per_instance=self.c,
             in_flight=self.adm.in_use,
             queued=self.adm.queue_length,
@@ -259,6 +269,7 @@ def run_fleet(
     push, pop = heappush, heappop
     state: list[int] = []
     inflight: list[int] = []
+    rotating: list[bool] = []  # ready and in rotation (not a warm standby)
     lane_of: list[_Lane] = []
     launched: list[float] = []
     stopped: list[float] = []
@@ -276,6 +287,7 @@ def run_fleet(
         L.seq += 1
         state.append(STARTING)
         inflight.append(0)
+        rotating.append(False)
         lane_of.append(L)
         launched.append(now)
         stopped.append(math.nan)
@@ -319,12 +331,38 @@ def run_fleet(
             rec.released(now)
 
     def take_out(k: int, now: float) -> None:
-        """A ready instance leaves rotation (drain, removal or crash)."""
+        """A ready instance leaves (drain, removal or crash): out of rotation, or out of
+        the warm standby, which the next in line then refills (`rotate`)."""
         L = lane_of[k]
-        lvl = inflight[k]
-        if lvl < L.c:
-            L.buckets[lvl].discard(k)
-        L.active.remove(k)
+        if rotating[k]:
+            lvl = inflight[k]
+            if lvl < L.c:
+                L.buckets[lvl].discard(k)
+            L.active.remove(k)
+            rotating[k] = False
+        else:
+            L.spare.remove(k)
+        rotate(L, now)
+
+    def rotate(L: _Lane, now: float) -> None:
+        """A warm-standby group serves from its oldest ready instances, as many as its count
+        in force; the newest stay out of rotation (what the live routing publishes). Then
+        the gateway's slots follow the instances in rotation."""
+        if L.warm:
+            active, spare, buckets = L.active, L.spare, L.buckets
+            while len(active) > L.count:
+                k = active.pop()  # the newest in rotation becomes the oldest spare
+                lvl = inflight[k]
+                if lvl < L.c:
+                    buckets[lvl].discard(k)
+                rotating[k] = False
+                spare.insert(0, k)
+            while len(active) < L.count and spare:
+                k = spare.pop(0)
+                active.append(k)
+                rotating[k] = True
+                if inflight[k] < L.c:
+                    buckets[inflight[k]].add(k)
         for r in L.adm.set_slots(len(L.active) * L.c):
             start(L, r, now)
 
@@ -421,9 +459,9 @@ def run_fleet(
         counted without asking the tiers one instance at a time."""
         own = own_units // L.g.resources.accelerators
         if own <= 0 or own >= L.before:
-            told = len(L.starting) + len(L.active) - (L.seq - L.seq_before)
+            told = len(L.starting) + len(L.active) + len(L.spare) - (L.seq - L.seq_before)
             return (told, 0) if own > 0 else (0, told)
-        seen = [tiers.get(sids[k]) for k in (*L.starting, *L.active)]
+        seen = [tiers.get(sids[k]) for k in (*L.starting, *L.active, *L.spare)]
         return seen.count(STABLE), seen.count(BURST)
 
     def tick(now: float, arrived: int) -> bool:
@@ -446,7 +484,8 @@ def run_fleet(
             for name in due(memory, compiled, at)
         }
         for L in lanes:  # what the tiers are told of (`_tiers_after`)
-            L.before, L.seq_before = len(L.starting) + len(L.active), L.seq
+            L.before = len(L.starting) + len(L.active) + len(L.spare)
+            L.seq_before = L.seq
         observed = list(live.values())
         if failed:
             observed += [status[k] for k in failed]
@@ -457,10 +496,14 @@ def run_fleet(
         for name, count in d.counts.items():
             by_name[name].count = count
             by_name[name].scale_events += 1
+            if by_name[name].warm:
+                rotate(by_name[name], now)
         for s in d.scaled:
             if s.advisory:
                 continue
             L = by_name[s.group.name]
+            if s.guards:
+                L.clipped.update(s.guards)
             if s.count != s.actual:
                 if len(L.decisions) >= o.decision_log:
                     continue
@@ -505,9 +548,10 @@ def run_fleet(
             L.units_now = alloc.grants[name].units_held
             adm = L.adm
             busy = busy or adm.in_use > 0 or adm.queue_length > 0
-            running = len(L.starting) + len(L.active)
+            ready = len(L.active) + len(L.spare)
+            running = len(L.starting) + ready
             row: tuple[float, ...] = (now, bisect_left(L.positions, arrived), running)
-            row += (len(L.active), L.count)
+            row += (ready, L.count)
             row += (adm.queue_length, adm.in_use, L.draining, L.alive)
             row += (*tiers_after(L, alloc.grants[name].own_units), borrowed.get(name, 0))
             L.rows.append((*row, lent.get(name, 0), L.units_now))
@@ -537,9 +581,10 @@ def run_fleet(
                 lvl = inflight[k]
                 inflight[k] = lvl - 1
                 if st == ACTIVE:
-                    if lvl < L.c:
-                        L.buckets[lvl].remove(k)
-                    L.buckets[lvl - 1].add(k)
+                    if rotating[k]:
+                        if lvl < L.c:
+                            L.buckets[lvl].remove(k)
+                        L.buckets[lvl - 1].add(k)
                 elif lvl == 1:  # a draining instance finished its last request
                     stop(k, now)
                 woken = L.adm.release()
@@ -557,11 +602,11 @@ def run_fleet(
                     L.starting.remove(r)
                     L.active.append(r)
                     L.buckets[0].add(r)
+                    rotating[r] = True
                     live[r] = status[r] = dataclasses.replace(
                         status[r], state=InstanceState.READY, ready_at=epoch + now
                     )
-                    for w in L.adm.set_slots(len(L.active) * L.c):
-                        start(L, w, now)
+                    rotate(L, now)
             elif k == _CRASH:
                 crash(r, now)
             elif state[r] == DRAINING:  # a drain that outlived drain_timeout_s
@@ -603,6 +648,7 @@ def run_fleet(
             expired=L.expired,
             end_s=now,
             initial_instances=L.initial,
+            extra={"clipped_decisions": dict(sorted(L.clipped.items()))},
         )
         pool = spec.pool(L.g.resources.pool)
         groups[L.g.name] = FleetGroup(

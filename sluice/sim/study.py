@@ -126,6 +126,8 @@ def simulate_spec(
     summary = result.summary()
     summary.update(extra)
     summary["start"] = "warm" if warm else "cold"
+    # the count changes, as the live controller's `autoscale` events say them
+    summary["scale_decisions"] = [d for d in result.decisions if d["changed"]]
     if ws is not None:
         summary["warm_start_oracle_plan"] = ws.oracle.plan
     summary["policy"] = policy or (g.autoscaling.policy if g.autoscaling else "fixed")

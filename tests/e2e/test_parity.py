@@ -1,0 +1,124 @@
+"""One brain, two bodies, end to end: the same spec and the same arrivals through
+`sluice simulate` and through a live `sluice up` (sim runtime) scale the group the same
+way: the counts it passes through, where quota clips it (a limit of 3 units, one of them
+held by a warm standby kept out of rotation), and back down, within the live clock's
+jitter.
+
+Not compared: rollout floors (the simulator runs no rollouts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import OpenLoop, Sluice, running
+
+pytestmark = pytest.mark.serial  # it measures time or rates: run alone (Makefile)
+
+SPEC = """
+gateway: {host: 127.0.0.1, port: 0}
+pools:
+  - {name: local, count: 12, memory_gb: 16}
+groups:
+  - name: chat
+    owner: ops@example.com
+    business: search
+    alert_channel: "#ops"
+    models:
+      m-chat:
+        runtime: sim
+        sim: {startup_s: 0.3, service_time: {kind: fixed, seconds: 0.2}, memory_gb: 1}
+    resources: {pool: local, accelerators: 1, memory_gb: 1}
+    max_concurrency: 2
+    replicas: 1
+    slow_start_s: 0
+    drain_timeout_s: 10
+    queue: {max_length: 2000, max_wait_s: 60}
+    quota: {limit: 3}
+    slo: {latency_ms: 500}
+    autoscaling:
+      min: 1
+      max: 6
+      warm_standby: 1
+      down: {cooldown_s: 6, stabilization_s: 3, max_step: 1, max_percent: 0, period_s: 3}
+tenants:
+  - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
+"""
+
+PHASES = ((3.0, 10.0), (15.0, 25.0), (2.0, 35.0))
+"""(requests per second, seconds): at 15/s x 0.2 s the 500 ms SLO wants 3 instances; quota
+leaves 2 serving (3 units less the standby's); at 2/s one is enough again"""
+
+
+def trace_csv(path: Path) -> Path:
+    """The arrivals `OpenLoop.run` sends, phase by phase, as a trace."""
+    rows, start = ["t_s,input_tokens,output_tokens,model"], 0.0
+    for rate, seconds in PHASES:
+        rows += [f"{start + k / rate:.4f},10,1,m-chat" for k in range(int(rate * seconds))]
+        start += seconds
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def simulated(spec: Path, trace: Path) -> tuple[list[tuple[float, int, int, str]], dict[str, int]]:
+    """`sluice simulate`'s count changes, and its decisions clipped by each guard."""
+    r = subprocess.run(
+        [sys.executable, "-m", "sluice", "simulate", "--spec", str(spec), "--trace", str(trace),
+         "--group", "chat", "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    moves = [(d["t"], d["from"], d["to"], d["reason"]) for d in out["scale_decisions"]]
+    return moves, out["clipped_decisions"]
+
+
+def lived(s: Sluice, since: float) -> list[tuple[float, int, int, str]]:
+    """The live controller's count changes (its `autoscale` events), in seconds since `since`."""
+    moves = []
+    for e in reversed(s.cli("events", "chat", "--limit", "500")):
+        if e["kind"] == "autoscale" and e["at"] >= since:
+            counts, reason = e["message"].split(":", 1)
+            before, after = counts.split(" -> ")
+            moves.append((e["at"] - since, int(before), int(after), reason.strip()))
+    return moves
+
+
+def path_of(moves: list[tuple[float, int, int, str]]) -> list[int]:
+    return [moves[0][1], *(m[2] for m in moves)] if moves else []
+
+
+def test_simulate_and_a_live_run_scale_the_same_way(tmp_path: Path) -> None:
+    trace = trace_csv(tmp_path / "arrivals.csv")
+    with running(
+        tmp_path, SPEC, "chat ready", lambda s: len(s.ready("chat")) == 2, timeout=60
+    ) as s:  # 1 serving + 1 warm standby
+        load = OpenLoop(s.endpoint)
+        since = time.time()
+        for rate, seconds in PHASES:
+            load.run(rate, seconds)
+        results = load.results()
+        s.wait_for("back to 1", lambda: path_of(lived(s, since))[-1:] == [1], timeout=30)
+        live = lived(s, since)
+        journal = s.cli("explain", "chat", "--limit", "500")["decisions"]
+        sim, clipped = simulated(s.spec, trace)
+    assert all(code == 200 for code, _ in results)
+    print(f"\nsimulated: {[(round(t), a, b) for t, a, b, _ in sim]}, clipped {clipped}")
+    print(f"live:      {[(round(t), a, b) for t, a, b, _ in live]}")
+    # the same counts, in the same order: up to what quota leaves (2), then back to 1
+    assert path_of(sim) == path_of(live) == [1, 2, 1], (sim, live)
+    # quota clipped the autoscaler's wish in both
+    assert clipped.get("quota", 0) > 0
+    assert any("quota" in d["detail"]["clipped_by"] for d in journal), journal
+    # when: the scale-up after the step (t = 10 s), the scale-down after the fall (t = 35 s);
+    # the live clock adds the instances' start-up and the readings' lag (a few seconds)
+    up = {"sim": sim[0][0], "live": live[0][0]}
+    down = {"sim": sim[-1][0], "live": live[-1][0]}
+    assert 10 <= up["sim"] <= 16 and abs(up["live"] - up["sim"]) <= 5, up
+    assert down["sim"] > 35 and abs(down["live"] - down["sim"]) <= 10, down
