@@ -40,11 +40,6 @@ class Pins:
     async def load(self) -> None:
         self._pins = {p.group: p for p in await asyncio.to_thread(self._store.pins)}
 
-    def count(self, group: str, now: float) -> int | None:
-        """The pinned count of `group` at `now`; None when it is not pinned (or it ran out)."""
-        pin = self._pins.get(group)
-        return pin.replicas if pin is not None and now < pin.until else None
-
     def counts(self, now: float) -> dict[str, int]:
         """Every pinned count in force at `now`, by group."""
         return {g: p.replicas for g, p in self._pins.items() if now < p.until}
