@@ -68,8 +68,10 @@ class LiveAutoscaling:
         observed: Sequence[InstanceStatus],
         due: Collection[str],
         now: float,
+        current: Callable[[str], int],
     ) -> dict[str, GroupLoad]:
-        """The load of each group in `due` (its `current` is the kernel's to set)."""
+        """The load of each group in `due`, with `current(group)` its count in force (the
+        kernel's to check)."""
         scaled = {g.name: g for g in spec.groups if g.autoscaling is not None}
         self._groups = {n: st for n, st in self._groups.items() if n in scaled}
         if not due:
@@ -90,7 +92,8 @@ class LiveAutoscaling:
             theirs = mine.get(name, [])
             self._time_startups(st, theirs)
             st.server = self._servers(name, now) if self._servers is not None else None
-            loads[name] = self._load(g, st, traffic.get(name), theirs, now, st.server)
+            sample = traffic.get(name)
+            loads[name] = self._load(g, st, sample, theirs, current(name), now, st.server)
         return loads
 
     @staticmethod
@@ -113,6 +116,7 @@ class LiveAutoscaling:
         st: GroupScaling,
         sample: TrafficSample | None,
         mine: Sequence[InstanceStatus],
+        current: int,
         now: float,
         server: ServerLoad | None = None,
     ) -> GroupLoad:
@@ -132,7 +136,7 @@ class LiveAutoscaling:
         in_flight, server_waiting = server_view(src.in_flight, server)
         return GroupLoad(
             at=src.at,
-            current=0,
+            current=current,
             ready=ready,
             slots_per_instance=g.max_concurrency,
             in_flight=in_flight,

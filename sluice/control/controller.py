@@ -575,7 +575,8 @@ class Controller:
         observed = self._supervisor.statuses()
         await self.pins.expire(now, {g.name for g in spec.groups})
         compiled = self._compiled_for(spec)
-        loads = self._autoscaling.read(spec, observed, due(self._memory, compiled, now), now)
+        due_now = due(self._memory, compiled, now)
+        loads = self._autoscaling.read(spec, observed, due_now, now, self.desired_replicas)
         self._servers.watch(scrape_targets(spec, observed))  # read in their own task
         world = World(
             compiled=compiled,

@@ -18,9 +18,8 @@ decisions and memory.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sluice.core.instances import InstanceStatus
@@ -167,6 +166,7 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
     groups = {n: m for n, m in memory.groups.items() if n in compiled.keys}
     policy_memory: dict[str, Any] = {}
     loads: dict[str, GroupLoad] = {}
+    next_at: dict[str, float] = {}
     for name, key in compiled.keys.items():
         mine = groups.get(name)
         if mine is None or mine.key != key:
@@ -177,9 +177,11 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
             continue
         g = compiled.index.groups[name]
         assert g.autoscaling is not None
-        groups[name] = dataclasses.replace(mine, next_at=now + g.autoscaling.interval_s)
+        next_at[name] = now + g.autoscaling.interval_s
         if name not in world.pins:
-            loads[name] = dataclasses.replace(load, current=counts[name])
+            # the sensors usually fill in the count in force; a copy only where they did not
+            current = counts[name]
+            loads[name] = load if load.current == current else replace(load, current=current)
     meter = memory.meter.advanced(now)
     decision = decide(
         TickInput(
@@ -198,8 +200,10 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
             holds=world.holds,
         )
     )
-    for name, after in decision.memories.items():
-        groups[name] = dataclasses.replace(groups[name], policy=after)
+    for name, due_at in next_at.items():  # one new value per group that was due
+        mine = groups[name]
+        policy = decision.memories.get(name, mine.policy)
+        groups[name] = GroupMemory(mine.key, policy, due_at)
     crashes, waits = memory.crashes.track(decision.observed, now)
     kept: list[Action] = []
     held_back: list[Launch] = []
@@ -209,7 +213,7 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
         else:
             kept.append(a)
     if held_back or waits:
-        decision = dataclasses.replace(
+        decision = replace(
             decision, actions=tuple(kept), withheld=tuple(held_back), crash_waits=waits
         )
     alloc = decision.allocation.enforced
