@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -281,7 +282,7 @@ def gateway_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                 time.sleep(0.2)
         yield home
     finally:
-        proc.terminate()
+        proc.send_signal(signal.SIGINT)  # stops the fleet; SIGTERM would hand it over
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
