@@ -78,7 +78,10 @@ def test_an_instance_hung_at_startup_is_timed_out_and_replaced(tmp_path: Path) -
         assert not failed, list(lines(outcomes))
         for f in fails:
             assert "not ready 2s after launch" in f["message"], f
-        assert all(2.0 <= d < 10.0 for d in detect), detect
+        # the 2 s start-up timeout runs on the monotonic clock; the events carry wall-clock
+        # stamps taken just after the launch and the timeout, so one can read a hair short
+        # (CI saw 1.9996 s)
+        assert all(2.0 - 0.05 <= d < 10.0 for d in detect), detect
         assert relaunch[0] < 3.0, relaunch  # the first failure is replaced at once
         assert any(e["kind"] == "backoff" for e in events), events
         # every timed-out instance's process is gone; the stuck group has 1 instance, starting
