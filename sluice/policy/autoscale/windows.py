@@ -160,6 +160,22 @@ class RollingExtreme(Generic[N]):
 _ZERO_SUMS = (0.0, 0.0, 0.0, 0.0, 0.0)
 
 
+_Sums6 = tuple[float, float, float, float, float, float]
+
+
+def _moved(sums: _Sums6, x: float, y: float, sign: float) -> _Sums6:
+    """n, St, Sy, Stt, Sty, Syy with the sample (x, y) added (`sign` 1) or taken out (-1)."""
+    n, st, sy, stt, sty, syy = sums
+    return (
+        n + sign,
+        st + sign * x,
+        sy + sign * y,
+        stt + sign * x * x,
+        sty + sign * x * y,
+        syy + sign * y * y,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Trend:
     """Least-squares line through (t, y) samples of the last `window_s` seconds.
@@ -181,46 +197,28 @@ class Trend:
     def add(self, t: float, y: float) -> Trend:
         origin = t if self.origin is None else self.origin
         x = t - origin
-        n, st, sy, stt, sty = self.sums
-        syy = self.syy
-        sign = 1.0
-        n += sign
-        st += sign * x
-        sy += sign * y
-        stt += sign * x * x
-        sty += sign * x * y
-        syy += sign * y * y
+        sums = _moved((*self.sums, self.syy), x, y, 1.0)
         old = self.samples
         cutoff = x - self.window_s
         evictions = self.evictions
-        sign = -1.0
         unpack = _PAIR.unpack_from
         k, m = 0, len(old)
         while k < m:
             ox, oy = unpack(old, k)
             if ox > cutoff:
                 break
-            n += sign
-            st += sign * ox
-            sy += sign * oy
-            stt += sign * ox * ox
-            sty += sign * ox * oy
-            syy += sign * oy * oy
+            sums = _moved(sums, ox, oy, -1.0)
             evictions += 1
             k += _PAIR_SIZE
         if k == m and x <= cutoff:  # a window of 0 keeps nothing, the new sample included
-            n += sign
-            st += sign * x
-            sy += sign * y
-            stt += sign * x * x
-            sty += sign * x * y
-            syy += sign * y * y
+            sums = _moved(sums, x, y, -1.0)
             evictions += 1
             samples = b""
         else:
             samples = old[k:] + _PAIR.pack(x, y)
         if evictions >= _RESUM_EVERY:
             return _resummed(self.window_s, samples, origin)
+        n, st, sy, stt, sty, syy = sums
         return Trend(self.window_s, samples, origin, (n, st, sy, stt, sty), syy, evictions)
 
     def fit(self, now: float) -> tuple[float, float, float] | None:
