@@ -171,7 +171,6 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
         mine = groups.get(name)
         if mine is None or mine.key != key:
             mine = groups[name] = GroupMemory(key, compiled.policies[name].initial())
-        policy_memory[name] = mine.policy
         load = world.loads.get(name)
         if load is None or now < mine.next_at:
             continue
@@ -182,6 +181,7 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
             # the sensors usually fill in the count in force; a copy only where they did not
             current = counts[name]
             loads[name] = load if load.current == current else replace(load, current=current)
+            policy_memory[name] = mine.policy
     meter = memory.meter.advanced(now)
     decision = decide(
         TickInput(
