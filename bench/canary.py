@@ -54,12 +54,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sluice.control.samples import LATENCY_HISTORY, window_rows  # noqa: E402
-from sluice.policy import rollout as machine  # noqa: E402
+from sluice.policy import rollouts as machine  # noqa: E402
 from sluice.policy.analysis import FAST_PREFIX, RequestSample, analyze  # noqa: E402
 from sluice.policy.canary_plan import RATIO_CAP, RolloutPlan, plan_rollout  # noqa: E402
-from sluice.policy.rollout import RolloutPhase, RolloutState  # noqa: E402
+from sluice.policy.rollouts import RolloutPhase, RolloutState  # noqa: E402
 from sluice.policy.windows import horizon_s, look_rows  # noqa: E402
-from sluice.spec.rollout import RolloutSpec  # noqa: E402
+from sluice.spec.rollouts import RolloutSpec  # noqa: E402
 
 POOL = 20_000
 """Requests in a version's pool; both sides of an A/A run draw from the same one."""

@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sluice.control.alerting import Alerting  # noqa: E402
+from sluice.control.alerts import Alerting  # noqa: E402
 from sluice.control.events import EventLog  # noqa: E402
 from sluice.control.observer import Observation, Observer  # noqa: E402
 from sluice.core import ManualClock  # noqa: E402

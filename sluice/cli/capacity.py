@@ -1,6 +1,6 @@
 """`sluice loadtest`, `sluice drill` and `sluice capacity`: capacity tests (O4) and peak
 drills (O5) of a group, and their stored history. The engines are `sluice.tools.loadtest`
-and `sluice.tools.drill`; this module reads options, prints, records and proposes."""
+and `sluice.tools.drills`; this module reads options, prints, records and proposes."""
 
 from __future__ import annotations
 
@@ -194,10 +194,10 @@ def drill(
     """Send a synthetic peak (or simulate it) and judge how autoscaling reacted."""
 
     def do() -> dict[str, Any]:
-        from sluice.policy.drill import DrillCriteria
+        from sluice.policy.drills import DrillCriteria
         from sluice.spec import GroupSpec, load_spec_file, load_spec_text
         from sluice.tools.capacity_report import write_drill_plot
-        from sluice.tools.drill import DrillOptions, live_drill, plan_drill, simulated_drill
+        from sluice.tools.drills import DrillOptions, live_drill, plan_drill, simulated_drill
         from sluice.tools.loadtest import read_profile
 
         if shape not in ("step", "ramp", "trace"):

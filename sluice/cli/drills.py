@@ -1,6 +1,6 @@
 """`sluice drills`: the spec's scheduled drills (O5) with their next firing and last result;
 `sluice drills run NAME`: fire one now; `sluice drills fires [NAME]`: what each firing did.
-The control plane runs them (`sluice.control.drill_schedule`); this module reads and asks."""
+The control plane runs them (`sluice.control.drills`); this module reads and asks."""
 
 from __future__ import annotations
 

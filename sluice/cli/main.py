@@ -36,7 +36,7 @@ from sluice.cli.gateway import gateway
 from sluice.cli.history import history
 from sluice.cli.report import groups_app, report_app
 from sluice.cli.review import approve, proposal_app, proposals, propose, reject
-from sluice.cli.rollout import rollout_app
+from sluice.cli.rollouts import rollout_app
 from sluice.cli.simulate import simulate
 from sluice.spec import load_spec_file
 

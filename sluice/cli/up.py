@@ -39,10 +39,10 @@ from sluice.control import (
     TokenAdmin,
     build_control_api,
 )
-from sluice.control.alerting import Alerting
+from sluice.control.alerts import Alerting
 from sluice.control.alerts_api import alert_routes
 from sluice.control.capacity_api import capacity_routes
-from sluice.control.drill_schedule import DrillScheduler
+from sluice.control.drills import DrillScheduler
 from sluice.control.gateways import GatewayFleet, LocalGateway, gateway_routes
 from sluice.control.handover import health_app, stop_route
 from sluice.control.leadership import FencedRuntime, Leadership, new_holder
@@ -515,7 +515,7 @@ class _Up:
         async def alert_delivery(_attempt: int) -> None:
             await alerting.run_delivery(lambda: controller.spec, self.clock)
 
-        async def drill_schedules(_attempt: int) -> None:
+        async def scheduled_drills(_attempt: int) -> None:
             await drills.run(lambda: controller.spec)
 
         stopping = self.stop
@@ -533,7 +533,7 @@ class _Up:
             part("housekeeping", housekeeping, "housekeeping"),
             part("observer", observing, "observer"),
             part("alert delivery", alert_delivery, "alerts"),
-            part("drill schedules", drill_schedules, "drills"),
+            part("drill schedules", scheduled_drills, "drills"),
             leading,
         ]
         if gateway is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from sluice.control.alerting import Alerting
+from sluice.control.alerts import Alerting
 from sluice.control.api_deps import Me
 from sluice.core import NotFound
 from sluice.policy.alerts import prometheus_rules

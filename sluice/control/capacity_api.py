@@ -2,7 +2,7 @@
 `sluice loadtest` measures it, the stored reports of load tests and drills, per group and
 model version, and the scheduled drills. The tests themselves run in the CLI
 (`sluice.tools`), outside the control plane: it records what they found, with the caller
-as the actor, and starts scheduled drills as CLI processes (`control.drill_schedule`)."""
+as the actor, and starts scheduled drills as CLI processes (`control.drills`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sluice.control.api_deps import Limit, Me, RowId
 from sluice.control.auth import Role
 from sluice.control.bodies import TextBody, model_body
 from sluice.control.controller import Controller
-from sluice.control.drill_schedule import DrillScheduler, drill_named
+from sluice.control.drills import DrillScheduler, drill_named
 from sluice.control.guard import guarded
 from sluice.control.pins import MAX_PIN_S
 from sluice.core import Forbidden, NotFound

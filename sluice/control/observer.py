@@ -79,7 +79,7 @@ class Observation:
 
 
 class AlertSink(Protocol):
-    """What the observer hands each reading's series to (`sluice.control.alerting`)."""
+    """What the observer hands each reading's series to (`sluice.control.alerts`)."""
 
     async def evaluate(
         self,

@@ -1,5 +1,5 @@
 """The live side of canary rollouts (C1-C6): feed each running rollout's pure state machine
-(`sluice.policy.rollout`) once per tick with the samples its two groups' instances report,
+(`sluice.policy.rollouts`) once per tick with the samples its two groups' instances report,
 hand the gateway the split it asks for, and archive every change.
 
 A rollback is one tick (at most a second): the state machine returns no split, the next
@@ -48,7 +48,7 @@ from sluice.control.rates import ArrivalRates
 from sluice.control.samples import GroupSamples, SampleCollector, window_rows
 from sluice.control.scraper import ServerScraper
 from sluice.core import Conflict, InstanceState, InstanceStatus, NotFound
-from sluice.policy import rollout as machine
+from sluice.policy import rollouts as machine
 from sluice.policy.analysis import (
     Analysis,
     Prior,
@@ -65,11 +65,11 @@ from sluice.policy.canary_plan import (
     step_seconds,
 )
 from sluice.policy.compare import CompareOptions, Target, parse_suite
-from sluice.policy.rollout import RolloutPhase, RolloutState, evidence_before
+from sluice.policy.rollouts import RolloutPhase, RolloutState, evidence_before
 from sluice.policy.routing import CanarySplit
 from sluice.policy.windows import horizon_s, look_rows
 from sluice.spec import PlatformSpec
-from sluice.spec.rollout import AnalysisSpec, RolloutSpec
+from sluice.spec.rollouts import AnalysisSpec, RolloutSpec
 from sluice.store import RolloutRecord
 from sluice.store.ports import RolloutRecords
 

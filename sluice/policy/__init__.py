@@ -26,7 +26,7 @@ from sluice.policy.quota import (
 )
 from sluice.policy.ratelimit import TokenBucket
 from sluice.policy.reachability import Reachability
-from sluice.policy.rollout import (
+from sluice.policy.rollouts import (
     CanarySplit,
     RolloutPhase,
     RolloutState,

@@ -2,7 +2,7 @@
 series values (inactive -> pending -> firing -> resolved), and the same rules written as
 Prometheus alerting rules for a fleet that already runs Prometheus and Alertmanager.
 
-Pure: the values and `now` come in as arguments; the edge (`sluice.control.alerting`)
+Pure: the values and `now` come in as arguments; the edge (`sluice.control.alerts`)
 persists the states, emits the events and delivers the messages.
 """
 

@@ -36,7 +36,7 @@ from sluice.policy.criteria import (
     style_features,
 )
 from sluice.policy.evidence import Table, holm, sprt_log_ratio
-from sluice.spec.rollout import CRITERIA, AnalysisSpec, CriterionName
+from sluice.spec.rollouts import CRITERIA, AnalysisSpec, CriterionName
 
 __all__ = [
     "FAST_PREFIX",

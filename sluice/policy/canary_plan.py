@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 from scipy import stats
 
-from sluice.spec.rollout import AnalysisSpec, CriterionName, RolloutSpec
+from sluice.spec.rollouts import AnalysisSpec, CriterionName, RolloutSpec
 
 __all__ = [
     "FAST_SHARE",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sluice.policy.evidence import Table, ks_test, mh_difference, stratified_exact
-from sluice.spec.rollout import AnalysisSpec, CriterionName
+from sluice.spec.rollouts import AnalysisSpec, CriterionName
 
 if TYPE_CHECKING:
     from sluice.policy.analysis import RequestSample, ResourceUse

@@ -246,7 +246,7 @@ class TenantAccess:
 @dataclass(frozen=True, slots=True)
 class CanarySplit:
     """How the gateway splits requests its routes sent to `baseline` (percent of them, 0-100,
-    that go to `canary` instead), by the caller's tenant (C4; `sluice.policy.rollout`
+    that go to `canary` instead), by the caller's tenant (C4; `sluice.policy.rollouts`
     decides the numbers per step):
 
     - `early_tenants` get `early_percent`, `late_tenants` get `late_percent` (0 until the

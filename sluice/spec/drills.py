@@ -5,7 +5,7 @@ shape and the criteria, plus when (`cron`, `timezone`) and the tenant key the lo
 with (`api_key_env` or `api_key_file`, read on the controller's machine when the drill
 fires: the spec names where the key is, never the key). The control plane runs each fire as
 its own `sluice drill` process with a short-lived token scoped to the group
-(`sluice.control.drill_schedule`); `sluice.policy.drill_schedule` decides when one is due.
+(`sluice.control.drills`); `sluice.policy.drills` decides when one is due.
 """
 
 from __future__ import annotations

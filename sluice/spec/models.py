@@ -34,7 +34,7 @@ from sluice.spec.keys import (
 from sluice.spec.names import Name
 from sluice.spec.observability import ObservabilitySpec
 from sluice.spec.quota import BudgetSpec, QuotaSpec
-from sluice.spec.rollout import RolloutSpec
+from sluice.spec.rollouts import RolloutSpec
 from sluice.spec.runtimes import (
     EmbeddingParams,
     ServiceTime,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sluice.policy.drill import time_to_scale_tolerance
+from sluice.policy.drills import time_to_scale_tolerance
 from tests.e2e.conftest import Sluice, running
 
 pytestmark = pytest.mark.serial  # it measures time or rates: run alone (Makefile)

@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from sluice.cli.alerts import alerts_app
 from sluice.cli.common import out as cli_out
-from sluice.control.alerting import Alerting, redact_url
+from sluice.control.alerts import Alerting, redact_url
 from sluice.control.alerts_api import alert_routes
 from sluice.control.auth import Principal, Role
 from sluice.control.events import EventLog

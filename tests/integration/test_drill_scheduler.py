@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from sluice.control.auth import Role
-from sluice.control.drill_schedule import DrillScheduler
+from sluice.control.drills import DrillScheduler
 from sluice.control.events import EventLog
 from sluice.control.tokens import TokenAdmin
 from sluice.core import ManualClock

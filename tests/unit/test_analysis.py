@@ -33,7 +33,7 @@ from sluice.policy.evidence import (
     sprt_log_ratio,
     stratified_exact,
 )
-from sluice.spec.rollout import CRITERIA, AnalysisSpec
+from sluice.spec.rollouts import CRITERIA, AnalysisSpec
 
 SPEC = AnalysisSpec()
 N = 400

@@ -17,7 +17,7 @@ import pytest
 from scipy import stats
 
 from sluice.policy.canary_plan import plan_rollout
-from sluice.spec.rollout import RolloutSpec
+from sluice.spec.rollouts import RolloutSpec
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "canary.py"
 

@@ -21,7 +21,7 @@ from sluice.policy.canary_plan import (
     step_seconds,
 )
 from sluice.policy.evidence import Table, stratified_exact
-from sluice.spec.rollout import AnalysisSpec, RolloutSpec
+from sluice.spec.rollouts import AnalysisSpec, RolloutSpec
 
 
 def spec(**analysis: object) -> RolloutSpec:

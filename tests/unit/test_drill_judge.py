@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from sluice.policy.drill import (
+from sluice.policy.drills import (
     DrillCriteria,
     DrillPlan,
     DrillReport,

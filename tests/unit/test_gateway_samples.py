@@ -13,7 +13,7 @@ import pytest
 from sluice.control.samples import NO_GATEWAY, SampleCollector
 from sluice.gateway.samples import GatewaySampling
 from sluice.policy.analysis import GATEWAY_UNSEEN, RequestSample, analyze, unobserved
-from sluice.spec.rollout import CRITERIA, AnalysisSpec
+from sluice.spec.rollouts import CRITERIA, AnalysisSpec
 
 SPEC = AnalysisSpec(min_samples=100)
 

@@ -16,7 +16,7 @@ from sluice.core import Conflict, ManualClock
 from sluice.policy import CanarySplit, RolloutPhase, RolloutState, split_for
 from sluice.policy.analysis import Analysis, RequestSample, analyze
 from sluice.policy.canary_plan import StepPlan
-from sluice.policy.rollout import (
+from sluice.policy.rollouts import (
     abort,
     evaluate,
     evidence_before,
@@ -25,7 +25,7 @@ from sluice.policy.rollout import (
     resume,
     start,
 )
-from sluice.spec.rollout import DEFAULT_STEPS, PacingSpec, RolloutSpec
+from sluice.spec.rollouts import DEFAULT_STEPS, PacingSpec, RolloutSpec
 from tests.unit.test_analysis import REGRESSIONS, clean, use
 
 SPEC = RolloutSpec(name="chat-v2", baseline="chat", canary="chat-v2")

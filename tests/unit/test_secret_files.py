@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sluice.control.drill_schedule import DrillScheduler
+from sluice.control.drills import DrillScheduler
 from sluice.control.keysources import read_secret_file, spec_with_key_sources
 from sluice.core import SpecError
 from sluice.spec import LoadedSpec, key_digest, load_spec_text

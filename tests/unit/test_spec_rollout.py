@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from sluice.core import SpecError
 from sluice.spec import load_spec_text
-from sluice.spec.rollout import DEFAULT_STEPS, AnalysisSpec, PacingSpec, RolloutSpec
+from sluice.spec.rollouts import DEFAULT_STEPS, AnalysisSpec, PacingSpec, RolloutSpec
 
 HEAD = """\
 pools:

@@ -14,7 +14,7 @@ import pytest
 from sluice.policy.analysis import RequestSample, analyze
 from sluice.policy.canary_plan import StepPlan, plan_rollout
 from sluice.policy.windows import HORIZON_MAX_S, HORIZON_MIN_S, horizon_s, look_rows
-from sluice.spec.rollout import RolloutSpec
+from sluice.spec.rollouts import RolloutSpec
 
 SPEC = RolloutSpec(name="chat-v2", baseline="chat", canary="chat-v2")
 PLAN = plan_rollout(SPEC)

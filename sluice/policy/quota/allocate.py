@@ -201,11 +201,13 @@ def allocate(
         reclaims += _reclaim(pool, gs, state, now, claims_since, wake, new_pending)
         _borrow(pool, gs, glob)
     loans: list[Loan] = []
+    previous: dict[str, list[Loan]] = {p.name: [] for p in pools}
+    for x in state.loans:
+        previous.setdefault(x.pool, []).append(x)
     for pool in pools:
         gs = members[pool.name]
         holdings = [Holding(g.c.name, g.eq, g.held) for g in gs]
-        previous = [x for x in state.loans if x.pool == pool.name]
-        loans += attribute_loans(pool.name, pool.count, holdings, previous)
+        loans += attribute_loans(pool.name, pool.count, holdings, previous[pool.name])
 
     grants: dict[str, Grant] = {}
     refusals: dict[str, str] = {}

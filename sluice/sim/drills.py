@@ -1,7 +1,7 @@
 """A peak drill on the simulator (O5's dry run): the drill's arrival schedule through the
 simulator as a fleet of one (`sluice.sim.single`), with the group's live autoscaler and its
 measured start-up and service times, read back as the same samples, scale events and
-instances a live drill records (`sluice.policy.drill`), so one judge reads both and the two
+instances a live drill records (`sluice.policy.drills`), so one judge reads both and the two
 can be set side by side."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sluice.policy.drill import DrillSample, InstanceUp, ScaleEvent
+from sluice.policy.drills import DrillSample, InstanceUp, ScaleEvent
 from sluice.policy.tick import TICK_S
 from sluice.sim.model import InstanceModel
 from sluice.sim.single import SimOptions, make_policy, run

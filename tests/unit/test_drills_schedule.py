@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from sluice.policy.drill_schedule import MAX_COUNTED, due_firing, latest_firing, next_firing
+from sluice.policy.drills import MAX_COUNTED, due_firing, latest_firing, next_firing
 from sluice.spec import load_spec_text
 from sluice.spec.drills import DrillSchedule
 from tests.unit.test_spec_quota import HEAD, group, issues, line_of

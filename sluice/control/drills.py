@@ -1,6 +1,6 @@
 """Scheduled drills (O5): the spec's `drills:` run on their crons, each as a `sluice drill`.
 
-Every few seconds the scheduler asks `policy.drill_schedule.due_firing` whether a drill is
+Every few seconds the scheduler asks `policy.drills.due_firing` whether a drill is
 due. A due firing runs as its own `python -m sluice drill ...` process: the peak's load and
 its per-second readings stay off the control plane's event loop, and the run is the same
 code, judged the same way and stored through the same API as one an operator starts. The
@@ -33,7 +33,7 @@ from sluice.control.events import EventLog
 from sluice.control.keysources import read_secret_file
 from sluice.control.tokens import TokenAdmin
 from sluice.core import Clock, Conflict, NotFound
-from sluice.policy.drill_schedule import due_firing, next_firing
+from sluice.policy.drills import due_firing, next_firing
 from sluice.spec import PlatformSpec
 from sluice.spec.drills import DrillSchedule
 from sluice.spec.keys import key_digest

@@ -4,7 +4,7 @@ A drill is planned once (`plan_drill`: the base rate, the peak, the arrival sche
 the peak needs at the measured capacity, the criteria stated up front) and then run either
 live, through the real gateway while the control API is read each second (`live_drill`), or
 on the simulator with the group's measured start-up and service times (`simulated_drill`).
-Both end in the same judge (`sluice.policy.drill.judge_drill`), whose three sections are
+Both end in the same judge (`sluice.policy.drills.judge_drill`), whose three sections are
 seed 004's lines of troubleshooting: did the metric trigger, did the instances come up, did
 traffic reach them.
 """
@@ -27,7 +27,7 @@ from rich.console import Console
 from sluice.core import SpecError, SpecIssue
 from sluice.policy.arrivals import RateShape, peak_shape, poisson_times
 from sluice.policy.capacity import HEADROOM
-from sluice.policy.drill import (
+from sluice.policy.drills import (
     DrillCriteria,
     DrillPlan,
     DrillSample,
@@ -241,8 +241,8 @@ def live_drill(
 
 
 def simulated_drill(spec: PlatformSpec, setup: DrillSetup) -> dict[str, Any]:
-    """The same drill on the simulator (`sluice.sim.drill`)."""
-    from sluice.sim.drill import simulate_drill
+    """The same drill on the simulator (`sluice.sim.drills`)."""
+    from sluice.sim.drills import simulate_drill
 
     g = spec.group(setup.group["name"])
     assert g is not None

@@ -2,7 +2,7 @@
 
 A rollout names two existing groups: `baseline` (the running version, kept scaled for its
 full traffic the whole time so a rollback is one route-table swap) and `canary` (the new
-version in its own group). The state machine is `sluice.policy.rollout`; the statistics are
+version in its own group). The state machine is `sluice.policy.rollouts`; the statistics are
 `sluice.policy.analysis`. Defaults are argued in the field descriptions.
 """
 

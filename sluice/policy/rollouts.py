@@ -43,7 +43,7 @@ from typing import Any, Literal, get_args
 from sluice.core.errors import Conflict
 from sluice.policy.analysis import Analysis, Prior, Table
 from sluice.policy.routing import CanarySplit
-from sluice.spec.rollout import RolloutSpec
+from sluice.spec.rollouts import RolloutSpec
 
 __all__ = [
     "CanarySplit",
