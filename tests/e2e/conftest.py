@@ -169,6 +169,18 @@ class Sluice:
             time.sleep(0.25)
         raise AssertionError(f"timed out waiting for {what}; instances: {self.instances()}")
 
+    def wait_routing(self, timeout: float = 60) -> None:
+        """Until the gateway of `sluice up` has its first routes (`/readyz` 200): before,
+        it answers 503 to every request, as a load balancer's probe would see."""
+
+        def routed() -> bool:
+            try:
+                return httpx.get(self.endpoint + "/readyz", trust_env=False).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        self.wait_for("the gateway's first routes", routed, timeout=timeout)
+
     def ready(self, group: str) -> list[dict[str, Any]]:
         return [i for i in self.instances(group) if i["state"] == "ready"]
 
@@ -276,6 +288,7 @@ def sluice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sluice]:
     s = Sluice(home, spec)
     s.start()
     try:
+        s.wait_routing()
         yield s
     finally:
         s.kill()
@@ -357,6 +370,8 @@ def running(
     s.start()
     try:
         s.wait_for(what, lambda: ready(s), timeout=timeout)
+        if command == "up":
+            s.wait_routing()
         yield s
     finally:
         s.kill()
