@@ -316,8 +316,7 @@ class SluicePolicy:
         target = t.utilization * slots
         ready = max(load.ready, 1)
         lead = self._lead(load)
-        in_flight = traffic.in_flight(now)
-        queue_w = traffic.queue_window(now)
+        in_flight, queue_w = traffic.busy(now)
         conc = in_flight + queue_w
         # smoothed, but a queue that has drained by now no longer counts
         queue = min(traffic.queue(now), float(load.queued))

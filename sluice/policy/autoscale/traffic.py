@@ -15,7 +15,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
 
 from sluice.policy.autoscale.base import GroupLoad
-from sluice.policy.autoscale.windows import SlidingMean, Trend
+from sluice.policy.autoscale.windows import SlidingMean, SlidingMeanPair, Trend
 from sluice.spec.autoscaling import AutoscalingSpec
 
 __all__ = ["MIN_COMPLETIONS", "TrafficConfig", "TrafficWindows"]
@@ -73,14 +73,13 @@ class TrafficWindows:
     before the first sample."""
 
     config: TrafficConfig
-    in_flight_w: SlidingMean
+    busy_w: SlidingMeanPair
+    """requests in flight and queued, over `targets.window_s`"""
     queue_short: SlidingMean
-    queue_w: SlidingMean
     trend_w: Trend
-    expected: SlidingMean
-    """arrivals expected per tick at the burst-window rate (over the memory) ..."""
-    deviation_sq: SlidingMean
-    """... and the squared deviations of the actual counts from it: the local dispersion"""
+    dispersion_w: SlidingMeanPair
+    """arrivals expected per tick at the burst-window rate, and the squared deviations of
+    the actual counts from it (over the memory): the local dispersion"""
     ts: bytes = b""
     """sample times, one a tick, as far back as the longest window read (rate, panic, burst
     horizon, memory), packed as native doubles (a copy is one memcpy: see windows.py); each
@@ -102,21 +101,18 @@ class TrafficWindows:
         c = TrafficConfig.of(spec)
         return cls(
             c,
-            SlidingMean(c.window_s),
+            SlidingMeanPair(c.window_s),
             SlidingMean(c.panic_s),
-            SlidingMean(c.window_s),
             Trend(c.trend_s),
-            SlidingMean(c.memory_s),
-            SlidingMean(c.memory_s),
+            SlidingMeanPair(c.memory_s),
         )
 
     def observe(self, load: GroupLoad, now: float, horizon_s: float) -> tuple[int, TrafficWindows]:
         """Feed one sample; `horizon_s` is the longest burst span kept. Returns (the arrivals
         since the previous sample, the windows with the sample in)."""
         c = self.config
-        in_flight_w = self.in_flight_w.add(now, float(load.in_flight))
+        busy_w = self.busy_w.add(now, float(load.in_flight), float(load.queued))
         queue_short = self.queue_short.add(now, float(load.queued))
-        queue_w = self.queue_w.add(now, float(load.queued))
         at = load.at
         ts, ns = self.ts, self.ns
         trend, busy_s = self.trend_w, self.busy_s
@@ -138,25 +134,22 @@ class TrafficWindows:
             j += 1
         ts = ts[j * _T.size :] + _T.pack(at)
         ns = ns[j * _N.size :] + _N.pack(load.arrivals)
-        expected, deviation_sq = self.expected, self.deviation_sq
+        dispersion_w = self.dispersion_w
         tv = _times(ts)
         i = _start_index(tv, c.panic_s)
         t0, a0 = tv[i], _counts(ns)[i]
         if dt > 0 and at > t0:
             e = (load.arrivals - a0) / (at - t0) * dt
-            expected = expected.add(now, e)
-            deviation_sq = deviation_sq.add(now, (arrived - e) ** 2)
+            dispersion_w = dispersion_w.add(now, e, (arrived - e) ** 2)
         active_at = self.active_at
         if arrived > 0 or load.in_flight > 0 or load.queued > 0:
             active_at = now
         return arrived, TrafficWindows(
             c,
-            in_flight_w,
+            busy_w,
             queue_short,
-            queue_w,
             trend,
-            expected,
-            deviation_sq,
+            dispersion_w,
             ts,
             ns,
             horizon_s,
@@ -168,11 +161,8 @@ class TrafficWindows:
     def settle(self, at: float) -> TrafficWindows:
         """The windows once the memory's (dispersion's) are read at `at`: what `at` pushes
         out of them dropped, as the next `observe` would (`self` when nothing is)."""
-        expected, deviation_sq = self.expected, self.deviation_sq
-        e, d = expected.evict(at), deviation_sq.evict(at)
-        if e is expected and d is deviation_sq:
-            return self
-        return replace(self, expected=e, deviation_sq=d)
+        w = self.dispersion_w.evict(at)
+        return self if w is self.dispersion_w else replace(self, dispersion_w=w)
 
     def _sample(self, span_s: float) -> tuple[tuple[float, int], tuple[float, int]]:
         """((t, cumulative arrivals) where a window of `span_s` starts (`_start_index`), the
@@ -183,15 +173,14 @@ class TrafficWindows:
 
     # -- estimates -------------------------------------------------------------------------
 
-    def in_flight(self, now: float) -> float:
-        return self.in_flight_w.mean(now) or 0.0
+    def busy(self, now: float) -> tuple[float, float]:
+        """(mean requests in flight, mean queued) over `targets.window_s`; 0 when unknown."""
+        means = self.busy_w.means(now)
+        return (0.0, 0.0) if means is None else means
 
     def queue(self, now: float) -> float:
         """Mean queue over the panic window (a short memory: a burst's queue, not noise)."""
         return self.queue_short.mean(now) or 0.0
-
-    def queue_window(self, now: float) -> float:
-        return self.queue_w.mean(now) or 0.0
 
     def rate(self) -> tuple[float, float]:
         """(arrivals per second over `targets.window_s`, the span it covers in seconds)."""
@@ -252,9 +241,10 @@ class TrafficWindows:
         in clumps of seconds; a rate that changes between windows (on/off, diurnal) is the
         steady rate's business. Never below 1 (smoother than Poisson is not counted on).
         A read, `self` is not changed (`settle(at)` is the windows it leaves behind)."""
-        expected, deviation = self.expected.mean(at), self.deviation_sq.mean(at)
-        if expected is None or deviation is None or expected <= 0:
+        means = self.dispersion_w.means(at)
+        if means is None or means[0] <= 0:
             return 1.0
+        expected, deviation = means
         return max(1.0, deviation / expected)
 
     def work_by_span(self, service_s: float, tick_s: float) -> list[tuple[float, float]]:

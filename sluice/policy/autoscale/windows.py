@@ -23,7 +23,7 @@ from typing import Generic, TypeVar
 
 N = TypeVar("N", int, float)
 
-__all__ = ["RollingExtreme", "SlidingMean", "Trend", "pairs"]
+__all__ = ["RollingExtreme", "SlidingMean", "SlidingMeanPair", "Trend", "pairs"]
 
 _RESUM_EVERY = 4096
 """evictions between exact re-sums of running float sums (drift stays ~1e-12)"""
@@ -120,6 +120,86 @@ class SlidingMean:
     def clear(self) -> SlidingMean:
         """The window with no sample (the eviction count carries on)."""
         return SlidingMean(self.window_s, b"", 0.0, self.evictions)
+
+
+_TRIPLE = struct.Struct("ddd")
+"""a (t, a, b) sample of two series taken together, packed as three native doubles"""
+_TRIPLE_SIZE = _TRIPLE.size
+
+
+@dataclass(frozen=True, slots=True)
+class SlidingMeanPair:
+    """Two `SlidingMean`s of series sampled at the same times over one window (in flight and
+    queued; an expectation and its squared deviation): one value, one copy and one scan
+    per sample instead of two. Each mean is the number its own `SlidingMean` would give
+    (the same sums, in the same order, re-summed at the same evictions)."""
+
+    window_s: float
+    samples: bytes = b""
+    """(t, a, b), oldest first, packed"""
+    total_a: float = 0.0
+    total_b: float = 0.0
+    evictions: int = 0
+
+    def add(self, t: float, a: float, b: float) -> SlidingMeanPair:
+        """The window with (`a`, `b`) taken at `t` (and what `t` pushes out of it dropped)."""
+        old = self.samples
+        cutoff = t - self.window_s
+        k, total_a, total_b, evictions = self._dropped(
+            old, cutoff, self.total_a + a, self.total_b + b
+        )
+        if k == len(old) and t <= cutoff:  # a window of 0 keeps nothing, the new sample included
+            total_a -= a
+            total_b -= b
+            evictions += 1
+            samples = b""
+        else:
+            samples = old[k:] + _TRIPLE.pack(t, a, b)
+        if evictions >= _RESUM_EVERY:
+            total_a, total_b, evictions = _pair_sums(samples)
+        return SlidingMeanPair(self.window_s, samples, total_a, total_b, evictions)
+
+    def _dropped(
+        self, samples: bytes, cutoff: float, total_a: float, total_b: float
+    ) -> tuple[int, float, float, int]:
+        unpack = _TRIPLE.unpack_from
+        evictions = self.evictions
+        k, n = 0, len(samples)
+        while k < n:
+            at, a, b = unpack(samples, k)
+            if at > cutoff:
+                break
+            total_a -= a
+            total_b -= b
+            evictions += 1
+            k += _TRIPLE_SIZE
+        return k, total_a, total_b, evictions
+
+    def evict(self, now: float) -> SlidingMeanPair:
+        """The window as read at `now` (`self` when nothing falls out of it)."""
+        samples = self.samples
+        cutoff = now - self.window_s
+        if not samples or _TRIPLE.unpack_from(samples, 0)[0] > cutoff:
+            return self
+        k, total_a, total_b, evictions = self._dropped(samples, cutoff, self.total_a, self.total_b)
+        kept = samples[k:]
+        if evictions >= _RESUM_EVERY:
+            total_a, total_b, evictions = _pair_sums(kept)
+        return SlidingMeanPair(self.window_s, kept, total_a, total_b, evictions)
+
+    def means(self, now: float) -> tuple[float, float] | None:
+        """Both means over (now - window_s, now]; None when the window holds no sample."""
+        m = self.evict(now)
+        n = len(m.samples) // _TRIPLE_SIZE
+        if not n:
+            return None
+        return max(0.0, m.total_a / n), max(0.0, m.total_b / n)
+
+
+def _pair_sums(samples: bytes) -> tuple[float, float, int]:
+    """Exact sums of a packed pair window's two series (float drift shed), evictions 0."""
+    rows = list(_TRIPLE.iter_unpack(samples))
+    return math.fsum(r[1] for r in rows), math.fsum(r[2] for r in rows), 0
 
 
 @dataclass(frozen=True, slots=True)
