@@ -170,13 +170,21 @@ class Sluice:
         raise AssertionError(f"timed out waiting for {what}; instances: {self.instances()}")
 
     def wait_routing(self, timeout: float = 60) -> None:
-        """Until the gateway of `sluice up` has its first routes (`/readyz` 200): before,
-        it answers 503 to every request, as a load balancer's probe would see."""
+        """Until the gateway of `sluice up` has its first routes: before, it answers 503 to
+        every request. Read from the control API (`GET /v1/dataplane`: the local gateway's
+        snapshot version, 1 and up once routed), not by a probe to the gateway, whose
+        access log would count it as a request."""
 
         def routed() -> bool:
             try:
-                return httpx.get(self.endpoint + "/readyz", trust_env=False).status_code == 200
-            except httpx.HTTPError:
+                r = httpx.get(
+                    self.control_url + "/v1/dataplane",
+                    headers=self.control_headers(),
+                    trust_env=False,
+                    timeout=10,
+                )
+                return r.status_code == 200 and (r.json()["gateways"].get("local") or 0) >= 1
+            except (httpx.HTTPError, OSError, ValueError):
                 return False
 
         self.wait_for("the gateway's first routes", routed, timeout=timeout)
