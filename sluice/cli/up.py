@@ -48,7 +48,7 @@ from sluice.control.handover import health_app, stop_route
 from sluice.control.leadership import FencedRuntime, Leadership, new_holder
 from sluice.control.secrets_key import installation_sealer
 from sluice.control.spec_work import warm_up
-from sluice.core import Conflict, InstanceState, NotFound, SystemClock
+from sluice.core import Conflict, InstanceState, NotFound, SystemClock, collector
 from sluice.core.urls import is_loopback_host
 from sluice.gateway import Gateway
 from sluice.gateway.metrics import CONTENT_TYPE, DURATION_BUCKETS_S
@@ -488,6 +488,7 @@ class _Up:
         settings.control_file.write_text(
             json.dumps({"control_url": control_url, "endpoint": endpoint, "pid": os.getpid()})
         )
+        collector.settle()  # what this process keeps for its life is built
 
         current = server
 
