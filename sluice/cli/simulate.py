@@ -7,6 +7,7 @@ budgets, with `--pool NAME=COUNT` for a what-if pool size."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -82,6 +83,15 @@ def simulate(
         list[str] | None,
         typer.Option("--pool", help="NAME=COUNT: the pool's size instead of the spec's (fleet)"),
     ] = None,
+    rollout: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rollout",
+            help="GROUP@START[-END]: a rollout of GROUP runs from START to END seconds (to "
+            "the end of the run without one): GROUP keeps at least its count at START (the "
+            "baseline's floor; the canary is not simulated)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """What would happen with this spec on that traffic? (trace-driven simulation)"""
@@ -101,7 +111,9 @@ def simulate(
         if speedup <= 0 or rate_scale <= 0:
             raise SpecError([SpecIssue("--speedup/--rate-scale", "must be > 0")])
         shape = TraceShape(start, duration, speedup, rate_scale)
+        rollouts = _rollouts(rollout or [])
         fleet_options = FleetOptions(
+            rollouts=rollouts,
             seed=seed,
             crash_rate_per_hour=crash_rate,
             slow_start_prob=slow_start_prob,
@@ -136,6 +148,7 @@ def simulate(
             slo_ms=slo_ms,
             shape=shape,
             options=SimOptions(
+                rollouts=rollouts,
                 seed=seed,
                 crash_rate_per_hour=crash_rate,
                 slow_start_prob=slow_start_prob,
@@ -254,3 +267,21 @@ def render_routed(r: dict[str, Any]) -> None:
         refused = ", ".join(f"{k} {v}" for k, v in o["refused"].items()) or "-"
         tenants.add_row(name, refused, *numbers(o))
     out.print(tenants)
+
+
+def _rollouts(values: list[str]) -> dict[str, tuple[float, float]]:
+    """`--rollout GROUP@START[-END]` values: group -> (start, end) seconds (end: inf)."""
+    from sluice.core.errors import SpecError, SpecIssue
+
+    out: dict[str, tuple[float, float]] = {}
+    for value in values:
+        name, sep, when = value.rpartition("@")
+        start, dash, end = when.partition("-")
+        try:
+            out[name] = (float(start), float(end) if dash else math.inf)
+        except ValueError:
+            name = ""
+        if not sep or not name:
+            fix = "write GROUP@START or GROUP@START-END in seconds, e.g. chat@20-75"
+            raise SpecError([SpecIssue("--rollout", f"{value!r}: {fix}")])
+    return out

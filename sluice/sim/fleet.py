@@ -39,8 +39,10 @@ reclaims, budgets), warm standby (launched, and counted by quota) and crash-loop
 Warm standby stays out of rotation as the live routing keeps it: a group serves from its
 oldest ready instances, as many as its count in force (`rotate`).
 
-Not simulated: rollouts (no floors), pins, overrides and no-gain holds (the `World` has
-none), slow start's small share of traffic for a newly ready instance; the route choice
+A rollout is simulated by its floor only (`FleetOptions.rollouts`: from the second it
+starts to the second it ends, its baseline keeps at least the count in force when it
+started, as `RolloutRunner.start` floors it; no canary, split or analysis). Not simulated: pins, overrides and no-gain holds (the `World`
+has none), slow start's small share of traffic for a newly ready instance; the route choice
 only with `sluice.sim.routed` (else each trace row goes to its group).
 """
 
@@ -138,6 +140,10 @@ class FleetOptions:
     decision_log: int = 1000
     """most count-changing decisions kept per group (all are counted in `scale_events`);
     every 300th tick's decision is also kept, up to 100 of them, marked `changed: false`"""
+    rollouts: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """baseline group -> (the virtual second a rollout of it starts, the second it ends:
+    `math.inf` for never): meanwhile its count is floored at its count in force when it
+    started (module docstring)"""
 
 
 @dataclass(slots=True, eq=False)
@@ -243,6 +249,10 @@ def run_fleet(
     works = workloads_for(spec, workloads)
     lanes = [_Lane.of(gi, g, works[g.name]) for gi, g in enumerate(spec.groups)]
     by_name = {L.g.name: L for L in lanes}
+    unknown = sorted(set(o.rollouts) - set(by_name))
+    if unknown:
+        raise ValueError(f"a rollout of {', '.join(unknown)}: no such group in the run")
+    floors: dict[str, int] = {}  # running rollouts' baselines: their counts when they began
     compiled = compiled_for(spec, o.policies, o.scalers)
     epoch = o.epoch
     rng = random.Random(o.seed)
@@ -489,7 +499,12 @@ def run_fleet(
         observed = list(live.values())
         if failed:
             observed += [status[k] for k in failed]
-        d, after = step(memory, World(compiled, observed, loads), at)
+        for name, (since, until) in o.rollouts.items():
+            if not since <= now < until:
+                floors.pop(name, None)
+            elif name not in floors:
+                floors[name] = by_name[name].count
+        d, after = step(memory, World(compiled, observed, loads, floors=floors), at)
         alloc = d.allocation.enforced
         keep(alloc, now)
         memory = after

@@ -8,7 +8,8 @@ seed, injected crashes and slow starts, the fleet at t = 0, the decision log."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.policy.autoscale import FixedPolicy, ScalingPolicy, build_policy
@@ -40,6 +41,8 @@ class SimOptions:
     decision_log: int = 1000
     """most count-changing decisions kept (all are counted in `scale_events`); every 300th
     tick's decision is also kept, up to 100 of them, marked `changed: false`"""
+    rollouts: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """the group -> (start, end) of a rollout of it, virtual seconds (`FleetOptions.rollouts`)"""
 
 
 def make_policy(
@@ -115,5 +118,6 @@ def run(work: Workload, policy: ScalingPolicy[Any], opts: SimOptions | None = No
         slow_start_prob=o.slow_start_prob,
         slow_start_factor=o.slow_start_factor,
         decision_log=o.decision_log,
+        rollouts=o.rollouts,
     )
     return run_fleet(spec, {g.name: work}, fleet).groups[g.name].sim

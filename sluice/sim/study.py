@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,7 @@ def simulate_spec(
     model = InstanceModel.from_spec(loaded.spec, g, slo_ms)
     sh = shape or TraceShape()
     o = options or SimOptions()
+    _check_rollouts(o.rollouts, {g.name})
     trace = sh.of(load_trace_or_family(trace_path), o.seed)
     work = prepare(model, trace)
     extra: dict[str, Any] = {}
@@ -267,6 +268,7 @@ def _fleet_run(
         fix = "the fleet runs the live policies; use the one-group simulation for it"
         raise SpecError([SpecIssue("--policy", f"{policy!r}: {fix}")])
     o = options
+    _check_rollouts(o.rollouts, set(works))
     if policy is not None:
         every = {g.name: policy for g in spec.groups if g.autoscaling is not None}
         o = dataclasses.replace(o, policies=every)
@@ -279,3 +281,21 @@ def _fleet_run(
     if report_dir is not None:
         summary["report"] = str(write_fleet_report(result, report_dir, summary))
     return summary
+
+
+def _check_rollouts(rollouts: Mapping[str, tuple[float, float]], groups: Set[str]) -> None:
+    """`--rollout GROUP@START[-END]` names a group of the run, at 0 <= START < END."""
+    issues = [
+        SpecIssue("--rollout", f"{name!r} is not a group of this run ({', '.join(sorted(groups))})")
+        for name in rollouts
+        if name not in groups
+    ]
+    issues += [
+        SpecIssue(
+            "--rollout", f"{name}@{start:g}-{end:g}: a rollout starts at >= 0, before it ends"
+        )
+        for name, (start, end) in rollouts.items()
+        if not 0 <= start < end
+    ]
+    if issues:
+        raise SpecError(issues)

@@ -1,16 +1,19 @@
 """One brain, two bodies, end to end: the same spec and the same arrivals through
 `sluice simulate` and through a live `sluice up` (sim runtime) scale the group the same
 way: the counts it passes through, where quota clips it (a limit of 3 units, one of them
-held by a warm standby kept out of rotation), and back down, within the live clock's
-jitter.
+held by a warm standby kept out of rotation), where a rollout's floor holds it (a rollout
+of the group runs from 20 s to 80 s: live, started and aborted with `sluice rollout`;
+simulated, `--rollout chat@20-80`), and back down, within the live clock's jitter.
 
-Not compared: rollout floors (the simulator runs no rollouts)."""
+The simulator keeps the floor only, not the canary's 5 % of the traffic: at these rates
+that share moves no decision."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,13 +50,29 @@ groups:
       max: 6
       warm_standby: 1
       down: {cooldown_s: 6, stabilization_s: 3, max_step: 1, max_percent: 0, period_s: 3}
+  - name: chat-canary
+    owner: ops@example.com
+    business: search
+    alert_channel: "#ops"
+    models:
+      m-chat:
+        runtime: sim
+        version: v2
+        sim: {startup_s: 0.3, service_time: {kind: fixed, seconds: 0.2}, memory_gb: 1}
+    resources: {pool: local, accelerators: 1, memory_gb: 1}
+    replicas: 1
 tenants:
   - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
+rollouts:
+  - {name: chat-v2, baseline: chat, canary: chat-canary, steps: [5, 100], hold_s: 600}
 """
 
-PHASES = ((3.0, 10.0), (15.0, 25.0), (2.0, 35.0))
+PHASES = ((3.0, 10.0), (15.0, 25.0), (2.0, 55.0))
 """(requests per second, seconds): at 15/s x 0.2 s the 500 ms SLO wants 3 instances; quota
-leaves 2 serving (3 units less the standby's); at 2/s one is enough again"""
+leaves 2 serving (3 units less the standby's); at 2/s one is enough again (from about
+64 s), but the rollout keeps 2 until it ends"""
+ROLLOUT_S = (20.0, 80.0)
+"""when the rollout of chat starts and ends, seconds from the first request"""
 
 
 def trace_csv(path: Path) -> Path:
@@ -70,7 +89,7 @@ def simulated(spec: Path, trace: Path) -> tuple[list[tuple[float, int, int, str]
     """`sluice simulate`'s count changes, and its decisions clipped by each guard."""
     r = subprocess.run(
         [sys.executable, "-m", "sluice", "simulate", "--spec", str(spec), "--trace", str(trace),
-         "--group", "chat", "--json"],
+         "--group", "chat", "--rollout", "chat@{:g}-{:g}".format(*ROLLOUT_S), "--json"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -97,13 +116,29 @@ def path_of(moves: list[tuple[float, int, int, str]]) -> list[int]:
 def test_simulate_and_a_live_run_scale_the_same_way(tmp_path: Path) -> None:
     trace = trace_csv(tmp_path / "arrivals.csv")
     with running(
-        tmp_path, SPEC, "chat ready", lambda s: len(s.ready("chat")) == 2, timeout=60
-    ) as s:  # 1 serving + 1 warm standby
+        tmp_path,
+        SPEC,
+        "chat and its canary ready",
+        lambda s: len(s.ready("chat")) == 2 and len(s.ready("chat-canary")) == 1,
+        timeout=60,
+    ) as s:  # chat: 1 serving + 1 warm standby
         load = OpenLoop(s.endpoint)
         since = time.time()
+        rollout = [  # the rollout's start and end, on the trace's clock
+            threading.Timer(at - (time.time() - since), s.cli, (*cmd, "--reason", "parity"))
+            for at, cmd in zip(
+                ROLLOUT_S,
+                (("rollout", "start", "chat-v2"), ("rollout", "abort", "chat-v2")),
+                strict=True,
+            )
+        ]
+        started, ended = rollout
+        started.start()
+        ended.start()
         for rate, seconds in PHASES:
             load.run(rate, seconds)
         results = load.results()
+        ended.join()
         s.wait_for("back to 1", lambda: path_of(lived(s, since))[-1:] == [1], timeout=30)
         live = lived(s, since)
         journal = s.cli("explain", "chat", "--limit", "500")["decisions"]
@@ -113,12 +148,14 @@ def test_simulate_and_a_live_run_scale_the_same_way(tmp_path: Path) -> None:
     print(f"live:      {[(round(t), a, b) for t, a, b, _ in live]}")
     # the same counts, in the same order: up to what quota leaves (2), then back to 1
     assert path_of(sim) == path_of(live) == [1, 2, 1], (sim, live)
-    # quota clipped the autoscaler's wish in both
-    assert clipped.get("quota", 0) > 0
-    assert any("quota" in d["detail"]["clipped_by"] for d in journal), journal
-    # when: the scale-up after the step (t = 10 s), the scale-down after the fall (t = 35 s);
-    # the live clock adds the instances' start-up and the readings' lag (a few seconds)
+    # quota clipped the autoscaler's wish in both, and so did the rollout's floor
+    assert clipped.get("quota", 0) > 0 and clipped.get("rollout", 0) > 0, clipped
+    clips = [c for d in journal for c in d["detail"]["clipped_by"]]
+    assert "quota" in clips and "rollout" in clips, journal
+    # when: the scale-up after the step (t = 10 s), the scale-down once the rollout ends
+    # (t = 80 s), not when the load fell; the live clock adds the instances' start-up and
+    # the readings' lag (a few seconds)
     up = {"sim": sim[0][0], "live": live[0][0]}
     down = {"sim": sim[-1][0], "live": live[-1][0]}
     assert 10 <= up["sim"] <= 16 and abs(up["live"] - up["sim"]) <= 5, up
-    assert down["sim"] > 35 and abs(down["live"] - down["sim"]) <= 10, down
+    assert down["sim"] >= ROLLOUT_S[1] and abs(down["live"] - down["sim"]) <= 10, down
