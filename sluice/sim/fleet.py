@@ -41,9 +41,10 @@ oldest ready instances, as many as its count in force (`rotate`).
 
 A rollout is simulated by its floor only (`FleetOptions.rollouts`: from the second it
 starts to the second it ends, its baseline keeps at least the count in force when it
-started, as `RolloutRunner.start` floors it; no canary, split or analysis). Not simulated: pins, overrides and no-gain holds (the `World`
-has none), slow start's small share of traffic for a newly ready instance; the route choice
-only with `sluice.sim.routed` (else each trace row goes to its group).
+started, as `RolloutRunner.start` floors it; no canary, split or analysis). Not
+simulated: pins, overrides and no-gain holds (the `World` has none), slow start's small
+share of traffic for a newly ready instance; the route choice only with
+`sluice.sim.routed` (else each trace row goes to its group).
 """
 
 from __future__ import annotations
