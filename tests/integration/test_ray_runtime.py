@@ -84,10 +84,20 @@ signal.pause()
 SIM = {"runtime": "sim", "version": "v1", "sim": {"service_time": {"kind": "fixed", "seconds": 0}}}
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port, never one this process handed out before: the kernel may give a port
+    just closed again at once, and Ray refuses to start a node whose components share one
+    (CI saw metrics_export and runtime_env_agent both get 37479)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def worker_ports_low() -> int:
