@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.autoscale import GroupLoad
+from sluice.policy.autoscale import GroupLoad, queueing
 from sluice.policy.autoscale.queueing import (
     Objective,
     burst_slots,
@@ -34,6 +34,20 @@ def test_erlang_c_matches_the_closed_forms() -> None:
     assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
     assert erlang_c(4, 4.0) == 1.0 and erlang_c(3, 5.0) == 1.0  # unstable: everyone waits
     assert erlang_c(10, 0.0) == 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    c=st.integers(min_value=1, max_value=20_000),
+    busy=st.floats(min_value=0.001, max_value=3.0),
+)
+def test_erlang_b_in_closed_form_is_the_recursion(c: int, busy: float) -> None:
+    """The closed form (pmf over cdf) that large groups use agrees with the recursion."""
+    a = c * busy
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    assert queueing._erlang_b(c, a) == pytest.approx(b, rel=1e-9, abs=1e-300)
 
 
 def test_wait_allowance_is_the_tighter_bound() -> None:

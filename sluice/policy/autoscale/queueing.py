@@ -48,6 +48,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from scipy.special import pdtr
+
 __all__ = ["Objective", "burst_slots", "erlang_c", "steady_slots", "wait_allowance_s"]
 
 _LOAD_STEP = 0.01
@@ -57,6 +59,8 @@ _MAX_SLOTS = 1_000_000
 _STEPS = 20
 """objective terms are rounded to 1/20 (of a service time, of a squared CV)"""
 _MIN_CV2, _MAX_CV2 = 0.02, 20.0
+_RECURSE_UP_TO = 24
+"""below this many slots the recursion is cheaper than the closed form's special function"""
 
 
 def wait_allowance_s(
@@ -76,7 +80,7 @@ def wait_allowance_s(
 
 def erlang_c(c: int, a: float) -> float:
     """Probability that an arrival waits at all in M/M/c with offered load `a` (1.0 when the
-    queue is unstable, c <= a). Erlang B by its stable recursion, then C from B."""
+    queue is unstable, c <= a). Erlang B (`_erlang_b`), then C from B."""
     if a <= 0:
         return 0.0
     if c <= a:
@@ -86,11 +90,16 @@ def erlang_c(c: int, a: float) -> float:
 
 
 def _erlang_b(c: int, a: float) -> float:
-    """Erlang B (blocking probability of M/M/c/c) by its stable recursion."""
-    b = 1.0
-    for k in range(1, c + 1):
-        b = a * b / (k + a * b)
-    return b
+    """Erlang B (blocking probability of M/M/c/c): by its stable recursion for small `c` or
+    an overloaded pool (c <= a, where the cdf below underflows), else in closed form, the
+    Poisson pmf at `c` over its cdf: O(1) instead of O(c), as a batching server's group
+    holds thousands of slots; the two agree to ~1e-12."""
+    if c <= _RECURSE_UP_TO or c <= a:
+        b = 1.0
+        for k in range(1, c + 1):
+            b = a * b / (k + a * b)
+        return b
+    return math.exp(c * math.log(a) - a - math.lgamma(c + 1)) / float(pdtr(c, a))
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,11 +185,9 @@ def steady_slots(load: float, objective: Objective, miss: float) -> int:
 @lru_cache(maxsize=16_384)
 def _steady_slots(load: float, objective: Objective, miss: float) -> int:
     # the miss share falls in c: scan up from the first stable count, carrying Erlang B
-    # along (B(c) from B(c-1) is O(1)), so a search costs O(load), not O(load) per count
+    # along (B(c) from B(c-1) is O(1)), so a search costs its steps, not O(load) per count
     c = max(1, math.floor(load) + 1)
-    b = 1.0
-    for k in range(1, c + 1):
-        b = load * b / (k + load * b)
+    b = _erlang_b(c, load)
     while c < _MAX_SLOTS and objective.miss_given_b(c, load, b) > miss:
         c += 1
         b = load * b / (c + load * b)
