@@ -25,6 +25,7 @@ __all__ = [
     "RampHold",
     "pick_affinity",
     "pick_endpoint",
+    "rendezvous_score",
     "slow_start_weight",
 ]
 
@@ -166,6 +167,13 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def rendezvous_score(instance_id: str, key: int) -> int:
+    """An instance's rendezvous score for `key` (32 bits; wider keys are folded): the same
+    on every gateway, independent across instances (`_mix64`)."""
+    key = (key ^ (key >> 32)) & 0xFFFFFFFF
+    return _mix64((zlib.crc32(instance_id.encode()) << 32) | key)
+
+
 def pick_affinity(
     candidates: Sequence[Endpoint], key: str, skip: Container[str] = ()
 ) -> Endpoint | None:
@@ -179,7 +187,7 @@ def pick_affinity(
     for ep in candidates:
         if ep.instance_id in skip:
             continue
-        score = _mix64((zlib.crc32(ep.instance_id.encode()) << 32) | key_hash)
+        score = rendezvous_score(ep.instance_id, key_hash)
         if score > best_score:
             best, best_score = ep, score
     return best
