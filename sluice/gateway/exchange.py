@@ -145,6 +145,7 @@ class Exchange:
         "method",
         "mirror",
         "model",
+        "payload",
         "priority",
         "priority_header",
         "queue_ms",
@@ -197,6 +198,8 @@ class Exchange:
         # What routing and admission learn (all in the access log).
         self.tenant: str | None = None
         self.model: str | None = None
+        self.payload: object = None
+        """The parsed body of a proxied request (its prompt, for prefix-aware choice)."""
         self.priority: str | None = None
         self.route: str | None = None  # the tag of the rule `route_choice.choose` chose
         self.group: str | None = None  # the group that serves it (after failover, fallback)
@@ -315,6 +318,7 @@ class Exchange:
         if not isinstance(model, str) or not model:
             raise BadRequest("request body needs a string field 'model'")
         self.model = model
+        self.payload = payload
         raw = self.priority_header
         if raw is not None and tenant.priority_header:
             asked: str | None = raw.decode("latin-1").strip().lower()
@@ -384,7 +388,7 @@ class Exchange:
 
     def _dispatch(self, g: GroupRuntime) -> None:
         state = self.state
-        endpoint = g.pick(self.headers, state.outstanding, state.rng)
+        endpoint = g.pick(self.headers, state.outstanding, state.rng, self.payload)
         if endpoint is None:  # the group lost its instances while this one waited
             if self._requeue(g):
                 return

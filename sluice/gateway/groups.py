@@ -22,8 +22,9 @@ from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.balance import RampHold, pick_affinity, pick_endpoint
 from sluice.policy.latency import LatencyOutliers
 from sluice.policy.outlier import Ejection, OutlierDetector
+from sluice.policy.prefix import PrefixIndex, pick_prefix, prompt_blocks
 from sluice.policy.reachability import Reachability
-from sluice.policy.routing import Endpoint, GroupTraffic
+from sluice.policy.routing import Endpoint, GroupTraffic, PrefixRouting
 
 if TYPE_CHECKING:
     from sluice.core.errors import SluiceError
@@ -66,6 +67,11 @@ def _latency_settings(t: GroupTraffic) -> tuple[float, int]:
     return (t.outlier_latency_ratio, t.outlier_latency_min_requests)
 
 
+def _index_settings(p: PrefixRouting | None) -> tuple[int, int] | None:
+    """What a PrefixIndex is built from; a change of it starts an empty index."""
+    return None if p is None else (p.block_bytes, p.index_blocks)
+
+
 class GroupRuntime:
     """Mutable per-group state of one gateway. Single-threaded (the event loop's)."""
 
@@ -79,6 +85,8 @@ class GroupRuntime:
         "metrics",
         "name",
         "outlier",
+        "prefix",
+        "prefix_index",
         "ramp",
         "ramping",
         "reach",
@@ -123,6 +131,9 @@ class GroupRuntime:
         self.slow_start_s = 0.0
         self.timeout_s = self.traffic.timeout_s
         self.affinity: bytes | None = None
+        self.prefix: PrefixRouting | None = None
+        self.prefix_index: PrefixIndex | None = None
+        """What this gateway sent each instance, for prefix-cache-aware choice (if on)."""
         self.samples: SampleRing | None = None
         """Where its answers are recorded while it is under canary analysis (else None)."""
 
@@ -151,6 +162,13 @@ class GroupRuntime:
         self.affinity = (
             traffic.affinity_header.lower().encode() if traffic.affinity_header else None
         )
+        if traffic.prefix is None:
+            self.prefix_index = None
+        elif self.prefix_index is None or _index_settings(self.prefix) != _index_settings(
+            traffic.prefix
+        ):  # other blocks, or another size: what it holds no longer applies
+            self.prefix_index = PrefixIndex(traffic.prefix.index_blocks)
+        self.prefix = traffic.prefix
         self.endpoints = endpoints
         self.reach.forget({ep.instance_id for ep in endpoints})
         self.ramp.forget({ep.instance_id for ep in endpoints})
@@ -161,6 +179,8 @@ class GroupRuntime:
         self.metrics.prune(keep, now)  # per-instance counters of instances long gone
         if self.latency is not None:
             self.latency.forget(keep)
+        if self.prefix_index is not None:
+            self.prefix_index.forget(keep)
         return self.refresh(now)
 
     def refresh(self, now: float) -> list[Waiter]:
@@ -232,9 +252,15 @@ class GroupRuntime:
     # -- balancing ------------------------------------------------------------------------------
 
     def pick(
-        self, headers: list[bytes], outstanding: Mapping[str, int], rng: Random
+        self,
+        headers: list[bytes],
+        outstanding: Mapping[str, int],
+        rng: Random,
+        payload: object = None,
     ) -> Endpoint | None:
-        """The instance for one request: affinity if configured and asked for, else p2c."""
+        """The instance for one request: affinity if configured and asked for, else by the
+        prompt's cached prefix if configured and the prompt (`payload`, the parsed body) has
+        a whole block, else p2c."""
         candidates = self.candidates
         if len(candidates) <= 1:
             return candidates[0] if candidates else None
@@ -244,6 +270,18 @@ class GroupRuntime:
                 ep = pick_affinity(candidates, key)
                 if ep is not None and outstanding.get(ep.instance_id, 0) < ep.max_concurrency:
                     return ep
+        prefix = self.prefix
+        if prefix is not None and payload is not None and self.prefix_index is not None:
+            blocks = prompt_blocks(payload, prefix.block_bytes, prefix.max_blocks)
+            if blocks:
+                chosen = pick_prefix(
+                    candidates, blocks, outstanding, self.prefix_index, prefix.epsilon
+                )
+                if chosen is not None:
+                    self.prefix_index.sent(chosen.endpoint.instance_id, blocks)
+                    self.metrics.prefix_blocks += len(blocks)
+                    self.metrics.prefix_cached_blocks += chosen.cached
+                    return chosen.endpoint
         if not self.ramping:  # the common case: no clock read, plain p2c
             return pick_endpoint(candidates, outstanding, rng, 0.0)
         wall = time.time()

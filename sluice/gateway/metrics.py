@@ -159,6 +159,8 @@ class GroupMetrics:
         "arrivals",
         "instances",
         "mirrored",
+        "prefix_blocks",
+        "prefix_cached_blocks",
         "queue_wait",
         "routes",
         "served_s",
@@ -173,6 +175,10 @@ class GroupMetrics:
         self.routes: dict[str, RouteStats] = {}
         self.shed = dict.fromkeys(SHED_REASONS, 0)
         self.mirrored = 0
+        self.prefix_blocks = 0
+        """Prompt blocks of requests chosen by prefix (`policy.prefix`)..."""
+        self.prefix_cached_blocks = 0
+        """...and those the chosen instance was expected to hold: the gateway's hit rate."""
         self.queue_wait = Histogram(QUEUE_BUCKETS_S)
         self.ttfb = Histogram(DURATION_BUCKETS_S)
         """Time from a streamed request's first byte to its answer's first body byte."""
@@ -343,6 +349,17 @@ class _Collector(Collector):
             "Copies of requests sent to a mirror group (answers discarded).",
             labels=("group",),
         )
+        prefix_blocks = CounterMetricFamily(
+            "sluice_gateway_prefix_blocks",
+            "Prompt blocks of requests sent by prefix-cache-aware choice, by group.",
+            labels=("group",),
+        )
+        prefix_cached = CounterMetricFamily(
+            "sluice_gateway_prefix_cached_blocks",
+            "Of those, the blocks this gateway expected the chosen instance to hold in its "
+            "cache (over sluice_gateway_prefix_blocks: the expected prefix hit rate).",
+            labels=("group",),
+        )
         queue_wait = HistogramMetricFamily(
             "sluice_gateway_queue_wait_seconds",
             "Time queued requests waited for a slot (admitted or expired), seconds.",
@@ -386,6 +403,9 @@ class _Collector(Collector):
                 for reason, count in gm.shed.items():
                     shed.add_metric((name, reason), count)
                 mirrored.add_metric((name,), gm.mirrored)
+                if gm.prefix_blocks:
+                    prefix_blocks.add_metric((name,), gm.prefix_blocks)
+                    prefix_cached.add_metric((name,), gm.prefix_cached_blocks)
                 queue_wait.add_metric((name,), gm.queue_wait.buckets(), gm.queue_wait.sum)
                 ttfb.add_metric((name,), gm.ttfb.buckets(), gm.ttfb.sum)
         refused = CounterMetricFamily(
@@ -397,6 +417,7 @@ class _Collector(Collector):
         for reason, count in self._metrics.refused.items():
             refused.add_metric((reason,), count)
         yield from (requests, duration, shed, mirrored, queue_wait, ttfb, refused)
+        yield from (prefix_blocks, prefix_cached)
         yield from (per_instance, instance_duration)
 
         queue_length = GaugeMetricFamily(

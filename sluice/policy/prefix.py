@@ -27,13 +27,15 @@ by instances x blocks. It is mutable, one per group, fed by the data plane like 
 from __future__ import annotations
 
 import math
+import zlib
 from collections import OrderedDict
 from collections.abc import Container, Mapping, Sequence
+from typing import NamedTuple
 
 from sluice.policy.balance import rendezvous_score
 from sluice.policy.routing import Endpoint
 
-__all__ = ["DEFAULT_EPSILON", "PrefixIndex", "pick_prefix"]
+__all__ = ["DEFAULT_EPSILON", "PrefixIndex", "PrefixPick", "pick_prefix", "prompt_blocks"]
 
 DEFAULT_EPSILON = 1.0
 """How far above the mean load an instance may be and still take a prefix it holds: up to
@@ -105,6 +107,65 @@ class PrefixIndex:
         return sum(len(h) for h in self._held.values())
 
 
+def prompt_blocks(payload: object, block_bytes: int, max_blocks: int) -> tuple[int, ...]:
+    """The block hashes of an OpenAI-format request's prompt: its chat `messages` rendered in
+    order (role and text of each; text parts of a list content) or its `prompt`, cut into
+    whole blocks of `block_bytes` bytes, at most `max_blocks`, each hash covering the prefix
+    up to its end (so equal hashes mean equal prefixes). A partial last block is not hashed:
+    servers cache whole blocks only. `()` for anything else, or a prompt under one block.
+    The hash is crc32 and adler32 of the prefix, chained block to block (64 bits, no seed:
+    every gateway computes the same; 4x cheaper than blake2b, and a collision only costs a
+    cache miss). Only the bytes hashed are encoded."""
+    if not isinstance(payload, dict):
+        return ()
+    limit = block_bytes * max_blocks
+    parts: list[bytes] = []
+    size = 0
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        for m in messages:
+            if size >= limit or not isinstance(m, dict):
+                break
+            role = m.get("role")
+            text = _text(m.get("content"))[: limit - size]  # a char is at least a byte
+            piece = f"{role if isinstance(role, str) else ''}\x1e{text}\x1f".encode()
+            parts.append(piece)
+            size += len(piece)
+    else:
+        prompt = payload.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            parts.append(prompt[:limit].encode())
+    data = b"".join(parts)
+    out: list[int] = []
+    crc = adler = 1
+    view = memoryview(data)
+    for start in range(0, min(len(data), limit) - block_bytes + 1, block_bytes):
+        block = view[start : start + block_bytes]
+        crc = zlib.crc32(block, crc)
+        adler = zlib.adler32(block, adler)
+        out.append(crc << 32 | adler)
+    return tuple(out)
+
+
+def _text(content: object) -> str:
+    """A message's text: a string, or the `text` of each part of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+class PrefixPick(NamedTuple):
+    endpoint: Endpoint
+    cached: int
+    """leading blocks the index says the instance holds (what the gateway expects to hit)"""
+
+
 def pick_prefix(
     candidates: Sequence[Endpoint],
     blocks: Sequence[int],
@@ -112,7 +173,7 @@ def pick_prefix(
     index: PrefixIndex | None,
     epsilon: float = DEFAULT_EPSILON,
     skip: Container[str] = (),
-) -> Endpoint | None:
+) -> PrefixPick | None:
     """The instance for a request whose prompt's leading block hashes are `blocks` (module
     docstring). `index` None: rendezvous with bounded loads alone. None if every candidate
     is skipped; a prompt with no block goes to the least loaded."""
@@ -120,8 +181,9 @@ def pick_prefix(
     if not pool:
         return None
     loads = [outstanding.get(ep.instance_id, 0) for ep in pool]
+    least = pool[min(range(len(pool)), key=loads.__getitem__)]
     if not blocks:
-        return pool[min(range(len(pool)), key=loads.__getitem__)]
+        return PrefixPick(least, 0)
     bound = math.ceil((1.0 + epsilon) * (sum(loads) + 1) / len(pool))
     depth = index.matched(blocks, [ep.instance_id for ep in pool]) if index is not None else {}
     first = blocks[0]
@@ -134,5 +196,5 @@ def pick_prefix(
         if key > best_key:
             best, best_key = ep, key
     if best is None:
-        return pool[min(range(len(pool)), key=loads.__getitem__)]
-    return best
+        return PrefixPick(least, depth.get(least.instance_id, 0))
+    return PrefixPick(best, best_key[0])

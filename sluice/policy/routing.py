@@ -29,6 +29,7 @@ __all__ = [
     "CanarySplit",
     "Endpoint",
     "GroupTraffic",
+    "PrefixRouting",
     "RequestMeta",
     "Route",
     "RouteRule",
@@ -195,6 +196,18 @@ class Endpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixRouting:
+    """A group's prefix-cache-aware choice (`sluice.policy.prefix`): blocks of `block_bytes`
+    prompt bytes, at most `max_blocks` hashed, `epsilon` the load guard, `index_blocks` the
+    blocks remembered per instance."""
+
+    block_bytes: int = 2048
+    max_blocks: int = 64
+    epsilon: float = 1.0
+    index_blocks: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
 class GroupTraffic:
     """A group's data-plane settings: its queue, timeouts, slow start, outlier ejection."""
 
@@ -211,6 +224,8 @@ class GroupTraffic:
     """Eject an instance whose typical latency is this many times its peers' (`policy.latency`);
     0.0 turns latency ejection off."""
     outlier_latency_min_requests: int = 20
+    prefix: PrefixRouting | None = None
+    """Choose instances by the prompt's cached prefix; None: power of two choices."""
     buffer_when_cold: bool = False
     """Scale-to-zero group: with no ready instance, requests wait in the queue (up to its
     max wait) while the first instance starts, instead of a 503."""

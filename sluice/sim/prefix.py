@@ -191,7 +191,8 @@ def simulate_picker(
         elif picker == "affinity":
             ep = pick_affinity(endpoints, str(req.blocks[0]) if req.blocks else "")
         else:
-            ep = pick_prefix(endpoints, req.blocks, outstanding, index, epsilon)
+            chosen = pick_prefix(endpoints, req.blocks, outstanding, index, epsilon)
+            ep = chosen.endpoint if chosen is not None else None
         assert ep is not None
         iid = ep.instance_id
         cache = caches[iid]

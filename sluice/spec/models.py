@@ -196,6 +196,30 @@ class QueueSpec(_Strict):
     max_wait_s: float = Field(default=10.0, gt=0, le=3600)
 
 
+class PrefixRoutingSpec(_Strict):
+    """Send a prompt to the instance most likely to hold its prefix in its KV cache, unless
+    that instance is busier than `1 + epsilon` times the group's mean (`policy.prefix`)."""
+
+    block_bytes: int = Field(
+        default=2048,
+        ge=64,
+        le=1 << 20,
+        description="prompt bytes per hashed block (about 512 tokens of English at 2,048)",
+    )
+    max_blocks: int = Field(
+        default=64, ge=1, le=4096, description="leading blocks hashed per request (its cost)"
+    )
+    epsilon: float = Field(
+        default=1.0, ge=0.0, le=100.0, description="load an instance may carry over the mean"
+    )
+    index_blocks: int = Field(
+        default=8192,
+        ge=1,
+        le=1_000_000,
+        description="blocks remembered per instance: about its KV cache's size in blocks",
+    )
+
+
 class OutlierSpec(_Strict):
     """Eject an instance that keeps failing (connect errors, 5xx), like Envoy's outlier
     detection, or that answers but is much slower than the rest of its group (`latency`);
@@ -250,6 +274,9 @@ class GroupSpec(_Strict):
     )
     affinity_header: str | None = Field(
         default=None, description="requests with the same value stick to one instance"
+    )
+    prefix_routing: PrefixRoutingSpec | None = Field(
+        default=None, description="choose instances by the prompt's cached prefix"
     )
     outlier: OutlierSpec = OutlierSpec()
     autoscaling: AutoscalingSpec | None = Field(

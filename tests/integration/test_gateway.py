@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from sluice.gateway import Gateway
-from sluice.policy.routing import RouteRule, RoutingSnapshot, TenantAccess
+from sluice.policy.routing import PrefixRouting, RouteRule, RoutingSnapshot, TenantAccess
 from sluice.spec.models import GatewayLimits
 
 from .gateway_fakes import (
@@ -721,6 +721,38 @@ async def test_affinity_header_pins_a_key_to_one_instance() -> None:
                 assert (await chat(client, x_session=key)).headers["x-sluice-instance"] in pinned
         spread = {(await chat(client)).headers["x-sluice-instance"] for _ in range(40)}
         assert len(spread) > 1  # without the header: balanced
+
+
+@pytest.mark.asyncio
+async def test_prefix_routing_keeps_a_conversation_on_the_instance_that_holds_it() -> None:
+    """Each conversation re-sends its history: with prefix routing on, all its turns go to
+    one instance (the one its first turn went to), different system prompts spread over the
+    fleet, and the gateway's metrics count the blocks it expected to hit."""
+    ups = [FakeUpstream(f"i{n}") for n in range(4)]
+    prefix = PrefixRouting(block_bytes=256, max_blocks=16, index_blocks=1000)
+    snap = g1(*ups, traffic={"g1": q(prefix=prefix)})
+    async with running(*ups, snapshot=snap) as (gw, client, _log):
+        first: dict[int, str] = {}
+        for conv in range(12):
+            history = [{"role": "system", "content": f"system prompt {conv} " * 40}]
+            for turn in range(4):
+                history.append({"role": "user", "content": f"turn {turn} of {conv} " * 20})
+                resp = await client.post(
+                    "/v1/chat/completions",
+                    json={"model": "m1", "messages": history},
+                    headers=AUTH,
+                )
+                assert resp.status_code == 200, resp.text
+                instance = resp.headers["x-sluice-instance"]
+                assert first.setdefault(conv, instance) == instance, (conv, turn)
+                history.append({"role": "assistant", "content": "ok " * 30})
+        assert len(set(first.values())) > 1  # conversations spread, each one stays
+        short = await chat(client)  # a prompt under one block: power of two choices
+        assert short.status_code == 200
+        value = metric_values(gw.metrics_text()[0].decode())
+    blocks = value("sluice_gateway_prefix_blocks_total", group="g1")
+    cached = value("sluice_gateway_prefix_cached_blocks_total", group="g1")
+    assert blocks > 0 and 0.5 * blocks < cached < blocks  # later turns hit, first ones miss
 
 
 @pytest.mark.asyncio

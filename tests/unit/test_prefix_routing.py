@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sluice.policy.prefix import PrefixIndex, pick_prefix
-from sluice.policy.routing import Endpoint
+from sluice.core.errors import SpecError
+from sluice.policy.prefix import PrefixIndex, pick_prefix, prompt_blocks
+from sluice.policy.routing import Endpoint, PrefixRouting
+from sluice.policy.snapshot import build_routing_snapshot
 from sluice.sim.prefix import (
     CacheModel,
     PromptRequest,
@@ -18,6 +20,7 @@ from sluice.sim.prefix import (
     load_block_trace,
     simulate_picker,
 )
+from sluice.spec import load_spec_text
 
 
 def fleet(n: int, slots: int = 64) -> list[Endpoint]:
@@ -53,15 +56,21 @@ def test_a_new_prefix_lands_on_the_same_instance_from_every_gateway() -> None:
     for first in range(200):
         a = pick_prefix(eps, [first, 1000 + first], idle, PrefixIndex(10))
         b = pick_prefix(list(reversed(eps)), [first, 2000 + first], idle, None)
-        assert a is not None and a == b
+        assert a is not None and b is not None and a.endpoint == b.endpoint
 
 
 def test_an_instance_leaving_moves_only_its_own_prefixes() -> None:
     eps = fleet(8)
     idle = {ep.instance_id: 0 for ep in eps}
-    before = {k: pick_prefix(eps, [k], idle, None) for k in range(2000)}
+
+    def owner(fleet: list[Endpoint], k: int) -> Endpoint:
+        pick = pick_prefix(fleet, [k], idle, None)
+        assert pick is not None
+        return pick.endpoint
+
+    before = {k: owner(eps, k) for k in range(2000)}
     gone = eps[3]
-    after = {k: pick_prefix([e for e in eps if e != gone], [k], idle, None) for k in range(2000)}
+    after = {k: owner([e for e in eps if e != gone], k) for k in range(2000)}
     moved = [k for k in before if before[k] != after[k]]
     assert moved and all(before[k] == gone for k in moved)
     assert all(after[k] != gone for k in after)
@@ -74,17 +83,17 @@ def test_the_instance_holding_the_prefix_wins_until_it_is_over_the_bound() -> No
     prompt = [5, 6, 7, 8]
     loads = {"i0": 2, "i1": 2, "i2": 3, "i3": 2}
     pick = pick_prefix(eps, prompt, loads, index, epsilon=1.0)
-    assert pick is not None and pick.instance_id == "i2"
+    assert pick is not None and pick.endpoint.instance_id == "i2"
     # bound = ceil((1 + epsilon) x (outstanding + 1) / instances): 5 when i2 was at 3; with
     # i2 at 6 and the others at 1 it is still 5, and i2 is over it, so another takes it
     loads = {"i0": 1, "i1": 1, "i2": 6, "i3": 1}
     pick = pick_prefix(eps, prompt, loads, index, epsilon=1.0)
-    assert pick is not None and pick.instance_id != "i2"
+    assert pick is not None and pick.endpoint.instance_id != "i2"
     # a full instance (at its max_concurrency) is never chosen for its cache
     small = [Endpoint(e.instance_id, e.host, e.port, 3) for e in eps]
     loads = {"i0": 0, "i1": 0, "i2": 3, "i3": 0}
     pick = pick_prefix(small, prompt, loads, index, epsilon=10.0)
-    assert pick is not None and pick.instance_id != "i2"
+    assert pick is not None and pick.endpoint.instance_id != "i2"
 
 
 def test_everyone_over_the_bound_goes_to_the_least_loaded_and_skips_are_honoured() -> None:
@@ -94,7 +103,7 @@ def test_everyone_over_the_bound_goes_to_the_least_loaded_and_skips_are_honoured
     assert pick is not None
     assert pick_prefix(eps, [1], loads, None, skip={"i0", "i1", "i2"}) is None
     pick = pick_prefix(eps, [], {"i0": 4, "i1": 1, "i2": 3}, None)
-    assert pick is not None and pick.instance_id == "i1"
+    assert pick is not None and pick.endpoint.instance_id == "i1"
 
 
 def conversations(seed: int = 3, n: int = 1500) -> list[PromptRequest]:
@@ -147,3 +156,53 @@ def test_a_block_trace_line_that_is_not_mooncake_is_named(tmp_path: Path) -> Non
     assert req == PromptRequest(0.0, 600, 5, (1, 2))
     with pytest.raises(ValueError, match="unknown picker"):
         simulate_picker([req], "random", CacheModel())
+
+
+def test_prompt_blocks_hash_whole_blocks_of_the_rendered_prefix() -> None:
+    system = {"role": "system", "content": "You are terse. " * 100}  # 1,500 bytes
+    a = prompt_blocks({"messages": [system, {"role": "user", "content": "a" * 600}]}, 256, 64)
+    b = prompt_blocks({"messages": [system, {"role": "user", "content": "b" * 600}]}, 256, 64)
+    assert len(a) == len(b) == 8  # 2,1xx bytes: whole blocks only
+    assert a[:5] == b[:5] and a[6:] != b[6:]  # equal up to where the prompts differ
+    parts = {"role": "system", "content": [{"type": "text", "text": "You are terse. " * 100}]}
+    assert prompt_blocks({"messages": [parts]}, 256, 64) == prompt_blocks(
+        {"messages": [system]}, 256, 64
+    )
+    assert len(prompt_blocks({"messages": [system]}, 256, 2)) == 2  # the cap
+    assert prompt_blocks({"prompt": ["x" * 1000]}, 256, 64) == prompt_blocks(
+        {"prompt": "x" * 1000}, 256, 64
+    )
+    assert prompt_blocks({"prompt": "short"}, 256, 64) == ()
+    assert prompt_blocks(["not", "a", "request"], 256, 64) == ()
+
+
+def test_a_spec_turns_prefix_routing_on_for_its_group() -> None:
+    spec = load_spec_text(
+        """
+pools: [{name: p, count: 4, memory_gb: 80}]
+groups:
+  - name: chat
+    owner: a@example.com
+    business: b
+    alert_channel: '#b'
+    models: {m: {runtime: sim}}
+    resources: {pool: p, memory_gb: 1}
+    prefix_routing: {block_bytes: 1024, index_blocks: 2000}
+  - name: other
+    owner: a@example.com
+    business: b
+    alert_channel: '#b'
+    models: {n: {runtime: sim}}
+    resources: {pool: p, memory_gb: 1}
+"""
+    ).spec
+    snap = build_routing_snapshot(spec, {}, 1)
+    assert snap.traffic["chat"].prefix == PrefixRouting(1024, 64, 1.0, 2000)
+    assert snap.traffic["other"].prefix is None
+    with pytest.raises(SpecError, match="block_bytes"):
+        load_spec_text(
+            "pools: [{name: p, count: 1, memory_gb: 8}]\ngroups:\n  - name: g\n"
+            "    owner: a@example.com\n    business: b\n    alert_channel: '#b'\n"
+            "    models: {m: {runtime: sim}}\n    resources: {pool: p, memory_gb: 1}\n"
+            "    prefix_routing: {block_bytes: 8}\n"
+        )
