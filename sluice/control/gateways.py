@@ -42,6 +42,7 @@ from sluice.control.bodies import TextBody, model_body
 from sluice.control.guard import guarded
 from sluice.control.servers import ProbeFailed
 from sluice.core import Clock, Forbidden, SpecError, SpecIssue, Unavailable
+from sluice.policy.answers import TEXT_CHARS
 from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.gateways import (
     GATEWAY_ID_PATTERN,
@@ -413,7 +414,8 @@ def _some(names: Sequence[str], most: int = 5) -> str:
 
 
 class _Answer(BaseModel):
-    """What a gateway saw of one answer (`sluice.gateway.samples`): never the text."""
+    """What a gateway saw of one answer (`sluice.gateway.samples`); the start of its text on
+    a sample of rows, for the text-based canary criteria."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -422,6 +424,10 @@ class _Answer(BaseModel):
     latency_s: float = Field(ge=0)
     ttft_s: float | None = Field(default=None, ge=0)
     output_bytes: int = Field(ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
+    finish_reason: str | None = Field(default=None, max_length=32)
+    tpot_s: float | None = Field(default=None, ge=0)
+    text: str | None = Field(default=None, max_length=TEXT_CHARS)
 
 
 class _Sync(TextBody):

@@ -38,6 +38,7 @@ from sluice.gateway.mirror import MirrorRequest
 from sluice.gateway.responses import CHUNK_END, STATUS_LINES, json_body, json_response, status_line
 from sluice.gateway.upstream import UpstreamConnection
 from sluice.policy.admission import Offer
+from sluice.policy.answers import read_answer
 from sluice.policy.route_choice import ExchangeRecord, RouteChoice
 from sluice.policy.routing import Endpoint, TenantAccess
 
@@ -49,6 +50,10 @@ if TYPE_CHECKING:
 __all__ = ["Client", "Exchange", "deeper_than", "parse_json"]
 
 _CHUNKED = b"transfer-encoding: chunked\r\n"
+ANSWER_HEAD = 256 * 1024
+"""Answer bytes copied whole for canary analysis (text, and a JSON answer's usage)..."""
+ANSWER_TAIL = 16 * 1024
+"""...and the last ones kept past that (a long stream's usage and finish reason)."""
 _new_record = tuple.__new__
 # The C scanner when available. typeshed wants a `make_scanner` as context; a decoder is one.
 _scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
@@ -125,6 +130,9 @@ class Exchange:
 
     __slots__ = (
         "_out",
+        "answer",
+        "answer_size",
+        "answer_tail",
         "auth",
         "body",
         "bytes_out",
@@ -220,6 +228,12 @@ class Exchange:
         self.status = 0
         self.error_code: str | None = None
         self.bytes_out = 0
+        self.answer: list[bytes] | None = None
+        """A copy of the answer's first `ANSWER_HEAD` bytes, kept while its group is under
+        canary analysis (`_sample` reads tokens, finish reason and text from it)."""
+        self.answer_size = 0
+        self.answer_tail = b""
+        """the answer's last `ANSWER_TAIL` bytes once it outgrew the head"""
         self.t_body = 0.0  # -1.0: streamed to a group, first body byte not yet seen
         self.chunked = False
         self.head_sent = False
@@ -512,6 +526,8 @@ class Exchange:
         self.keep_alive = keep_alive
         if not has_length and g is not None:
             self.t_body = -1.0  # streamed: note when its first byte arrives (a TTFT proxy)
+        if g is not None and g.samples is not None:
+            self.answer, self.answer_size, self.answer_tail = [], 0, b""
         out = self._out
         line = STATUS_LINES.get(status)
         out.append(line if line is not None else status_line(status))
@@ -530,10 +546,21 @@ class Exchange:
         self.bytes_out += len(data)
         if self.t_body < 0.0:
             self.t_body = time.perf_counter()
+        if self.answer is not None:
+            self._keep(data)
         if self.chunked:
             self._out.extend((b"%x\r\n" % len(data), data, b"\r\n"))
         else:
             self._out.append(data)
+
+    def _keep(self, data: bytes) -> None:
+        """Copy answer bytes for canary analysis: the head whole, then a sliding tail."""
+        assert self.answer is not None
+        if self.answer_size < ANSWER_HEAD:
+            self.answer.append(data)
+            self.answer_size += len(data)
+        else:
+            self.answer_tail = (self.answer_tail + data)[-ANSWER_TAIL:]
 
     def upstream_flush(self) -> None:
         if self._out:  # one buffer: uvloop writes it with one send(), cheaper than writelines
@@ -745,12 +772,21 @@ class Exchange:
 
     def _sample(self, ring: SampleRing, now: float) -> None:
         """Record this answer for its group's canary analysis (only groups under one). An
-        answer cut off after its head counts as status 0, a failed connection's."""
+        answer cut off after its head counts as status 0, a failed connection's. Tokens,
+        finish reason and the start of the text come from the answer's copy
+        (`policy.answers`); time per output token from a stream's tokens after the first."""
         start = self.t0 + 0.001 * self.queue_ms
         ttfb = self.t_body - start if self.t_body > 0.0 else None
         status = 0 if self.head_sent and self.error_code is not None else self.status
         assert self.instance is not None
-        ring.record(self.instance, status, now - start, ttfb, self.bytes_out)
+        facts = None
+        if self.answer is not None and 200 <= status < 300:
+            facts = read_answer(b"".join(self.answer), self.answer_tail)
+        tokens = facts.completion_tokens if facts is not None else None
+        tpot = None
+        if tokens is not None and tokens > 1 and ttfb is not None:
+            tpot = max(0.0, (now - self.t_body) / (tokens - 1))
+        ring.record(self.instance, status, now - start, ttfb, self.bytes_out, facts, tpot)
 
     def _log(self, now: float) -> None:
         """Report how it went, as one record, to the metrics and the access log."""

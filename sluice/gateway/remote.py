@@ -57,7 +57,17 @@ SYNC_TIMEOUT_S = 2.0
 MAX_SYNC_ROWS = 20_000
 """Recorded answers one sync carries at most (the controller refuses more); the rest go
 with the next one."""
-_ROW_FIELDS = ("at", "status", "latency_s", "ttft_s", "output_bytes")
+_ROW_FIELDS = (
+    "at",
+    "status",
+    "latency_s",
+    "ttft_s",
+    "output_bytes",
+    "output_tokens",
+    "finish_reason",
+    "tpot_s",
+    "text",
+)
 WHOAMI_RETRY_S = 1.0
 """How often a gateway that does not know its name yet asks again: each second without it
 is a second of 503s once a controller is back."""

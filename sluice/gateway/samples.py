@@ -5,7 +5,10 @@ Only groups the controller names (`GatewaySampling.watch`) record anything; ever
 group's `GroupRuntime.samples` is None, so their requests pay one attribute test in
 `Exchange._finish`. A recorded row is what the gateway sees of an answer: the instance, the
 status (0: cut off after its head), latency to the last byte, time to the first body byte of
-a streamed answer (a TTFT proxy) and the body's size in bytes. Never the text.
+a streamed answer (a TTFT proxy), the body's size in bytes, and what the answer says of itself
+(`sluice.policy.answers`): output tokens, finish reason, time per output token, and on one
+row in `TEXT_EVERY` the start of its text (for style drift and empty answers: a bounded
+sample, at most `RING_ROWS / TEXT_EVERY x TEXT_CHARS` characters an instance).
 
 Memory is bounded: each instance keeps its last `RING_ROWS` rows (a ring), until it leaves
 its group's routing (the collector reads READY instances only). Rows carry one
@@ -21,13 +24,21 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["RING_ROWS", "GatewaySampling", "SampleRing"]
+from sluice.policy.answers import AnswerFacts
+
+__all__ = ["RING_ROWS", "TEXT_EVERY", "GatewaySampling", "SampleRing"]
 
 RING_ROWS = 8192
 """Rows an instance keeps: eight seconds at 1,000 requests/s, well over one poll (1 s)."""
 
-Row = tuple[int, float, int, float, float | None, int]
-"""(seq, at (epoch s), status, latency_s, ttfb_s, output_bytes)"""
+TEXT_EVERY = 8
+"""One recorded row in this many keeps the start of its answer's text."""
+
+Row = tuple[
+    int, float, int, float, float | None, int, int | None, str | None, float | None, str | None
+]
+"""(seq, at (epoch s), status, latency_s, ttfb_s, output_bytes, output_tokens, finish_reason,
+tpot_s, text)"""
 
 
 class SampleRing:
@@ -41,12 +52,26 @@ class SampleRing:
         self.rings: dict[str, deque[Row]] = {}
 
     def record(
-        self, instance: str, status: int, latency_s: float, ttfb_s: float | None, nbytes: int
+        self,
+        instance: str,
+        status: int,
+        latency_s: float,
+        ttfb_s: float | None,
+        nbytes: int,
+        facts: AnswerFacts | None = None,
+        tpot_s: float | None = None,
     ) -> None:
         ring = self.rings.get(instance)
         if ring is None:
             ring = self.rings[instance] = deque(maxlen=self.capacity)
-        ring.append((next(self._seq), time.time(), status, latency_s, ttfb_s, nbytes))
+        seq = next(self._seq)
+        tokens = finish = text = None
+        if facts is not None:
+            tokens, finish = facts.completion_tokens, facts.finish_reason
+            if seq % TEXT_EVERY == 0:
+                text = facts.text
+        row = (seq, time.time(), status, latency_s, ttfb_s, nbytes, tokens, finish, tpot_s, text)
+        ring.append(row)
 
     def forget(self, keep: set[str]) -> None:
         """Drop the rows of instances not in `keep` (they left the group's routing)."""
@@ -99,7 +124,11 @@ class GatewaySampling:
                 "latency_s": latency,
                 "ttft_s": ttfb,
                 "output_bytes": nbytes,
+                "output_tokens": tokens,
+                "finish_reason": finish,
+                "tpot_s": tpot,
+                "text": text,
             }
-            for seq, at, status, latency, ttfb, nbytes in picked
+            for seq, at, status, latency, ttfb, nbytes, tokens, finish, tpot, text in picked
         ]
         return out, picked[-1][0]

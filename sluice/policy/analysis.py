@@ -65,16 +65,14 @@ so the counts grow as one sequence, which its sequential test needs."""
 
 
 GATEWAY_UNSEEN: Mapping[CriterionName, str] = {
-    "tpot_p50": "the gateway sees bytes, not tokens: no time per output token",
-    "output_length": "the gateway sees bytes, not tokens: no output length",
-    "empty_rate": "the gateway does not read the output, so it cannot tell an empty one",
-    "truncated_rate": "the gateway does not read finish reasons",
     "cpu_per_request": "the server reports no CPU time per request (not Sluice's worker)",
     "memory": "the server reports no memory (not Sluice's worker)",
-    "style_drift": "the gateway does not read the output text",
 }
-"""What the gateway's rows lack (`RequestSample` with status, latency and, for streamed
-answers, time to the first body byte as TTFT): each criterion and why it is skipped."""
+"""What the gateway's rows lack. They carry status, latency, time to the first body byte of a
+streamed answer (as TTFT), and what the answer says of itself (`sluice.policy.answers`: output
+tokens from `usage` or a stream's chunks, finish reason, time per output token, and the start
+of the text on a sample of rows), so every other criterion is judged; one the answers do not
+feed (a server that gives no usage) reads "too few ... to judge"."""
 
 
 def unobserved(base_from_gateway: bool, canary_from_gateway: bool) -> dict[str, str]:

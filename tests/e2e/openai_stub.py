@@ -41,6 +41,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--require-key", default="", help="answer 401 without this bearer key")
     p.add_argument("--waiting", type=int, default=0, help="vllm:num_requests_waiting to report")
     p.add_argument(
+        "--stop-after",
+        type=int,
+        default=0,
+        help="answers end ('stop') after this many tokens; 0: they run to max_tokens ('length')",
+    )
+    p.add_argument(
         "--error-rate", type=float, default=0.0, help="share of completions answered 500"
     )
     p.add_argument(
@@ -187,26 +193,30 @@ class Handler(BaseHTTPRequestHandler):
             self._json(500, {"error": {"message": "injected failure (--error-rate)"}})
             return
         n = int(body.get("max_tokens") or 8)
+        finish = "length"
+        if 0 < ARGS.stop_after < n:
+            n, finish = ARGS.stop_after, "stop"
         words = [f"w{i}" for i in range(n)]
         prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
         usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
         with COUNTERS.lock:
             COUNTERS.running += 1
         try:
-            self._complete(body, words, usage)
+            self._complete(body, words, usage, finish)
         finally:
             with COUNTERS.lock:
                 COUNTERS.running -= 1
 
-    def _complete(self, body: dict[str, Any], words: list[str], usage: dict[str, int]) -> None:
+    def _complete(
+        self, body: dict[str, Any], words: list[str], usage: dict[str, int], finish: str
+    ) -> None:
         started = time.monotonic()
         time.sleep(ARGS.delay)
         COUNTERS.first_token(time.monotonic() - started)
         base = {"id": f"cmpl-{ARGS.name}", "model": ARGS.model, "system_fingerprint": ARGS.name}
         if body.get("stream"):
-            self._stream(
-                base, words, usage, bool((body.get("stream_options") or {}).get("include_usage"))
-            )
+            with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._stream(base, words, usage, with_usage, finish)
             return
         self._json(
             200,
@@ -218,7 +228,7 @@ class Handler(BaseHTTPRequestHandler):
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": " ".join(words)},
-                        "finish_reason": "length",
+                        "finish_reason": finish,
                     }
                 ],
                 "usage": usage,
@@ -226,7 +236,12 @@ class Handler(BaseHTTPRequestHandler):
         )
 
     def _stream(
-        self, base: dict[str, Any], words: list[str], usage: dict[str, int], with_usage: bool
+        self,
+        base: dict[str, Any],
+        words: list[str],
+        usage: dict[str, int],
+        with_usage: bool,
+        finish: str,
     ) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
@@ -252,7 +267,7 @@ class Handler(BaseHTTPRequestHandler):
                     "object": "chat.completion.chunk",
                     "created": created,
                     "choices": [
-                        {"index": 0, "delta": delta, "finish_reason": "length" if last else None}
+                        {"index": 0, "delta": delta, "finish_reason": finish if last else None}
                     ],
                 }
             )

@@ -3,10 +3,12 @@ that knows nothing of Sluice and keeps no per-request samples) through a real `s
 and again through `sluice controller` with `sluice gateway --workers 2` as its data plane.
 
 Their answers are analysed on what the gateway saw of each (status, latency, time to the
-first body byte of a streamed answer): a good canary (the same server) is promoted through
-every step, a bad one (30 % of its answers are 500s) is rolled back on its error rate. What
-such rows cannot show (text, tokens, finish reasons, CPU and memory) is skipped, and the
-report says which criteria and why.
+first body byte of a streamed answer) and what each answer said of itself (tokens counted
+from its stream, finish reason, time per output token, and the start of its text on a sample
+of rows; `sluice.policy.answers`): a good canary (the same server) is promoted through every
+step with those criteria judged; one whose answers run on to `max_tokens` (longer, and cut
+off) is rolled back on truncation and output length; one with 30 % of its answers 500s on its
+error rate. What the rows cannot show (CPU and memory) is skipped, and the report says why.
 """
 
 from __future__ import annotations
@@ -26,15 +28,8 @@ import pytest
 from tests.e2e.conftest import Sluice, remote_gateway, running
 
 STUB = str(Path(__file__).with_name("openai_stub.py"))
-UNSEEN = {
-    "tpot_p50",
-    "output_length",
-    "empty_rate",
-    "truncated_rate",
-    "cpu_per_request",
-    "memory",
-    "style_drift",
-}
+UNSEEN = {"cpu_per_request", "memory"}
+JUDGED = ("output_length", "empty_rate", "truncated_rate", "tpot_p50")
 
 
 def group(name: str, model: str, *flags: str) -> str:
@@ -67,26 +62,31 @@ ROLLOUT = """
     hold_s: 2
     analysis: {{min_samples: 30}}
 """
-STUB_FLAGS = ("--delay", "0.01", "--token-delay", "0.002")
+STUB_FLAGS = ("--delay", "0.01", "--token-delay", "0.002", "--stop-after", "4")
+LONG_FLAGS = ("--delay", "0.01", "--token-delay", "0.002")  # runs on to max_tokens
 SPEC = (
     "gateway: {host: 127.0.0.1, port: 0}\n"
-    "pools:\n  - {name: gpu, accelerator: fake-gpu, count: 4, memory_gb: 16, "
-    "devices: [0, 1, 2, 3]}\n"
+    "pools:\n  - {name: gpu, accelerator: fake-gpu, count: 6, memory_gb: 16, "
+    "devices: [0, 1, 2, 3, 4, 5]}\n"
     "groups:"
     + group("chat", "m-chat", *STUB_FLAGS)
     + group("chat-v2", "m-chat", *STUB_FLAGS)
     + group("risk", "m-risk", *STUB_FLAGS)
     + group("risk-v2", "m-risk", *STUB_FLAGS, "--error-rate", "0.3")
+    + group("talk", "m-talk", *STUB_FLAGS)
+    + group("talk-v2", "m-talk", *LONG_FLAGS)
     + """
 tenants:
   - {name: search, api_keys: [sk-search-b095adcc724f4f8a]}
 routes:
   - {tag: chat-main, match: {models: [m-chat]}, to: chat}
   - {tag: risk-main, match: {models: [m-risk]}, to: risk}
+  - {tag: talk-main, match: {models: [m-talk]}, to: talk}
 rollouts:
 """
     + ROLLOUT.format(name="chat-v2", baseline="chat", canary="chat-v2")
     + ROLLOUT.format(name="risk-v2", baseline="risk", canary="risk-v2")
+    + ROLLOUT.format(name="talk-v2", baseline="talk", canary="talk-v2")
 )
 
 
@@ -101,8 +101,8 @@ def platform(
     with running(
         home,
         SPEC,
-        "all four command groups ready",
-        lambda s: len({i["group"] for i in s.instances() if i["state"] == "ready"}) == 4,
+        "all six command groups ready",
+        lambda s: len({i["group"] for i in s.instances() if i["state"] == "ready"}) == 6,
         timeout=90,
         command=request.param,
     ) as s:
@@ -131,7 +131,7 @@ class StreamLoop:
             headers={"Authorization": "Bearer sk-search-b095adcc724f4f8a"},
             json={
                 "model": self.model,
-                "max_tokens": 3,
+                "max_tokens": 6,
                 "stream": True,
                 "messages": [{"role": "user", "content": "x"}],
             },
@@ -185,14 +185,34 @@ def test_good_command_canary_is_promoted_on_the_gateways_samples(platform: Sluic
     assert crit["latency_p50"]["verdict"] == "pass", crit["latency_p50"]
     # streamed through the gateway: time to the first body byte stands in for TTFT
     assert crit["ttft_p95"]["verdict"] == "pass", crit["ttft_p95"]
+    for name in JUDGED:  # read from the answers themselves (a stream's chunks, finish reason)
+        assert crit[name]["verdict"] == "pass", crit[name]
+    style = crit["style_drift"]  # texts are kept on a sample of rows: judged once enough
+    assert style["verdict"] == "pass" or "too few texts" in style["reason"], style
     for name in UNSEEN:  # skipped, saying why, never judged on missing values
         assert crit[name]["verdict"] == "skip", crit[name]
         assert "sampled by the gateway" in crit[name]["reason"], crit[name]
-    assert "text" in crit["style_drift"]["reason"]
     reason = first["analysis"]["reason"]
-    assert "not observed by the samples' source" in reason and "style_drift" in reason, reason
+    assert "not observed by the samples' source" in reason and "memory" in reason, reason
     assert first["analysis"]["baseline_samples"] >= 30
     assert first["analysis"]["canary_samples"] >= 30
+
+
+def test_a_canary_whose_answers_run_on_is_rolled_back_on_truncation(platform: Sluice) -> None:
+    """The canary's answers run on to max_tokens where the baseline's stop after 4 tokens:
+    the gateway reads both from the streams (finish reasons, chunks counted as tokens)."""
+    r, load = roll(platform, "talk-v2", "m-talk", 40)
+    results = load.results()
+    report = platform.cli("rollout", "report", "talk-v2")
+    assert r["phase"] == "rolled_back", report
+    assert Counter(st for st, _ in results) == Counter({200: len(results)})  # none lost
+    crit = criteria(report["state"]["steps"][-1])
+    truncated = crit["truncated_rate"]
+    assert truncated["verdict"] == "fail", truncated
+    assert truncated["baseline"] == 0.0 and truncated["canary"] == 1.0, truncated
+    length = crit["output_length"]
+    assert length["verdict"] == "fail" and length["canary"] > length["baseline"], length
+    assert crit["error_rate"]["verdict"] == "pass", crit["error_rate"]
 
 
 def test_bad_command_canary_is_rolled_back_on_the_gateways_samples(platform: Sluice) -> None:

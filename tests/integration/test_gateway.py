@@ -249,6 +249,9 @@ async def test_sampled_groups_record_status_latency_and_first_byte_of_streams() 
         assert row["status"] == 200 and row["output_bytes"] == len(body)
         assert row["ttft_s"] < 0.15 and row["latency_s"] > 0.55, row
         assert abs(row["at"] - time.time()) < 5
+        # no usage in this stream: its 3 chunks with content are its tokens, 0.2 s apart
+        assert row["output_tokens"] == 3 and row["finish_reason"] is None
+        assert 0.15 < row["tpot_s"] < 0.5, row
         gw.sample_groups([])
         await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
         assert gw.samples("i1", cursor, 10) == ([], cursor)
@@ -260,6 +263,13 @@ async def test_sampled_groups_record_status_latency_and_first_byte_of_streams() 
         ).status_code == 504
         (row,) = gw.samples("i1", 0, 10)[0]
         assert row["status"] == 504 and row["ttft_s"] is None
+        assert row["output_tokens"] is None and row["finish_reason"] is None
+    async with running(FakeUpstream("i1")) as (gw, client, _):
+        gw.sample_groups(["g1"])
+        assert (await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)).is_success
+        (row,) = gw.samples("i1", 0, 10)[0]  # a JSON answer: its usage and finish reason
+        assert row["output_tokens"] == 3 and row["finish_reason"] == "stop"
+        assert row["tpot_s"] is None  # not streamed: no time per token
 
 
 @pytest.mark.asyncio

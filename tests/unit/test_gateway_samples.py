@@ -18,23 +18,40 @@ from sluice.spec.rollouts import CRITERIA, AnalysisSpec
 SPEC = AnalysisSpec(min_samples=100)
 
 
+WORDS = "the quick brown fox jumps over a lazy dog by the warm fire".split(" ")  # noqa: SIM905
+
+
 def gateway_rows(
-    n: int, seed: int, error_rate: float = 0.0, streamed: bool = True
+    n: int,
+    seed: int,
+    error_rate: float = 0.0,
+    streamed: bool = True,
+    truncated_rate: float = 0.0,
+    answers: bool = True,
 ) -> list[RequestSample]:
-    """What the gateway records of n answers: status, latency, time to the first byte."""
+    """What the gateway records of n answers: status, latency, time to the first byte, and
+    (`answers`) what each answer says of itself: tokens, finish reason, time per output
+    token, and on one row in 8 the start of its text."""
     rng = np.random.default_rng(seed)
     out = []
-    for _ in range(n):
+    for k in range(n):
         ttfb = float(rng.lognormal(math.log(0.05), 0.2))
         status = 500 if rng.random() < error_rate else 200
-        row = {
-            "seq": 1,
+        tokens = int(rng.integers(40, 80))
+        row: dict[str, Any] = {
+            "seq": k,
             "at": 0.0,
             "status": status,
             "latency_s": ttfb + float(rng.lognormal(math.log(0.2), 0.1)),
             "ttft_s": ttfb if streamed else None,
             "output_bytes": 900,
         }
+        if answers:
+            row["output_tokens"] = tokens
+            row["finish_reason"] = "length" if rng.random() < truncated_rate else "stop"
+            row["tpot_s"] = float(rng.lognormal(math.log(0.02), 0.1)) if streamed else None
+            if k % 8 == 0:
+                row["text"] = " ".join(rng.choice(WORDS, size=tokens // 2))
         out.append(RequestSample.from_json(row))
     return out
 
@@ -98,11 +115,26 @@ def test_good_canary_on_gateway_rows_passes_and_names_what_it_could_not_see() ->
     by = {c.name: c for c in a.criteria}
     for name in ("error_rate", "latency_p50", "latency_p95", "ttft_p95"):
         assert by[name].verdict == "pass", by[name]
+    for name in ("output_length", "empty_rate", "truncated_rate", "tpot_p50", "style_drift"):
+        assert by[name].verdict == "pass", by[name]  # read from the answers themselves
     for name, why in GATEWAY_UNSEEN.items():
         assert by[name].verdict == "skip"
         assert by[name].reason == f"not observed (both sides sampled by the gateway): {why}"
     assert f"{len(GATEWAY_UNSEEN)} not observed by the samples' source" in a.reason
-    assert "style_drift" in a.reason and "cpu_per_request" in a.reason
+    assert set(GATEWAY_UNSEEN) == {"cpu_per_request", "memory"}
+
+
+def test_truncated_answers_on_gateway_rows_fail_on_truncation() -> None:
+    a = analyze(
+        gateway_rows(400, 1, truncated_rate=0.02),
+        gateway_rows(400, 2, truncated_rate=0.3),
+        None,
+        None,
+        SPEC,
+        unobserved=unobserved(True, True),
+    )
+    assert a.verdict == "fail"
+    assert a.criterion("truncated_rate").verdict == "fail"  # type: ignore[union-attr]
 
 
 def test_bad_canary_on_gateway_rows_fails_on_errors() -> None:
@@ -121,7 +153,8 @@ def test_bad_canary_on_gateway_rows_fails_on_errors() -> None:
 def test_missing_fields_are_skipped_not_zero() -> None:
     """No streamed answers: no TTFT on either side is 'not applicable', not a 0 s TTFT; and
     with no source info at all (the old call), text-less rows still skip text criteria."""
-    base, canary = gateway_rows(300, 1, streamed=False), gateway_rows(300, 2, streamed=False)
+    base = gateway_rows(300, 1, streamed=False, answers=False)
+    canary = gateway_rows(300, 2, streamed=False, answers=False)
     a = analyze(base, canary, None, None, SPEC, unobserved=unobserved(True, True))
     ttft = a.criterion("ttft_p95")
     assert ttft is not None and ttft.verdict == "skip" and "no streamed" in ttft.reason
@@ -134,7 +167,7 @@ def test_missing_fields_are_skipped_not_zero() -> None:
 
 def test_one_side_from_the_gateway_does_not_compare_ttft() -> None:
     unseen = unobserved(False, True)
-    assert "the canary sampled by the gateway" in unseen["style_drift"]
+    assert "the canary sampled by the gateway" in unseen["memory"]
     assert unseen["ttft_p95"].startswith("not comparable")
     assert unobserved(False, False) == {}
     a = analyze(gateway_rows(300, 1), gateway_rows(300, 2), None, None, SPEC, unobserved=unseen)

@@ -49,6 +49,10 @@ def test_recorded_answers_go_up_once_and_again_after_a_failed_sync() -> None:
                 "latency_s": 0.25,
                 "ttft_s": 0.05,
                 "output_bytes": 120,
+                "output_tokens": None,
+                "finish_reason": None,
+                "tpot_s": None,
+                "text": None,
             }
         ]
     }

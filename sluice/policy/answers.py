@@ -1,0 +1,148 @@
+"""What an OpenAI-format answer says about itself: token counts, why it stopped, and the start
+of its text, read from the bytes the gateway relayed (issue 35).
+
+Any server behind `command` or `external` that speaks the OpenAI API (vLLM, SGLang, llama.cpp,
+TGI, a hosted endpoint) answers a completion either as one JSON document or as a stream of
+server-sent events (`data: {...}` chunks, then `data: [DONE]`). Both may carry `usage`
+(`prompt_tokens`, `completion_tokens`, `prompt_tokens_details.cached_tokens`) and each choice
+its `finish_reason` ("stop", "length": cut off at `max_tokens`, ...). A stream carries usage only
+when asked (`stream_options.include_usage`); without it the completion's length is the number
+of chunks with content: one token per chunk for vLLM, SGLang and OpenAI, an estimate for
+servers that batch tokens into chunks (`AnswerFacts.counted` says which it is).
+
+The gateway keeps a capped copy of the answer (`head`, plus the last bytes in `tail` when it
+outgrew the cap): usage and the finish reason are at the end of a stream, the text at its
+start.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = ["AnswerFacts", "read_answer"]
+
+TEXT_CHARS = 512
+"""the start of the text kept for the text-based criteria (style drift, empty answers)"""
+
+_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]{1,32})"')
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerFacts:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    text: str | None = None
+    """the start of the answer's text (at most `TEXT_CHARS`); None when none was read"""
+    counted: bool = False
+    """`completion_tokens` counts a stream's chunks with content (no usage was given)"""
+
+
+def read_answer(head: bytes, tail: bytes = b"", text_chars: int = TEXT_CHARS) -> AnswerFacts:
+    """The facts of one answer: `head` its first bytes (all of it when `tail` is empty),
+    `tail` its last bytes when the copy was capped. Never raises: what cannot be read is
+    None."""
+    start = head.lstrip()[:5]
+    if start == b"data:" or start.startswith(b":"):
+        return _read_stream(head, tail, text_chars)
+    if not tail:
+        try:
+            doc = orjson.loads(head)
+        except orjson.JSONDecodeError:
+            doc = None
+        if isinstance(doc, dict):
+            return _read_document(doc, text_chars)
+    return _scan(head + b"\n" + tail)
+
+
+def _read_document(doc: dict[str, Any], text_chars: int) -> AnswerFacts:
+    prompt, completion, cached = _usage(doc.get("usage"))
+    finish, text = None, None
+    choices = doc.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        first = choices[0]
+        finish = _str(first.get("finish_reason"))
+        message = first.get("message")
+        content = message.get("content") if isinstance(message, dict) else first.get("text")
+        if isinstance(content, str):
+            text = content[:text_chars]
+    return AnswerFacts(prompt, completion, cached, finish, text)
+
+
+def _read_stream(head: bytes, tail: bytes, text_chars: int) -> AnswerFacts:
+    pieces: list[str] = []
+    size = 0
+    chunks = 0
+    finish: str | None = None
+    usage: tuple[int | None, int | None, int | None] = (None, None, None)
+    events = head.split(b"\n")
+    if tail:  # the middle is gone: the tail's first line may be cut, and chunks go uncounted
+        events += tail.split(b"\n")[1:]
+    for line in events:
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if not data or data == b"[DONE]":
+            continue
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(doc, dict):
+            continue
+        if doc.get("usage"):
+            usage = _usage(doc["usage"])
+        choices = doc.get("choices")
+        if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)):
+            continue
+        first = choices[0]
+        finish = _str(first.get("finish_reason")) or finish
+        delta = first.get("delta")
+        content = delta.get("content") if isinstance(delta, dict) else first.get("text")
+        if isinstance(content, str) and content:
+            chunks += 1
+            if size < text_chars:
+                pieces.append(content)
+                size += len(content)
+    prompt, completion, cached = usage
+    counted = False
+    if completion is None and not tail:
+        completion, counted = chunks, True
+    text = "".join(pieces)[:text_chars] if not tail or pieces else None
+    return AnswerFacts(prompt, completion, cached, finish, text, counted)
+
+
+def _scan(data: bytes) -> AnswerFacts:
+    """A document too large to keep whole: its counts and finish reason by pattern."""
+    completion = _USAGE.findall(data)
+    prompt = _PROMPT.findall(data)
+    finish = _FINISH.findall(data)
+    return AnswerFacts(
+        int(prompt[-1]) if prompt else None,
+        int(completion[-1]) if completion else None,
+        None,
+        finish[-1].decode() if finish else None,
+    )
+
+
+def _usage(usage: object) -> tuple[int | None, int | None, int | None]:
+    if not isinstance(usage, dict):
+        return None, None, None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), _int(cached)
+
+
+def _int(x: object) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) and x >= 0 else None
+
+
+def _str(x: object) -> str | None:
+    return x[:32] if isinstance(x, str) and x else None
