@@ -191,6 +191,7 @@ class ServerScraper(RoundPoller[ScrapeTarget]):
                 "running": sig.running if sig else None,
                 "waiting": sig.waiting if sig else None,
                 "kv_cache_usage": sig.kv_cache_usage if sig else None,
+                "prefix_cache_hit_rate": _hit_rate(sig),
                 "metrics": list(sig.found) if sig else [],
                 "age_s": round(now - s.at, 3) if s.at is not None else None,
                 "scrapes": s.scrapes,
@@ -215,6 +216,9 @@ class ServerScraper(RoundPoller[ScrapeTarget]):
                 "sluice_server_running": sig.running if sig else None,
                 "sluice_server_waiting": sig.waiting if sig else None,
                 "sluice_server_kv_cache_usage": sig.kv_cache_usage if sig else None,
+                "sluice_server_prefix_cache_queries_total": sig.prefix_queries if sig else None,
+                "sluice_server_prefix_cache_hits_total": sig.prefix_hits if sig else None,
+                "sluice_server_prefix_cache_hit_rate": sig.prefix_hit_rate if sig else None,
                 "sluice_server_scrape_failures_total": float(s.failures_total),
             }
             for name, value in values.items():
@@ -292,8 +296,31 @@ _EXPORTED = (
     ("sluice_server_running", "Requests the server says it runs now (its own metrics)."),
     ("sluice_server_waiting", "Requests waiting inside the server for a batch slot."),
     ("sluice_server_kv_cache_usage", "The server's KV-cache use, fraction 0..1."),
+    (
+        "sluice_server_prefix_cache_queries_total",
+        "Prompt tokens the server looked up in its prefix cache (its own counter).",
+    ),
+    (
+        "sluice_server_prefix_cache_hits_total",
+        "Of those, the tokens it found cached: a group's hit rate is the ratio of the rates.",
+    ),
+    (
+        "sluice_server_prefix_cache_hit_rate",
+        "The server's prefix-cache hit rate, 0..1, where it gives only a rate (older vLLM, "
+        "SGLang).",
+    ),
     ("sluice_server_scrape_failures_total", "Reads of the server's metrics that failed."),
 )
+
+
+def _hit_rate(sig: ServerSignals | None) -> float | None:
+    """The instance's prefix-cache hit rate over its lifetime: its counters where it has
+    them, else the rate it gives."""
+    if sig is None:
+        return None
+    if sig.prefix_queries:
+        return round((sig.prefix_hits or 0.0) / sig.prefix_queries, 4)
+    return sig.prefix_hit_rate
 
 
 def _label(value: str) -> str:

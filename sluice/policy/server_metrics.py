@@ -10,6 +10,9 @@ llama.cpp's server. Pure: the scrape itself is `sluice.control.scraper`.
     tpot            inter_token_latency_seconds      the same, or      -
                     (newer), time_per_output_token_  time_per_output_
                     seconds                          token_seconds
+    prefix cache    prefix_cache_queries_total and   cache_hit_rate    -
+                    prefix_cache_hits_total (tokens;
+                    newer), gpu_prefix_cache_hit_rate
 
 (each name with its server's prefix, `vllm:`, `sglang:`, `llamacpp:`). Where a server
 exposes two names of one signal (a deprecated one beside its successor) the first listed
@@ -24,7 +27,10 @@ Used for (the signals nothing reads are for operators: status and `/metrics`):
 - canary analysis: `ttft` and `tpot` windows per group (`Histogram.since`, `.plus`,
   `.quantile`), shown beside the analysis of groups whose servers keep no per-request
   samples; they are not gated on;
-- `kv_cache_usage`: shown only.
+- `kv_cache_usage` and the prefix cache (`prefix_queries`/`prefix_hits`, counters of prompt
+  tokens looked up and found; `prefix_hit_rate` where a server gives only a rate): shown only,
+  per instance in the status and as `sluice_server_*` series; a group's hit rate is
+  `sum(rate(hits)) / sum(rate(queries))` over its instances.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from itertools import pairwise
 from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
+    "COUNTERS",
     "GAUGES",
     "HISTOGRAMS",
     "MAX_BUCKETS",
@@ -60,6 +67,7 @@ GAUGES: Mapping[str, tuple[str, ...]] = {
         "sglang:token_usage",
         "llamacpp:kv_cache_usage_ratio",
     ),
+    "prefix_hit_rate": ("vllm:gpu_prefix_cache_hit_rate", "sglang:cache_hit_rate"),
 }
 """signal -> the metric names that carry it, in order of preference"""
 HISTOGRAMS: Mapping[str, tuple[str, ...]] = {
@@ -71,11 +79,18 @@ HISTOGRAMS: Mapping[str, tuple[str, ...]] = {
         "sglang:time_per_output_token_seconds",
     ),
 }
+COUNTERS: Mapping[str, tuple[str, ...]] = {
+    "prefix_queries": ("vllm:prefix_cache_queries",),
+    "prefix_hits": ("vllm:prefix_cache_hits",),
+}
+"""signal -> counters that carry it (their samples end in `_total`), in order of preference"""
 MAX_BUCKETS = 256
 """A histogram with more buckets than this is not read (vLLM's TTFT has ~20): the body is
 bounded, but a server must not make us keep 100,000 buckets per instance."""
 
-_KNOWN = tuple({n for names in (*GAUGES.values(), *HISTOGRAMS.values()) for n in names})
+_KNOWN = tuple(
+    {n for names in (*GAUGES.values(), *HISTOGRAMS.values(), *COUNTERS.values()) for n in names}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +154,9 @@ class ServerSignals:
     kv_cache_usage: float | None = None
     ttft: Histogram | None = None
     tpot: Histogram | None = None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    prefix_hit_rate: float | None = None
     found: tuple[str, ...] = ()
 
 
@@ -164,8 +182,22 @@ def parse_server_metrics(text: str) -> ServerSignals:
         for name in names:
             got = [v for _, v in values.get(name, ()) if math.isfinite(v) and v >= 0]
             if got:
-                gauges[signal] = max(got) if signal == "kv_cache_usage" else sum(got)
+                if signal == "kv_cache_usage":
+                    gauges[signal] = max(got)
+                elif signal == "prefix_hit_rate":  # a rate per engine: their mean
+                    gauges[signal] = sum(got) / len(got)
+                else:
+                    gauges[signal] = sum(got)
                 found.append(name)
+                break
+    counters: dict[str, float | None] = {}
+    for signal, names in COUNTERS.items():
+        counters[signal] = None
+        for name in names:
+            got = [v for _, v in values.get(name + "_total", ()) if math.isfinite(v) and v >= 0]
+            if got:
+                counters[signal] = sum(got)
+                found.append(name + "_total")
                 break
     hists: dict[str, Histogram | None] = {}
     for signal, names in HISTOGRAMS.items():
@@ -184,6 +216,9 @@ def parse_server_metrics(text: str) -> ServerSignals:
         kv_cache_usage=gauges["kv_cache_usage"],
         ttft=hists["ttft"],
         tpot=hists["tpot"],
+        prefix_queries=counters["prefix_queries"],
+        prefix_hits=counters["prefix_hits"],
+        prefix_hit_rate=gauges["prefix_hit_rate"],
         found=tuple(found),
     )
 

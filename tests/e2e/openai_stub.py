@@ -74,6 +74,20 @@ class Counters:
         self.waiting = ARGS.waiting
         self.ttft = [0] * len(TTFT_BOUNDS)
         self.ttft_sum = 0.0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.prefixes: set[str] = set()
+
+    def prompt(self, messages: list[Any]) -> None:
+        """vLLM's prefix-cache counters, roughly: every prompt word is looked up, and a
+        conversation's words count as found when its first message was seen before."""
+        words = [str(m.get("content", "")).split() for m in messages if isinstance(m, dict)]
+        with self.lock:
+            self.prefix_queries += sum(len(w) for w in words)
+            first = " ".join(words[0]) if words else ""
+            if first in self.prefixes:
+                self.prefix_hits += len(words[0])
+            self.prefixes.add(first)
 
     def first_token(self, seconds: float) -> None:
         with self.lock:
@@ -95,6 +109,12 @@ class Counters:
                 "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.",
                 "# TYPE vllm:gpu_cache_usage_perc gauge",
                 f"vllm:gpu_cache_usage_perc{{{labels}}} {min(1.0, self.running / 16)}",
+                "# HELP vllm:prefix_cache_queries Prefix cache queries, in tokens.",
+                "# TYPE vllm:prefix_cache_queries counter",
+                f"vllm:prefix_cache_queries_total{{{labels}}} {float(self.prefix_queries)}",
+                "# HELP vllm:prefix_cache_hits Prefix cache hits, in tokens.",
+                "# TYPE vllm:prefix_cache_hits counter",
+                f"vllm:prefix_cache_hits_total{{{labels}}} {float(self.prefix_hits)}",
                 "# HELP vllm:time_to_first_token_seconds Histogram of time to first token.",
                 "# TYPE vllm:time_to_first_token_seconds histogram",
             ]
@@ -198,6 +218,7 @@ class Handler(BaseHTTPRequestHandler):
             n, finish = ARGS.stop_after, "stop"
         words = [f"w{i}" for i in range(n)]
         prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+        COUNTERS.prompt(body.get("messages", []))
         usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
         with COUNTERS.lock:
             COUNTERS.running += 1

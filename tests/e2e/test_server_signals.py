@@ -90,6 +90,15 @@ def test_a_queue_inside_the_server_alone_scales_the_group_and_is_explained(
 
         metrics = httpx.get(s.control_url + "/metrics", headers=s.control_headers(), timeout=10)
         assert f'sluice_server_waiting{{group="chat",instance="{first["id"]}"}} 12' in metrics.text
+        # its prefix-cache counters (vLLM's names): the warm-up prompt was looked up
+        assert (
+            f'sluice_server_prefix_cache_hits_total{{group="chat",instance="{first["id"]}"}} 0'
+            in (metrics.text)
+        )
+        assert (
+            f'sluice_server_prefix_cache_queries_total{{group="chat",instance="{first["id"]}"}}'
+            in (metrics.text)
+        )
         assert "# TYPE sluice_gateway_requests" in metrics.text  # beside the gateway's own
 
 

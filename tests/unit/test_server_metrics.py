@@ -142,12 +142,31 @@ def test_vllm_v1_engines_add_up_and_a_deprecated_twin_is_not_counted_twice() -> 
     assert "vllm:kv_cache_usage_perc" in s.found
 
 
+def counter(name: str, labels: str, value: float) -> str:
+    return f"# HELP {name} A counter.\n# TYPE {name} counter\n{name}_total{{{labels}}} {value}\n"
+
+
+def test_vllm_prefix_cache_counters_add_up_over_engines() -> None:
+    """vLLM V1 counts prompt tokens looked up in its prefix cache and those found."""
+    text = vllm_v1("0", 1, 0, 0.1, TTFT_COUNTS) + vllm_v1("1", 1, 0, 0.1, TTFT_COUNTS)
+    for engine, queries, hits in (("0", 1000.0, 600.0), ("1", 3000.0, 400.0)):
+        labels = f'engine="{engine}",{MODEL}'
+        text += counter("vllm:prefix_cache_queries", labels, queries)
+        text += counter("vllm:prefix_cache_hits", labels, hits)
+    s = parse_server_metrics(text)
+    assert (s.prefix_queries, s.prefix_hits, s.prefix_hit_rate) == (4000.0, 1000.0, None)
+    assert "vllm:prefix_cache_hits_total" in s.found
+    old = parse_server_metrics(VLLM_V0 + gauge("vllm:gpu_prefix_cache_hit_rate", MODEL, 0.25))
+    assert old.prefix_hit_rate == 0.25 and old.prefix_queries is None
+
+
 def test_sglang_names_are_read_as_the_common_signals() -> None:
     s = parse_server_metrics(SGLANG)
     assert (s.running, s.waiting, s.kv_cache_usage) == (12.0, 4.0, 0.28)
     assert s.ttft is not None and s.ttft.quantile(0.5) == pytest.approx(0.175)
     assert s.tpot is not None and s.tpot.total == 100
     assert s.tpot.quantile(0.5) == pytest.approx(0.004 + 0.002 * 40 / 70)
+    assert s.prefix_hit_rate == 0.0075
 
 
 def test_llamacpp_names_are_read_and_it_has_no_latency_histograms() -> None:
