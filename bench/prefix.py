@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,11 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 from sluice.policy.prefix import DEFAULT_EPSILON  # noqa: E402
 from sluice.sim.prefix import (  # noqa: E402
-    PICKERS,
     CacheModel,
-    bound_hit_rate,
+    compare_pickers,
     load_block_trace,
-    simulate_picker,
+    render_comparison,
 )
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -39,7 +37,6 @@ HIT_TARGET = 0.8
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    trace = load_block_trace(Path(args.trace))
     model = CacheModel(
         instances=args.instances,
         cache_blocks=args.cache_blocks,
@@ -47,39 +44,12 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         prefill_tps=args.prefill_tps,
         tpot_s=args.tpot_ms / 1000.0,
     )
-    rows = {
-        p: simulate_picker(trace, p, model, seed=args.seed, epsilon=args.epsilon) for p in PICKERS
-    }
-    fleet = bound_hit_rate(trace, model.instances * model.cache_blocks, model.block_tokens)
-    infinite = bound_hit_rate(trace, math.inf, model.block_tokens)
-    new, p2c = rows["prefix"], rows["p2c"]
-    hit_ratio = new.hit_rate / fleet if fleet > 0 else 1.0
-    p99_ratio = new.ttft_p99_s / p2c.ttft_p99_s if p2c.ttft_p99_s > 0 else 1.0
-    return {
-        "trace": str(args.trace),
-        "requests": len(trace),
-        "instances": model.instances,
-        "cache_blocks_per_instance": model.cache_blocks,
-        "block_tokens": model.block_tokens,
-        "prefill_tps": model.prefill_tps,
-        "tpot_ms": args.tpot_ms,
-        "epsilon": args.epsilon,
-        "pickers": [
-            {
-                "picker": r.picker,
-                "hit_rate": round(r.hit_rate, 4),
-                "ttft_mean_s": round(r.ttft_mean_s, 3),
-                "ttft_p99_s": round(r.ttft_p99_s, 3),
-                "busiest_share": round(r.busiest_share, 4),
-            }
-            for r in rows.values()
-        ],
-        "bound_infinite_hit_rate": round(infinite, 4),
-        "bound_fleet_lru_hit_rate": round(fleet, 4),
-        "hit_rate_vs_fleet_bound": round(hit_ratio, 3),
-        "p99_ttft_vs_p2c": round(p99_ratio, 3),
-        "meets_target": hit_ratio >= HIT_TARGET and p99_ratio <= 1.0,
-    }
+    result = compare_pickers(load_block_trace(Path(args.trace)), model, args.epsilon, args.seed)
+    result["trace"] = str(args.trace)
+    result["meets_target"] = (
+        result["hit_rate_vs_fleet_bound"] >= HIT_TARGET and result["p99_ttft_vs_p2c"] <= 1.0
+    )
+    return result
 
 
 def main() -> int:
@@ -102,24 +72,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(result))
     else:
+        print("\n".join(render_comparison(result)))
         print(
-            f"{result['requests']} requests, {result['instances']} instances x "
-            f"{result['cache_blocks_per_instance']} blocks of {result['block_tokens']} tokens, "
-            f"prefill {result['prefill_tps']:g} tokens/s each"
-        )
-        print(f"{'picker':<10} {'hit rate':>8} {'TTFT mean s':>11} {'p99 s':>7} {'busiest':>7}")
-        for r in result["pickers"]:
-            print(
-                f"{r['picker']:<10} {r['hit_rate']:>8.3f} {r['ttft_mean_s']:>11.3f} "
-                f"{r['ttft_p99_s']:>7.2f} {r['busiest_share']:>7.3f}"
-            )
-        print(
-            f"bounds: infinite cache {result['bound_infinite_hit_rate']:.3f}, one LRU of the "
-            f"fleet's size {result['bound_fleet_lru_hit_rate']:.3f}"
-        )
-        print(
-            f"prefix: {result['hit_rate_vs_fleet_bound']:.2f} of the fleet bound (target >= "
-            f"{HIT_TARGET:g}), p99 TTFT {result['p99_ttft_vs_p2c']:.2f}x p2c's (target <= 1): "
+            f"targets: >= {HIT_TARGET:g} of the fleet bound, p99 TTFT <= p2c's: "
             f"{'met' if result['meets_target'] else 'NOT met'}"
         )
     return 0 if result["meets_target"] else 1

@@ -26,7 +26,8 @@ def simulate(
             "--trace",
             help="CSV: t_s,input_tokens,output_tokens,model; or family:NAME[@SEED], a "
             "generated trace (sluice.sim.families: poisson-4, mmpp-onoff, flash-crowd, ...); "
-            "GROUP=FILE (repeatable) or a CSV with a group column: the fleet simulation",
+            "GROUP=FILE (repeatable) or a CSV with a group column: the fleet simulation; "
+            "FILE.jsonl with hash_ids (Mooncake): the group's prefix-cache-aware choice",
         ),
     ],
     group: Annotated[str | None, typer.Option("--group", help="group to simulate")] = None,
@@ -92,6 +93,10 @@ def simulate(
             "baseline's floor; the canary is not simulated)",
         ),
     ] = None,
+    prefill_tps: Annotated[
+        float,
+        typer.Option("--prefill-tps", help="prompt tokens/s an instance prefills (.jsonl)"),
+    ] = 10_000.0,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """What would happen with this spec on that traffic? (trace-driven simulation)"""
@@ -102,6 +107,7 @@ def simulate(
         TraceShape,
         parse_pool_counts,
         simulate_fleet_spec,
+        simulate_prefix_spec,
         simulate_routed_spec,
         simulate_spec,
         wants_fleet,
@@ -127,6 +133,10 @@ def simulate(
             "options": fleet_options,
             "report_dir": report,
         }
+        if len(trace) == 1 and trace[0].endswith(".jsonl"):
+            return simulate_prefix_spec(
+                spec, trace[0], group=group, prefill_tps=prefill_tps, seed=seed
+            )
         if routed:
             if len(trace) != 1 or warm:
                 fix = "give one --trace of callers (no GROUP= prefix) and no --warm-start"
@@ -159,6 +169,13 @@ def simulate(
         )
 
     def render(r: dict[str, Any]) -> None:
+        if r.get("mode") == "prefix":
+            from sluice.sim.prefix import render_comparison
+
+            out.print(f"group {r['group']}, prefix_routing from the {r['prefix_routing']}")
+            for line in render_comparison(r):
+                out.print(line, soft_wrap=True)
+            return
         if r.get("mode") == "fleet":
             render_fleet(r)
             if "routed" in r:

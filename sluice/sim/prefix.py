@@ -25,10 +25,11 @@ import heapq
 import json
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from random import Random
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,9 @@ __all__ = [
     "PickerResult",
     "PromptRequest",
     "bound_hit_rate",
+    "compare_pickers",
     "load_block_trace",
+    "render_comparison",
     "simulate_picker",
 ]
 
@@ -217,3 +220,61 @@ def simulate_picker(
         ttft_p99_s=float(np.percentile(t, 99)) if len(t) else math.nan,
         busiest_share=max(taken.values()) / len(trace) if trace else 0.0,
     )
+
+
+def compare_pickers(
+    trace: Sequence[PromptRequest], model: CacheModel, epsilon: float, seed: int = 1
+) -> dict[str, Any]:
+    """Every picker on `trace`, the two bounds, and the prefix picker against them: what
+    `bench/prefix.py` and `sluice simulate --trace FILE.jsonl` print."""
+    rows = {p: simulate_picker(trace, p, model, seed=seed, epsilon=epsilon) for p in PICKERS}
+    fleet = bound_hit_rate(trace, model.instances * model.cache_blocks, model.block_tokens)
+    infinite = bound_hit_rate(trace, math.inf, model.block_tokens)
+    new, p2c = rows["prefix"], rows["p2c"]
+    return {
+        "requests": len(trace),
+        "instances": model.instances,
+        "cache_blocks_per_instance": model.cache_blocks,
+        "block_tokens": model.block_tokens,
+        "prefill_tps": model.prefill_tps,
+        "tpot_ms": model.tpot_s * 1000.0,
+        "epsilon": epsilon,
+        "pickers": [
+            {
+                "picker": r.picker,
+                "hit_rate": round(r.hit_rate, 4),
+                "ttft_mean_s": round(r.ttft_mean_s, 3),
+                "ttft_p99_s": round(r.ttft_p99_s, 3),
+                "busiest_share": round(r.busiest_share, 4),
+            }
+            for r in rows.values()
+        ],
+        "bound_infinite_hit_rate": round(infinite, 4),
+        "bound_fleet_lru_hit_rate": round(fleet, 4),
+        "hit_rate_vs_fleet_bound": round(new.hit_rate / fleet, 3) if fleet > 0 else 1.0,
+        "p99_ttft_vs_p2c": round(new.ttft_p99_s / p2c.ttft_p99_s, 3) if p2c.ttft_p99_s > 0 else 1.0,
+    }
+
+
+def render_comparison(r: Mapping[str, Any]) -> list[str]:
+    """`compare_pickers`'s result as lines of a table."""
+    lines = [
+        f"{r['requests']} requests, {r['instances']} instances x "
+        f"{r['cache_blocks_per_instance']} blocks of {r['block_tokens']} tokens, "
+        f"prefill {r['prefill_tps']:g} tokens/s each, epsilon {r['epsilon']:g}",
+        f"{'picker':<10} {'hit rate':>8} {'TTFT mean s':>11} {'p99 s':>7} {'busiest':>7}",
+    ]
+    for row in r["pickers"]:
+        lines.append(
+            f"{row['picker']:<10} {row['hit_rate']:>8.3f} {row['ttft_mean_s']:>11.3f} "
+            f"{row['ttft_p99_s']:>7.2f} {row['busiest_share']:>7.3f}"
+        )
+    lines.append(
+        f"bounds: infinite cache {r['bound_infinite_hit_rate']:.3f}, one LRU of the "
+        f"fleet's size {r['bound_fleet_lru_hit_rate']:.3f}"
+    )
+    lines.append(
+        f"prefix: {r['hit_rate_vs_fleet_bound']:.2f} of the fleet bound's hit rate, "
+        f"p99 TTFT {r['p99_ttft_vs_p2c']:.2f}x p2c's"
+    )
+    return lines

@@ -227,6 +227,52 @@ def simulate_routed_spec(
     )
 
 
+def simulate_prefix_spec(
+    spec_path: str | Path,
+    trace_path: str | Path,
+    *,
+    group: str | None = None,
+    prefill_tps: float = 10_000.0,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """A block trace (Mooncake JSONL: `hash_ids`) through one group's instances with KV
+    caches (`sluice.sim.prefix`): its `prefix_routing` (defaults where it has none) against
+    power of two choices and affinity, `replicas` instances each caching `index_blocks`
+    blocks. `group`: default the first group with `prefix_routing`, else the first group."""
+    from sluice.core.errors import SpecError, SpecIssue
+    from sluice.sim.prefix import CacheModel, compare_pickers, load_block_trace
+    from sluice.spec.models import PrefixRoutingSpec
+
+    spec = load_spec_file(spec_path).spec
+    if group is not None:
+        chosen = next((g for g in spec.groups if g.name == group), None)
+        if chosen is None:
+            names = ", ".join(g.name for g in spec.groups)
+            raise SpecError([SpecIssue("--group", f"no group {group!r} (groups: {names})")])
+    else:
+        chosen = next((g for g in spec.groups if g.prefix_routing), spec.groups[0])
+    if prefill_tps <= 0:
+        raise SpecError([SpecIssue("--prefill-tps", "must be > 0")])
+    try:
+        trace = load_block_trace(Path(trace_path))
+    except (OSError, ValueError) as exc:
+        raise SpecError([SpecIssue("--trace", str(exc))]) from None
+    settings = chosen.prefix_routing or PrefixRoutingSpec()
+    model = CacheModel(
+        instances=max(1, chosen.replicas),
+        cache_blocks=settings.index_blocks,
+        prefill_tps=prefill_tps,
+        max_concurrency=chosen.max_concurrency,
+    )
+    result = compare_pickers(trace, model, settings.epsilon, seed)
+    return {
+        "mode": "prefix",
+        "group": chosen.name,
+        "prefix_routing": "spec" if chosen.prefix_routing else "defaults",
+        **result,
+    }
+
+
 def simulate_fleet_spec(
     spec_path: str | Path,
     refs: Sequence[str],
