@@ -37,7 +37,7 @@ from sluice.gateway.errors import (
 from sluice.gateway.mirror import MirrorRequest
 from sluice.gateway.responses import CHUNK_END, STATUS_LINES, json_body, json_response, status_line
 from sluice.gateway.upstream import UpstreamConnection
-from sluice.policy.admission import Offer
+from sluice.policy.admission import Offer, request_cost
 from sluice.policy.answers import read_answer
 from sluice.policy.route_choice import ExchangeRecord, RouteChoice
 from sluice.policy.routing import Endpoint, TenantAccess
@@ -382,7 +382,15 @@ class Exchange:
             if g is not None:
                 g.metrics.shed["no_instance"] += 1
             raise Unavailable("no ready instance serves this model right now", model=self.model)
-        offer, evicted = g.admission.offer_nowait(self, choice.priority, now)
+        access = state.tenant_for(self.auth or b"")  # (memoised: the key `_tenant` read)
+        offer, evicted = g.admission.offer_nowait(
+            self,
+            choice.priority,
+            now,
+            self.tenant or "",
+            request_cost(len(self.body), self.payload),
+            access.weight if access is not None else 1.0,
+        )
         if offer is Offer.SHED:
             g.metrics.shed["overloaded"] += 1
             raise Overloaded("this model's instances and queue are full; retry later")
@@ -669,7 +677,15 @@ class Exchange:
         self.queued_at = since
         self.waiting = True
         self.state.watch_queue(g)
-        woken = g.admission.requeue(self, self.priority, since)
+        access = self.state.tenant_for(self.auth or b"")
+        woken = g.admission.requeue(
+            self,
+            self.priority,
+            since,
+            self.tenant or "",
+            request_cost(len(self.body), self.payload),
+            access.weight if access is not None else 1.0,
+        )
         if woken:
             self.state.wake(g, woken, now)
         return True

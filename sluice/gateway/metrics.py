@@ -440,7 +440,23 @@ class _Collector(Collector):
             "The group's ready instances, by state (ready: taking traffic; ejected: outlier).",
             labels=("group", "state"),
         )
+        tenant_service = CounterMetricFamily(
+            "sluice_gateway_tenant_service",
+            "Weighted cost of the requests dispatched from the group's queue, by tenant "
+            "(prompt-token units: body bytes / 4 + 2 x expected completion tokens; the "
+            "share each tenant got while the group was busy).",
+            labels=("group", "tenant"),
+        )
+        fairness_gap = GaugeMetricFamily(
+            "sluice_gateway_fairness_gap",
+            "The most the service counters (cost / weight) of tenants waiting in the same "
+            "priority differ now, by group; 0 when fewer than two tenants wait.",
+            labels=("group",),
+        )
         for name, rt in sorted(runtimes.items()):
+            for tenant, cost in sorted(rt.admission.tenant_service().items()):
+                tenant_service.add_metric((name, tenant), cost)
+            fairness_gap.add_metric((name,), rt.admission.fairness_gap())
             adm = rt.admission.statistics()
             for priority in PRIORITIES:
                 queue_length.add_metric((name, priority), adm.queued[priority])
@@ -454,6 +470,7 @@ class _Collector(Collector):
         )
         version.add_metric((), self._version())
         yield from (queue_length, inflight, slots, instances, version)
+        yield from (tenant_service, fairness_gap)
         if self._readiness is not None:
             yield from _readiness_gauges(self._readiness, now)
 

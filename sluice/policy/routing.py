@@ -244,6 +244,8 @@ class TenantAccess:
     """(requests per second, burst) for this tenant's token bucket, or no limit."""
     operator: bool = False
     """May address a group directly with `x-sluice-group` (compare runs, debugging)."""
+    weight: float = 1.0
+    """Its share of a busy group's slots against tenants of the same priority (`admission`)."""
 
     def may_use_model(self, model: str) -> bool:
         return self.models is None or model in self.models

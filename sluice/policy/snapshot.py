@@ -64,6 +64,7 @@ def tenant_access(t: TenantSpec) -> TenantAccess:
         priority_header=t.priority_header,
         rate_limit=(limit.rps, limit.burst or max(1, int(limit.rps))) if limit else None,
         operator=t.operator,
+        weight=t.weight,
     )
 
 

@@ -359,6 +359,13 @@ class TenantSpec(_Strict):
     operator: bool = Field(
         default=False, description="may send x-sluice-group to reach a group directly"
     )
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="its share of a busy group against other tenants of the same priority "
+        "(2.0: twice the service of a tenant of weight 1 while both wait)",
+    )
     _key_origins: tuple[KeyPath, ...] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
