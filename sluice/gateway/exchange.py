@@ -37,8 +37,8 @@ from sluice.gateway.errors import (
 from sluice.gateway.mirror import MirrorRequest
 from sluice.gateway.responses import CHUNK_END, STATUS_LINES, json_body, json_response, status_line
 from sluice.gateway.upstream import UpstreamConnection
-from sluice.policy.admission import Offer, request_cost
-from sluice.policy.answers import read_answer
+from sluice.policy.admission import Offer, answer_cost, request_cost
+from sluice.policy.answers import read_answer, usage_in_tail
 from sluice.policy.route_choice import ExchangeRecord, RouteChoice
 from sluice.policy.routing import Endpoint, TenantAccess
 
@@ -142,6 +142,7 @@ class Exchange:
         "endpoint",
         "error",
         "error_code",
+        "events",
         "finished",
         "group",
         "grp",
@@ -150,6 +151,7 @@ class Exchange:
         "http11",
         "instance",
         "keep_alive",
+        "last_piece",
         "method",
         "mirror",
         "model",
@@ -234,6 +236,10 @@ class Exchange:
         self.answer_size = 0
         self.answer_tail = b""
         """the answer's last `ANSWER_TAIL` bytes once it outgrew the head"""
+        self.last_piece = b""
+        """the last body piece the instance sent: where an answer's `usage` is"""
+        self.events = 0
+        """`data:` lines of a streamed answer: its tokens where it gives no usage"""
         self.t_body = 0.0  # -1.0: streamed to a group, first body byte not yet seen
         self.chunked = False
         self.head_sent = False
@@ -552,8 +558,11 @@ class Exchange:
 
     def upstream_body(self, data: bytes) -> None:
         self.bytes_out += len(data)
-        if self.t_body < 0.0:
-            self.t_body = time.perf_counter()
+        self.last_piece = data
+        if self.t_body:  # streamed to a group: count its events
+            self.events += data.count(b"data:")
+            if self.t_body < 0.0:
+                self.t_body = time.perf_counter()
         if self.answer is not None:
             self._keep(data)
         if self.chunked:
@@ -782,9 +791,37 @@ class Exchange:
                     self.state.wake(g, woken, time.monotonic())
             if g.samples is not None and self.instance is not None:
                 self._sample(g.samples, now)
+            if 200 <= self.status < 300 and self.error_code is None and self.last_piece:
+                self._count_tokens(g, now)
         self._end_admission()
         self._log(now)
         self.client.exchange_done(self)
+
+    def _count_tokens(self, g: GroupRuntime, now: float) -> None:
+        """The answer's tokens, by tenant: its `usage` (the end of its last body piece), else
+        a stream's `data:` events but its `[DONE]`; its time per output token if streamed.
+        A request that waited in the queue was charged an estimate there: the real cost
+        corrects the tenant's fair-share counter (`admission.charge`)."""
+        usage = usage_in_tail(self.last_piece)
+        if usage is not None:
+            prompt, completion = usage
+        elif self.t_body > 0.0 and self.events:
+            prompt, completion = 0, self.events - 1
+        else:
+            return
+        tenant = self.tenant or ""
+        g.metrics.count_tokens(tenant, prompt, completion)
+        if self.t_body > 0.0 and completion > 1:
+            g.metrics.tpot.observe((now - self.t_body) / (completion - 1))
+        if self.queue_ms and usage is not None:
+            access = self.state.tenant_for(self.auth or b"")
+            estimate = request_cost(len(self.body), self.payload)
+            g.admission.charge(
+                tenant,
+                answer_cost(prompt, completion) - estimate,
+                self.priority or "normal",
+                access.weight if access is not None else 1.0,
+            )
 
     def _sample(self, ring: SampleRing, now: float) -> None:
         """Record this answer for its group's canary analysis (only groups under one). An

@@ -59,6 +59,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Request latency buckets, seconds: an embedding call takes ms, a long generation a minute."""
 QUEUE_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+"""Time per output token buckets, seconds: vLLM's range, 5 ms (small model) to 1 s."""
 SHED_REASONS = ("overloaded", "evicted", "queue_timeout", "no_instance", "group_removed")
 """Why a request was refused by admission: queue full on arrival, pushed out of the queue by a
 higher priority, waited too long, no ready instance (and no fallback), group left the spec."""
@@ -166,6 +168,8 @@ class GroupMetrics:
         "served_s",
         "served_sq_s",
         "shed",
+        "tokens",
+        "tpot",
         "ttfb",
     )
 
@@ -182,12 +186,23 @@ class GroupMetrics:
         self.queue_wait = Histogram(QUEUE_BUCKETS_S)
         self.ttfb = Histogram(DURATION_BUCKETS_S)
         """Time from a streamed request's first byte to its answer's first body byte."""
+        self.tokens: dict[str, list[int]] = {}
+        """tenant -> [prompt tokens, completion tokens] of its answers (`Exchange._count_tokens`)"""
+        self.tpot = Histogram(TPOT_BUCKETS_S)
+        """A streamed answer's time per output token after the first."""
         self.served_s = 0.0
         """Seconds finished requests spent at an instance (latency less queue wait): with
         the completion count, the mean service time the autoscaler sizes with."""
         self.served_sq_s = 0.0
         """the sum of their squares: the service time's variability"""
         self.instances: dict[str, InstanceStats] = {}
+
+    def count_tokens(self, tenant: str, prompt: int, completion: int) -> None:
+        counts = self.tokens.get(tenant)
+        if counts is None:
+            counts = self.tokens[tenant] = [0, 0]
+        counts[0] += prompt
+        counts[1] += completion
 
     def prune(self, routed: Collection[str], now: float) -> None:
         """Mark the instances in `routed` as in routing; drop those out of it for longer
@@ -360,6 +375,23 @@ class _Collector(Collector):
             "cache (over sluice_gateway_prefix_blocks: the expected prefix hit rate).",
             labels=("group",),
         )
+        prompt_tokens = CounterMetricFamily(
+            "sluice_gateway_prompt_tokens",
+            "Prompt tokens of answered requests, from the answers' usage, by group and tenant.",
+            labels=("group", "tenant"),
+        )
+        completion_tokens = CounterMetricFamily(
+            "sluice_gateway_completion_tokens",
+            "Completion tokens of answered requests, by group and tenant: the answers' usage, "
+            "or a stream's data events but its [DONE] where it gives none.",
+            labels=("group", "tenant"),
+        )
+        tpot = HistogramMetricFamily(
+            "sluice_gateway_time_per_output_token_seconds",
+            "Streamed answers: time from the first body byte to the last over the tokens "
+            "after the first, seconds.",
+            labels=("group",),
+        )
         queue_wait = HistogramMetricFamily(
             "sluice_gateway_queue_wait_seconds",
             "Time queued requests waited for a slot (admitted or expired), seconds.",
@@ -408,6 +440,11 @@ class _Collector(Collector):
                     prefix_cached.add_metric((name,), gm.prefix_cached_blocks)
                 queue_wait.add_metric((name,), gm.queue_wait.buckets(), gm.queue_wait.sum)
                 ttfb.add_metric((name,), gm.ttfb.buckets(), gm.ttfb.sum)
+                if gm.tokens:
+                    tpot.add_metric((name,), gm.tpot.buckets(), gm.tpot.sum)
+                for tenant, (prompt, completion) in sorted(gm.tokens.items()):
+                    prompt_tokens.add_metric((name, tenant), prompt)
+                    completion_tokens.add_metric((name, tenant), completion)
         refused = CounterMetricFamily(
             "sluice_gateway_refused",
             "Clients refused by the gateway's limits before routing (408, 413, 414, 431, 503, "
@@ -417,7 +454,7 @@ class _Collector(Collector):
         for reason, count in self._metrics.refused.items():
             refused.add_metric((reason,), count)
         yield from (requests, duration, shed, mirrored, queue_wait, ttfb, refused)
-        yield from (prefix_blocks, prefix_cached)
+        yield from (prefix_blocks, prefix_cached, prompt_tokens, completion_tokens, tpot)
         yield from (per_instance, instance_duration)
 
         queue_length = GaugeMetricFamily(

@@ -61,6 +61,7 @@ __all__ = [
     "AdmissionStats",
     "GroupAdmission",
     "Offer",
+    "answer_cost",
     "request_cost",
 ]
 
@@ -102,6 +103,11 @@ def request_cost(body_bytes: int, payload: object = None) -> float:
         if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
             completion = min(float(asked), COMPLETION_TOKENS_MAX)
     return PROMPT_WEIGHT * body_bytes / BYTES_PER_TOKEN + COMPLETION_WEIGHT * completion
+
+
+def answer_cost(prompt_tokens: int, completion_tokens: int) -> float:
+    """The real cost of an answered request, in `request_cost`'s units."""
+    return PROMPT_WEIGHT * prompt_tokens + COMPLETION_WEIGHT * completion_tokens
 
 
 class Offer(Enum):

@@ -23,13 +23,17 @@ from typing import Any
 
 import orjson
 
-__all__ = ["AnswerFacts", "read_answer"]
+__all__ = ["AnswerFacts", "read_answer", "usage_in_tail"]
 
 TEXT_CHARS = 512
 """the start of the text kept for the text-based criteria (style drift, empty answers)"""
 
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_BOTH = re.compile(
+    rb'"usage"\s*:\s*\{\s*"prompt_tokens"\s*:\s*(\d+)\s*,\s*"completion_tokens"\s*:\s*(\d+)'
+)
+"""usage as OpenAI, vLLM and SGLang write it: prompt tokens, then completion tokens"""
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]{1,32})"')
 
 
@@ -60,6 +64,30 @@ def read_answer(head: bytes, tail: bytes = b"", text_chars: int = TEXT_CHARS) ->
         if isinstance(doc, dict):
             return _read_document(doc, text_chars)
     return _scan(head + b"\n" + tail)
+
+
+_TAIL_BYTES = 1024
+"""the end of an answer where its usage is looked for (OpenAI, vLLM, SGLang put it last)"""
+
+
+def usage_in_tail(last: bytes) -> tuple[int, int] | None:
+    """(prompt tokens, completion tokens) from the end of an answer's last body piece: the
+    per-request token count of every answer, so it reads no more than `_TAIL_BYTES` and
+    only by pattern (a nested `"usage"` inside a message's text could fool it; the canary
+    path, `read_answer`, parses). None when the end says no usage."""
+    tail = last[-_TAIL_BYTES:]
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    usage = tail[at:]
+    both = _BOTH.match(usage)
+    if both is not None:  # the usual order, in one step
+        return int(both.group(1)), int(both.group(2))
+    prompt = _PROMPT.search(usage)
+    completion = _USAGE.search(usage)
+    if prompt is None or completion is None:
+        return None
+    return int(prompt.group(1)), int(completion.group(1))
 
 
 def _read_document(doc: dict[str, Any], text_chars: int) -> AnswerFacts:

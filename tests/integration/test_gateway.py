@@ -273,6 +273,27 @@ async def test_sampled_groups_record_status_latency_and_first_byte_of_streams() 
 
 
 @pytest.mark.asyncio
+async def test_tokens_are_counted_per_tenant_from_usage_or_a_streams_events() -> None:
+    """Every answered request's tokens, by group and tenant: a JSON answer's usage (1 prompt,
+    3 completion in the fake), a stream without usage by its data events but [DONE] (3),
+    with its time per output token (0.2 s apart)."""
+    up = FakeUpstream("i1", events=3, delay=0.2)
+    async with running(up) as (gw, client, _):
+        for _ in range(2):
+            assert (await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)).is_success
+        async with client.stream(
+            "POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH
+        ) as resp:
+            await resp.aread()
+        value = metric_values(gw.metrics_text()[0].decode())
+    assert value("sluice_gateway_prompt_tokens_total", group="g1", tenant="t1") == 2
+    assert value("sluice_gateway_completion_tokens_total", group="g1", tenant="t1") == 2 * 3 + 3
+    assert value("sluice_gateway_time_per_output_token_seconds_count", group="g1") == 1
+    tpot = value("sluice_gateway_time_per_output_token_seconds_sum", group="g1")
+    assert 0.15 < tpot < 0.5
+
+
+@pytest.mark.asyncio
 async def test_body_ended_by_upstream_close_is_rechunked() -> None:
     async with running(FakeUpstream("i1", mode="eof")) as (_, client, log):
         resp = await client.post("/v1/completions", json=CHAT, headers=AUTH)

@@ -9,7 +9,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.answers import TEXT_CHARS, AnswerFacts, read_answer
+from sluice.policy.answers import TEXT_CHARS, AnswerFacts, read_answer, usage_in_tail
 
 
 def document(content: str, finish: str = "stop", usage: bool = True) -> bytes:
@@ -81,3 +81,13 @@ def test_the_text_kept_is_bounded() -> None:
 def test_any_bytes_are_read_without_raising(head: bytes, tail: bytes) -> None:
     facts = read_answer(head, tail)
     assert facts.completion_tokens is None or facts.completion_tokens >= 0
+
+
+def test_usage_in_tail_reads_the_counts_at_the_end_of_any_answer() -> None:
+    assert usage_in_tail(document("hi")) == (12, 7)
+    assert usage_in_tail(stream(["a", "b", "c"], usage=True)) == (5, 3)
+    assert usage_in_tail(stream(["a", "b"])) is None  # a stream without usage
+    assert usage_in_tail(document("hi", usage=False)) is None
+    assert usage_in_tail(b'{"usage": {"prompt_tokens": 3}}') is None  # half a usage
+    big = document("z" * 100_000)
+    assert usage_in_tail(big[-300:]) == (12, 7)  # only the last piece is needed
