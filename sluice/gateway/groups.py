@@ -260,9 +260,11 @@ class GroupRuntime:
     ) -> Endpoint | None:
         """The instance for one request: affinity if configured and asked for, else by the
         prompt's cached prefix if configured and the prompt (`payload`, the parsed body) has
-        a whole block, else p2c."""
+        a whole block, else p2c. A prefix-routed group's index learns from a lone instance
+        too: what it holds still counts once the group grows."""
         candidates = self.candidates
-        if len(candidates) <= 1:
+        prefix = self.prefix
+        if len(candidates) <= 1 and (prefix is None or not candidates):
             return candidates[0] if candidates else None
         if self.affinity is not None:
             key = header_value(headers, self.affinity)
@@ -270,7 +272,6 @@ class GroupRuntime:
                 ep = pick_affinity(candidates, key)
                 if ep is not None and outstanding.get(ep.instance_id, 0) < ep.max_concurrency:
                     return ep
-        prefix = self.prefix
         if prefix is not None and payload is not None and self.prefix_index is not None:
             blocks = prompt_blocks(payload, prefix.block_bytes, prefix.max_blocks)
             if blocks:
@@ -282,6 +283,8 @@ class GroupRuntime:
                     self.metrics.prefix_blocks += len(blocks)
                     self.metrics.prefix_cached_blocks += chosen.cached
                     return chosen.endpoint
+        if len(candidates) == 1:
+            return candidates[0]
         if not self.ramping:  # the common case: no clock read, plain p2c
             return pick_endpoint(candidates, outstanding, rng, 0.0)
         wall = time.time()

@@ -2,7 +2,8 @@
 viewer token from the CLI, as docs/grafana/README.md says to, and its query API then has the
 per-group series of both halves (the controller's `sluice_group_instances`, the gateway's
 `sluice_gateway_requests_total`) and the per-instance series with the instance's id as its
-`instance` label.
+`instance` label; and the LLM-aware ones (issue 35): tokens by tenant, the tenants' service
+in a busy group's queue, and the expected prefix-cache hits.
 
 Prometheus is the Debian package's `/usr/bin/prometheus` (`.ci/run` installs it); this test
 starts its own, on 127.0.0.1 with a temporary TSDB, never the system service. Without it the
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,6 +45,7 @@ groups:
     resources: {pool: local, accelerators: 1, memory_gb: 2}
     max_concurrency: 4
     replicas: 1
+    prefix_routing: {block_bytes: 64}
     health: {interval_s: 0.5, failure_threshold: 2, timeout_s: 1}
     drain_timeout_s: 5
 tenants:
@@ -188,11 +191,16 @@ def test_prometheus_scrapes_group_and_instance_series(
 
     [ready] = s.ready("chat")
     client = s.client()
-    for _ in range(REQUESTS):  # bounded, to 127.0.0.1
-        r = client.chat.completions.create(
-            model="e2e-sim", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
-        )
+    prompt = [{"role": "user", "content": "the same long question, " * 8}]  # 3 blocks of 64
+
+    def ask() -> None:
+        r = client.chat.completions.create(model="e2e-sim", max_tokens=2, messages=prompt)
         assert r.choices
+
+    for _ in range(REQUESTS):  # bounded, to 127.0.0.1
+        ask()
+    with ThreadPoolExecutor(max_workers=12) as pool:  # 12 at once on 4 slots: some queue
+        list(pool.map(lambda _: ask(), range(12)))
 
     prom = Prometheus(prometheus_bin, config, prom_dir / "data", prom_dir / "prometheus.log")
     try:
@@ -205,6 +213,13 @@ def test_prometheus_scrapes_group_and_instance_series(
                 "histogram_quantile(0.95, sum by (instance, le) "
                 '(sluice_gateway_instance_request_duration_seconds_bucket{group="chat"}))'
             ),
+            "completion_tokens": 'sluice_gateway_completion_tokens_total{group="chat"}',
+            "service": 'sluice_gateway_tenant_service_total{group="chat"}',
+            "gap": 'sluice_gateway_fairness_gap{group="chat"}',
+            "prefix": (
+                'sluice_gateway_prefix_cached_blocks_total{group="chat"}'
+                ' / sluice_gateway_prefix_blocks_total{group="chat"}'
+            ),
         }
         got: dict[str, list[dict[str, Any]]] = {}
 
@@ -216,6 +231,10 @@ def test_prometheus_scrapes_group_and_instance_series(
                 and sum(values(got["requests"])) >= REQUESTS
                 and sum(values(got["per_instance"])) >= REQUESTS
                 and bool(got["latency"])
+                and sum(values(got["completion_tokens"])) >= 2 * (REQUESTS + 12)
+                and bool(got["service"])
+                and bool(got["gap"])
+                and bool(got["prefix"])
             )
 
         deadline = time.monotonic() + DEADLINE_S
@@ -232,5 +251,10 @@ def test_prometheus_scrapes_group_and_instance_series(
         [latency] = got["latency"]
         assert latency["metric"]["instance"] == ready["id"]
         assert 0.0 < float(latency["value"][1]) <= 10.0
+        [tokens] = got["completion_tokens"]
+        assert tokens["metric"]["tenant"] == "e2e"  # per tenant, from the answers' usage
+        assert got["service"][0]["metric"]["tenant"] == "e2e" and values(got["service"])[0] > 0
+        # one instance: every prompt after the first finds its blocks where it sent them
+        assert values(got["prefix"]) and values(got["prefix"])[0] > 0.8, got["prefix"]
     finally:
         prom.stop()
