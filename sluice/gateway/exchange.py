@@ -388,15 +388,7 @@ class Exchange:
             if g is not None:
                 g.metrics.shed["no_instance"] += 1
             raise Unavailable("no ready instance serves this model right now", model=self.model)
-        access = state.tenant_for(self.auth or b"")  # (memoised: the key `_tenant` read)
-        offer, evicted = g.admission.offer_nowait(
-            self,
-            choice.priority,
-            now,
-            self.tenant or "",
-            request_cost(len(self.body), self.payload),
-            access.weight if access is not None else 1.0,
-        )
+        offer, evicted = g.admission.offer_nowait(self, choice.priority, now, *self._share())
         if offer is Offer.SHED:
             g.metrics.shed["overloaded"] += 1
             raise Overloaded("this model's instances and queue are full; retry later")
@@ -686,15 +678,7 @@ class Exchange:
         self.queued_at = since
         self.waiting = True
         self.state.watch_queue(g)
-        access = self.state.tenant_for(self.auth or b"")
-        woken = g.admission.requeue(
-            self,
-            self.priority,
-            since,
-            self.tenant or "",
-            request_cost(len(self.body), self.payload),
-            access.weight if access is not None else 1.0,
-        )
+        woken = g.admission.requeue(self, self.priority, since, *self._share())
         if woken:
             self.state.wake(g, woken, now)
         return True
@@ -809,19 +793,20 @@ class Exchange:
             prompt, completion = 0, self.events - 1
         else:
             return
-        tenant = self.tenant or ""
-        g.metrics.count_tokens(tenant, prompt, completion)
+        g.metrics.count_tokens(self.tenant or "", prompt, completion)
         if self.t_body > 0.0 and completion > 1:
             g.metrics.tpot.observe((now - self.t_body) / (completion - 1))
         if self.queue_ms and usage is not None:
-            access = self.state.tenant_for(self.auth or b"")
-            estimate = request_cost(len(self.body), self.payload)
-            g.admission.charge(
-                tenant,
-                answer_cost(prompt, completion) - estimate,
-                self.priority or "normal",
-                access.weight if access is not None else 1.0,
-            )
+            tenant, estimate, weight = self._share()
+            real = answer_cost(prompt, completion)
+            g.admission.charge(tenant, real - estimate, self.priority or "normal", weight)
+
+    def _share(self) -> tuple[str, float, float]:
+        """Who this request is in its group's fair-share queue: its tenant, the cost it is
+        estimated at there (`request_cost`) and its tenant's weight."""
+        access = self.state.tenant_for(self.auth or b"")  # (memoised: the key `_tenant` read)
+        weight = access.weight if access is not None else 1.0
+        return self.tenant or "", request_cost(len(self.body), self.payload), weight
 
     def _sample(self, ring: SampleRing, now: float) -> None:
         """Record this answer for its group's canary analysis (only groups under one). An

@@ -50,7 +50,8 @@ class PrefixIndex:
     """Which blocks each instance was recently sent, each instance's last
     `blocks_per_instance` (least recently sent dropped first)."""
 
-    def __init__(self, blocks_per_instance: int) -> None:
+    def __init__(self, blocks_per_instance: float) -> None:
+        """`blocks_per_instance`: math.inf never forgets (the simulator's unbounded cache)."""
         if blocks_per_instance < 1:
             raise ValueError("blocks_per_instance must be at least 1")
         self.blocks_per_instance = blocks_per_instance
@@ -87,21 +88,21 @@ class PrefixIndex:
             owners.setdefault(block, set()).add(instance)
         while len(held) > self.blocks_per_instance:
             old, _ = held.popitem(last=False)
-            holders = owners.get(old)
-            if holders is not None:
-                holders.discard(instance)
-                if not holders:
-                    del owners[old]
+            self._disown(old, instance)
 
     def forget(self, keep: Container[str]) -> None:
         """Drop what the instances not in `keep` held (they left the group)."""
         for instance in [i for i in self._held if i not in keep]:
             for block in self._held.pop(instance):
-                holders = self._owners.get(block)
-                if holders is not None:
-                    holders.discard(instance)
-                    if not holders:
-                        del self._owners[block]
+                self._disown(block, instance)
+
+    def _disown(self, block: int, instance: str) -> None:
+        """`instance` no longer holds `block`; a block nobody holds leaves the index."""
+        holders = self._owners.get(block)
+        if holders is not None:
+            holders.discard(instance)
+            if not holders:
+                del self._owners[block]
 
     def __len__(self) -> int:
         return sum(len(h) for h in self._held.values())

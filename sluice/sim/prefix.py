@@ -24,8 +24,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from random import Random
@@ -119,32 +118,6 @@ def load_block_trace(path: Path) -> list[PromptRequest]:
     )
 
 
-class _Lru:
-    """An LRU set of blocks: how many leading blocks of a prompt it holds, and taking them."""
-
-    def __init__(self, capacity: float) -> None:
-        self.capacity = capacity
-        self.blocks: OrderedDict[int, None] = OrderedDict()
-
-    def leading(self, blocks: Sequence[int]) -> int:
-        n = 0
-        for b in blocks:
-            if b not in self.blocks:
-                break
-            n += 1
-        return n
-
-    def take(self, blocks: Iterable[int]) -> None:
-        held = self.blocks
-        for b in blocks:
-            if b in held:
-                held.move_to_end(b)
-            else:
-                held[b] = None
-        while len(held) > self.capacity:
-            held.popitem(last=False)
-
-
 def _cached_tokens(req: PromptRequest, leading: int, block_tokens: int) -> int:
     return min(req.input_tokens, leading * block_tokens)
 
@@ -152,12 +125,12 @@ def _cached_tokens(req: PromptRequest, leading: int, block_tokens: int) -> int:
 def bound_hit_rate(trace: Sequence[PromptRequest], blocks: float, block_tokens: int) -> float:
     """The hit rate of one LRU cache of `blocks` blocks (math.inf: never evicts) that sees
     every request: what no choice of instance can beat with that much cache in all."""
-    cache = _Lru(blocks)
+    cache = PrefixIndex(blocks)
     cached = total = 0
     for req in trace:
-        cached += _cached_tokens(req, cache.leading(req.blocks), block_tokens)
+        cached += _cached_tokens(req, cache.matched(req.blocks, ("all",))["all"], block_tokens)
         total += req.input_tokens
-        cache.take(req.blocks)
+        cache.sent("all", req.blocks)
     return cached / total if total else 0.0
 
 
@@ -174,11 +147,13 @@ def simulate_picker(
     endpoints = [
         Endpoint(f"i{k}", "127.0.0.1", 0, model.max_concurrency) for k in range(model.instances)
     ]
-    caches = {ep.instance_id: _Lru(model.cache_blocks) for ep in endpoints}
+    ids = [ep.instance_id for ep in endpoints]
+    caches = PrefixIndex(model.cache_blocks)
+    """what each instance's KV cache holds (the picker's `index` is the gateway's record)"""
     index = PrefixIndex(model.cache_blocks) if picker == "prefix" else None
-    prefill_free = dict.fromkeys(caches, 0.0)
-    ends: dict[str, list[float]] = {i: [] for i in caches}
-    taken = dict.fromkeys(caches, 0)
+    prefill_free = dict.fromkeys(ids, 0.0)
+    ends: dict[str, list[float]] = {i: [] for i in ids}
+    taken = dict.fromkeys(ids, 0)
     rng = Random(seed)
     ttfts: list[float] = []
     cached_total = tokens_total = 0
@@ -198,9 +173,9 @@ def simulate_picker(
             ep = chosen.endpoint if chosen is not None else None
         assert ep is not None
         iid = ep.instance_id
-        cache = caches[iid]
-        cached = _cached_tokens(req, cache.leading(req.blocks), model.block_tokens)
-        cache.take(req.blocks)
+        leading = caches.matched(req.blocks, (iid,))[iid]
+        cached = _cached_tokens(req, leading, model.block_tokens)
+        caches.sent(iid, req.blocks)
         if index is not None:
             index.sent(iid, req.blocks)
         start = max(now, prefill_free[iid])

@@ -5,10 +5,10 @@ command."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 from tests.integration.test_simulate_cli import sluice
+from tests.unit.test_prefix_routing import conversations
 
 SPEC = """
 pools: [{name: p, count: 8, memory_gb: 80}]
@@ -31,20 +31,12 @@ groups:
 """
 
 
-def conversations(path: Path, n: int = 1200) -> Path:
-    """Multi-turn chats over 6 system prompts, each turn re-sending its history."""
-    rng = random.Random(5)
-    history: dict[int, list[int]] = {}
-    t, block = 0.0, 10_000
+def write_trace(path: Path) -> Path:
+    """The unit tests' multi-turn chats (`conversations`), as Mooncake JSONL lines."""
     with path.open("w") as f:
-        for _ in range(n):
-            t += rng.expovariate(12.0)
-            conv = rng.randrange(300)
-            history.setdefault(conv, [conv % 6 * 100 + b for b in range(8)]).append(block)
-            block += 1
-            ids = history[conv][:40]
-            row = {"timestamp": int(t * 1000), "input_length": 512 * len(ids),
-                   "output_length": rng.randint(20, 200), "hash_ids": ids}  # fmt: skip
+        for r in conversations(n=1200):
+            row = {"timestamp": int(r.at * 1000), "input_length": r.input_tokens,
+                   "output_length": r.output_tokens, "hash_ids": list(r.blocks)}  # fmt: skip
             f.write(json.dumps(row) + "\n")
     return path
 
@@ -52,7 +44,7 @@ def conversations(path: Path, n: int = 1200) -> Path:
 def test_a_block_trace_compares_the_groups_prefix_choice(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
-    trace = conversations(tmp_path / "chats.jsonl")
+    trace = write_trace(tmp_path / "chats.jsonl")
     r = sluice("simulate", "--spec", str(spec), "--trace", str(trace), "--prefill-tps", "60000",
                "--json", home=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
