@@ -23,6 +23,8 @@ __all__ = ["history"]
 
 _COLUMNS = (
     ("REQ/S", "requests_per_s", "{:.2f}"),
+    ("PROMPT TOK/S", "prompt_tokens_per_s", "{:.1f}"),
+    ("COMPL TOK/S", "completion_tokens_per_s", "{:.1f}"),
     ("ERR", "error_rate", "{:.1%}"),
     ("P50 MS", "p50_ms", "{:.0f}"),
     ("P95 MS", "p95_ms", "{:.0f}"),
@@ -45,8 +47,9 @@ def history(
     home: HomeOpt = None,
     control: ControlOpt = None,
 ) -> None:
-    """Stored metrics history: requests, errors, latency quantiles (merged from histograms),
-    queue, instances, units and spend, one row per step."""
+    """Stored metrics history: requests, prompt and completion tokens, errors, latency
+    quantiles (merged from histograms), queue, instances, units and spend, one row per
+    step."""
 
     def render(x: dict[str, Any]) -> None:
         for group, points in x["groups"].items():

@@ -100,6 +100,9 @@ class Rollup:
     shed: int = 0
     served_s: float = 0.0
     """seconds the completed requests spent at an instance (latency less queue wait)"""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    """tokens of the answers over the span (their usage), every tenant's"""
     latency: HistogramCounts = _EMPTY
     queue_wait: HistogramCounts = _EMPTY
     ttfb: HistogramCounts = _EMPTY
@@ -139,6 +142,8 @@ class Rollup:
             served_s=newer.served_s - o.served_s
             if newer.served_s >= o.served_s
             else newer.served_s,
+            prompt_tokens=_counter(newer.prompt_tokens, o.prompt_tokens),
+            completion_tokens=_counter(newer.completion_tokens, o.completion_tokens),
             latency=HistogramCounts(
                 newer.latency_bounds, _delta(newer.latency_counts, o.latency_counts)
             ),
@@ -167,6 +172,8 @@ class Rollup:
             "client_errors": self.client_errors,
             "shed": self.shed,
             "served_s": round(self.served_s, 6),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
             "hist": hist,
             "gauges": {k: [round(s, 6), m, n] for k, (s, m, n) in sorted(self.gauges.items())},
             "spend": round(self.spend, 9),
@@ -190,6 +197,8 @@ class Rollup:
             client_errors=int(doc.get("client_errors", 0)),
             shed=int(doc.get("shed", 0)),
             served_s=float(doc.get("served_s", 0.0)),
+            prompt_tokens=int(doc.get("prompt_tokens", 0)),
+            completion_tokens=int(doc.get("completion_tokens", 0)),
             latency=h("latency"),
             queue_wait=h("queue_wait"),
             ttfb=h("ttfb"),
@@ -230,6 +239,8 @@ def merge(rollups: Iterable[Rollup], start: float | None = None) -> Rollup | Non
         client_errors=sum(r.client_errors for r in items),
         shed=sum(r.shed for r in items),
         served_s=sum(r.served_s for r in items),
+        prompt_tokens=sum(r.prompt_tokens for r in items),
+        completion_tokens=sum(r.completion_tokens for r in items),
         latency=_summed([r.latency for r in items]),
         queue_wait=_summed([r.queue_wait for r in items]),
         ttfb=_summed([r.ttfb for r in items]),
@@ -309,7 +320,8 @@ def _ms(v: float | None) -> float | None:
 
 def series(r: Rollup, ctx: SeriesContext = SeriesContext()) -> dict[str, float | None]:
     """Every `sluice.spec.observability.SERIES` value of the span (None: nothing to say,
-    e.g. no request finished), plus the request counts and spend behind them."""
+    e.g. no request finished), plus the request counts and spend behind them and the
+    answers' prompt and completion tokens per second."""
     done = r.completed
     attainment = (
         share_within(r.latency, ctx.slo_latency_s) if ctx.slo_latency_s is not None else None
@@ -322,6 +334,8 @@ def series(r: Rollup, ctx: SeriesContext = SeriesContext()) -> dict[str, float |
         "completed": float(done),
         "requests_per_s": r.requests / r.seconds if r.seconds > 0 else None,
         "completed_per_s": done / r.seconds if r.seconds > 0 else None,
+        "prompt_tokens_per_s": r.prompt_tokens / r.seconds if r.seconds > 0 else None,
+        "completion_tokens_per_s": r.completion_tokens / r.seconds if r.seconds > 0 else None,
         "error_rate": (r.server_errors + r.too_many) / done if done else None,
         "shed_rate": r.shed / r.requests if r.requests else None,
         "p50_ms": _ms(quantile(r.latency, 0.50)),

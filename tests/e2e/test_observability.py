@@ -214,4 +214,7 @@ def test_the_history_keeps_each_groups_minutes(platform: Sluice) -> None:
     assert sum(p["completed"] for p in slow) >= 12
     # a minute's mean: the first one may begin before the instance was ready
     assert all(0 < p["ready_instances"] <= 1 for p in slow)
+    # the answers' usage (the sim's word counts) is in the history too
+    assert sum(p["prompt_tokens_per_s"] or 0 for p in slow) > 0
+    assert sum(p["completion_tokens_per_s"] or 0 for p in slow) > 0
     assert "slow" in platform.show("history", "slow", "--since", "10m")

@@ -6,6 +6,7 @@ from sluice.control.console.charts import line_chart
 from sluice.control.console.pages import (
     RouteShare,
     audit_filters,
+    charts,
     failover_rows,
     match_text,
     overview_rows,
@@ -42,6 +43,17 @@ def test_chart_breaks_at_gaps_and_says_when_it_has_no_data() -> None:
     assert "style=" not in svg  # the console's CSP forbids inline styles
     empty = str(line_chart([], label="Queue", start=0, end=60, fmt=str))
     assert "no data in this span" in empty
+
+
+def test_the_group_page_charts_the_tokens_per_second_beside_the_load() -> None:
+    rows = [
+        {"start": 0.0, "requests_per_s": 2.0, "prompt_tokens_per_s": 300.0},
+        {"start": 60.0, "requests_per_s": 1.0, "completion_tokens_per_s": 12.5},
+    ]
+    by_title = {c["title"]: c for c in charts(rows, 0.0, 120.0)}
+    assert by_title["Prompt tokens"]["last"] == 300.0 and by_title["Load"]["last"] == 1.0
+    assert by_title["Completion tokens"]["last"] == 12.5
+    assert by_title["Completion tokens"]["unit"] == "tokens/s"
 
 
 def test_audit_filters_map_the_form_to_the_api() -> None:

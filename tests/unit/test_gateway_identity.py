@@ -233,6 +233,27 @@ def test_the_sync_route_binds_the_id_to_the_token_before_reading_the_body() -> N
     assert r.status_code == 403 and "needs a gateway token" in r.text
 
 
+def test_a_sync_from_a_gateway_without_token_counts_is_read_as_zero_tokens() -> None:
+    fleet, clock = fleet_of("i-1")
+    client = _app(fleet)
+    auth = {"authorization": "Bearer gateway:gw-1"}
+    older = sample_to_json(sample(2))
+    for key in ("prompt_tokens", "completion_tokens"):  # a gateway from before they were kept
+        del older[key]
+    r = client.post(
+        "/v1/gateways/gw-1/sync", json={"boot": "b", "counters": {"chat": older}}, headers=auth
+    )
+    assert r.status_code == 200, r.text
+    clock.advance(1.0)
+    newer = {**sample_to_json(sample(5)), "prompt_tokens": 300, "completion_tokens": 40}
+    r = client.post(
+        "/v1/gateways/gw-1/sync", json={"boot": "b", "counters": {"chat": newer}}, headers=auth
+    )
+    assert r.status_code == 200, r.text
+    chat = fleet.traffic()["chat"]
+    assert (chat.arrivals, chat.prompt_tokens, chat.completion_tokens) == (3, 300, 40)
+
+
 def test_a_gateway_token_may_ask_its_name_and_read_nothing_else() -> None:
     me = Principal("gw-1", Role.GATEWAY)
     _gateway_only_syncs(me, "/v1/whoami")

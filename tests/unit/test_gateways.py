@@ -5,6 +5,7 @@ requests in flight for a drain (sluice.control.gateways)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from hypothesis import strategies as st
 from sluice.control.gateways import GatewayFleet, LocalGateway
 from sluice.control.servers import ProbeFailed
 from sluice.core import ManualClock
+from sluice.gateway.groups import GroupRuntime
+from sluice.gateway.metrics import GroupMetrics
 from sluice.policy import build_routing_snapshot
 from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.gateways import GatewayBook, Share, merge_status, share_endpoints
@@ -137,6 +140,45 @@ def test_a_snapshot_survives_its_json_round_trip() -> None:
 def test_a_sample_survives_its_json_round_trip() -> None:
     s = sample(7, 2, at=12.5)
     assert sample_from_json(sample_to_json(s)) == s
+
+
+def test_a_samples_tokens_travel_and_an_older_gateways_sample_without_them_reads_as_zero() -> None:
+    s = dataclasses.replace(sample(7, at=1.0), prompt_tokens=120, completion_tokens=35)
+    doc = sample_to_json(s)
+    assert (doc["prompt_tokens"], doc["completion_tokens"]) == (120, 35)
+    assert sample_from_json(doc) == s
+    older = {k: v for k, v in doc.items() if k not in ("prompt_tokens", "completion_tokens")}
+    back = sample_from_json(older)  # what a gateway from before tokens in history sends
+    assert (back.prompt_tokens, back.completion_tokens) == (0, 0)
+    assert back == dataclasses.replace(s, prompt_tokens=0, completion_tokens=0)
+
+
+def test_the_fleets_tokens_are_every_gateways_added_up() -> None:
+    def counted(arrivals: int, prompt: int, completion: int) -> TrafficSample:
+        return dataclasses.replace(
+            sample(arrivals), prompt_tokens=prompt, completion_tokens=completion
+        )
+
+    book = GatewayBook()
+    book.push("gw-a", "boot-1", {"chat": counted(10, 1000, 100)}, now=0.0)
+    book.push("gw-b", "boot-1", {"chat": counted(5, 500, 50)}, now=0.0)
+    book.push("gw-a", "boot-1", {"chat": counted(12, 1040, 110)}, now=1.0)
+    book.push("gw-b", "boot-1", {"chat": counted(8, 590, 62)}, now=1.0)
+    t = book.traffic(now=1.0)["chat"]  # since first seen: 40 + 90 and 10 + 12
+    assert (t.prompt_tokens, t.completion_tokens) == (130, 22)
+
+
+def test_a_groups_sample_adds_up_its_tenants_tokens() -> None:
+    rt = GroupRuntime("chat", GroupMetrics())
+    assert (rt.traffic_sample(0.0).prompt_tokens, rt.traffic_sample(0.0).completion_tokens) == (
+        0,
+        0,
+    )
+    rt.metrics.count_tokens("search", 100, 20)
+    rt.metrics.count_tokens("billing", 7, 3)
+    rt.metrics.count_tokens("search", 10, 2)
+    s = rt.traffic_sample(1.0)
+    assert (s.prompt_tokens, s.completion_tokens) == (117, 25)
 
 
 def _fleet_with_local() -> tuple[GatewayFleet, dict[str, list[dict[str, Any]]]]:

@@ -51,6 +51,35 @@ def test_a_first_reading_is_a_baseline_and_a_reset_counts_from_zero() -> None:
     assert restarted.requests == 7 and restarted.latency.total == 7
 
 
+def test_tokens_count_what_grew_and_a_restarted_gateway_counts_from_zero() -> None:
+    older = sample(100.0, 10, (10, 0, 0, 0, 0), prompt_tokens=5_000, completion_tokens=800)
+    newer = sample(102.0, 14, (14, 0, 0, 0, 0), prompt_tokens=5_600, completion_tokens=880)
+    r = Rollup.between(older, newer, {}, end=102.0, seconds=2.0)
+    assert (r.prompt_tokens, r.completion_tokens) == (600, 80)
+    values = series(r)
+    assert (values["prompt_tokens_per_s"], values["completion_tokens_per_s"]) == (300.0, 40.0)
+    restarted = sample(103.0, 2, (2, 0, 0, 0, 0), prompt_tokens=90, completion_tokens=12)
+    again = Rollup.between(newer, restarted, {}, end=103.0, seconds=1.0)
+    assert (again.prompt_tokens, again.completion_tokens) == (90, 12)
+    first = Rollup.between(None, newer, {}, end=102.0, seconds=1.0)
+    assert (first.prompt_tokens, first.completion_tokens) == (0, 0)  # a baseline, not a burst
+
+
+def test_token_rates_are_over_the_spans_seconds_and_none_without_seconds() -> None:
+    minutes = [
+        Rollup(start=0.0, seconds=60.0, prompt_tokens=6_000, completion_tokens=600),
+        Rollup(start=60.0, seconds=60.0, prompt_tokens=0, completion_tokens=0),
+    ]
+    both = merge(minutes)
+    assert both is not None and (both.prompt_tokens, both.completion_tokens) == (6_000, 600)
+    values = series(both)
+    assert (values["prompt_tokens_per_s"], values["completion_tokens_per_s"]) == (50.0, 5.0)
+    quiet = series(minutes[1])
+    assert (quiet["prompt_tokens_per_s"], quiet["completion_tokens_per_s"]) == (0.0, 0.0)
+    empty = series(Rollup(start=0.0))
+    assert empty["prompt_tokens_per_s"] is None and empty["completion_tokens_per_s"] is None
+
+
 def test_quantiles_of_a_merge_come_from_the_merged_histogram_not_averaged_quantiles() -> None:
     fast = Rollup(
         start=0, seconds=60, completed=99, latency=HistogramCounts(BOUNDS, (99, 0, 0, 0, 0))
@@ -90,10 +119,20 @@ def test_rollups_round_trip_through_json() -> None:
         too_many=1,
         served_s=1.5,
         latency=HistogramCounts(BOUNDS, (1, 2, 3, 2, 0)),
+        prompt_tokens=4_096,
+        completion_tokens=512,
         gauges={"held_units": (120.0, 3.0, 60)},
         spend=0.25,
     )
     assert Rollup.from_json(120.0, r.to_json()) == r
+
+
+def test_a_row_stored_before_tokens_were_kept_loads_with_no_tokens() -> None:
+    doc = Rollup(start=60.0, seconds=60.0, requests=3, completed=3, prompt_tokens=9).to_json()
+    del doc["prompt_tokens"], doc["completion_tokens"]
+    old = Rollup.from_json(60.0, doc)
+    assert (old.requests, old.prompt_tokens, old.completion_tokens) == (3, 0, 0)
+    assert series(old)["prompt_tokens_per_s"] == 0.0
 
 
 def test_the_accumulator_closes_each_minute_once_a_reading_falls_in_the_next() -> None:
@@ -129,6 +168,8 @@ def test_merging_in_any_grouping_gives_the_same_totals(parts: list[tuple[int, in
             seconds=1.0,
             requests=a,
             completed=b,
+            prompt_tokens=40 * a,
+            completion_tokens=3 * b,
             latency=HistogramCounts(BOUNDS, (b, 0, 0, 0, 0)),
             gauges={"in_flight": (float(a), float(a), 1)},
         )
@@ -142,4 +183,9 @@ def test_merging_in_any_grouping_gives_the_same_totals(parts: list[tuple[int, in
         halves.completed,
         halves.latency,
     )
+    assert (whole.prompt_tokens, whole.completion_tokens) == (
+        halves.prompt_tokens,
+        halves.completion_tokens,
+    )
+    assert whole.prompt_tokens == 40 * sum(a for a, _ in parts)
     assert whole.peak("in_flight") == max(a for a, _ in parts)

@@ -31,6 +31,8 @@ SPANS: dict[str, tuple[float, int]] = {"1h": (3600.0, 60), "1d": (86_400.0, 900)
 
 CHARTS: tuple[tuple[str, str, str], ...] = (
     ("requests_per_s", "Load", "req/s"),
+    ("prompt_tokens_per_s", "Prompt tokens", "tokens/s"),
+    ("completion_tokens_per_s", "Completion tokens", "tokens/s"),
     ("p95_ms", "Latency p95", "ms"),
     ("queue_length", "Queue", "waiting"),
     ("ready_instances", "Ready instances (minute mean)", "instances"),

@@ -174,6 +174,10 @@ class TrafficSample:
     ttfb_bounds: tuple[float, ...] = ()
     ttfb_counts: tuple[int, ...] = ()
     """cumulative time to the first body byte of streamed answers (a TTFT proxy)"""
+    prompt_tokens: int = 0
+    """cumulative prompt tokens of the group's answers, every tenant's (their usage)"""
+    completion_tokens: int = 0
+    """cumulative completion tokens of those answers"""
 
 
 def window_quantile(older: TrafficSample, newer: TrafficSample, q: float) -> float | None:
