@@ -11,6 +11,11 @@ Starts on 127.0.0.1, pinned with `taskset`:
 Throughput: `wrk -t1 -c64` POSTs with a valid API key matching a late rule, interleaved
 rounds nginx, sluice, ...; medians. Added latency: `_openloop.py` at 500 req/s against a
 20 ms backend (`_backend.py`), directly, through nginx (a control) and through the gateway.
+Streamed answers (`--stream-events`, 16; 0 skips): the same wrk rounds against a backend
+streaming that many one-token chunks (`_backend.py --sse`), through nginx with
+`proxy_buffering off` (as SSE proxies are set up) and through the gateway, which asks the
+backend for the stream's usage and takes that chunk out, as it does for every real stream;
+the CPU per extra chunk is (streamed - JSON CPU per request) / chunks.
 Route lookup: in-process. `--workers N`: also 1..N gateway processes sharing one port
 (SO_REUSEPORT, as `sluice gateway --workers N`), interleaved rounds (`workers_bench`).
 
@@ -580,27 +585,11 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
             )
 
     conns = args.connections
-    log(f"warm-up: {args.warmup:g}s of wrk on each")
-    for port in (proxy_port, gw_port):
-        run_wrk(procs, wrk, load, port, script, args.warmup, conns, cores)
     log(f"direct to the backend: {args.duration:g}s")
     direct = run_wrk(procs, wrk, load, backend_port, script, args.duration, conns, cores)
-    rounds: dict[str, list[dict[str, float]]] = {"nginx": [], "sluice": []}
-    retries = args.retries
-    for r in range(args.rounds):
-        for name, port, server in (("nginx", proxy_port, proxy), ("sluice", gw_port, gateway)):
-            while True:
-                res = run_wrk(procs, wrk, load, port, script, args.duration, conns, cores, server)
-                log(
-                    f"round {r + 1}/{args.rounds} {name:6s} {res['rps']:>9.0f} req/s"
-                    f"  {res.get('cpu_us_per_req', float('nan')):.1f} CPU us/req"
-                    f"  (core busy %: {res['busy_pct']}, others {res['foreign_pct']}%)"
-                )
-                if res["foreign_pct"] < CONTENDED_PCT or retries <= 0:
-                    break
-                retries -= 1  # other processes took CPU meanwhile: measure this one again
-                log(f"other processes were busy; repeating ({retries} repeats left)")
-            rounds[name].append(res)
+    rounds, retries = interleaved_rounds(
+        args, procs, wrk, script, load, cores, (proxy_port, proxy), (gw_port, gateway), args.retries
+    )
     procs.stop(proxy)
     procs.stop(gateway)  # SIGTERM: the gateway drains and flushes its access log
     log_lines = count_lines(gw_log) if gw_log.exists() else 0
@@ -611,6 +600,9 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
     )
     with contextlib.suppress(FileNotFoundError):
         gw_log.unlink()  # can be large; the temp dir goes anyway
+    stream: dict[str, Any] = {}
+    if args.stream_events > 0:
+        stream, retries = stream_bench(args, procs, tmp, nginx, wrk, target, cores, retries)
 
     # Added latency: a 20 ms backend (load core), open-loop load, direct then via the gateway.
     latency: dict[str, Any] = {}
@@ -677,22 +669,12 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
         procs.stop(proxy2)
         procs.stop(slow)
 
-    med = {k: statistics.median(x["rps"] for x in v) for k, v in rounds.items()}
-    result: dict[str, Any] = {
-        "rps_sluice": round(med["sluice"]),
-        "rps_nginx": round(med["nginx"]),
-        "ratio_vs_nginx": round(med["sluice"] / med["nginx"], 3),
-        "rps_direct": round(direct["rps"]),
-    }
-    cpu = {
-        k: statistics.median(x["cpu_us_per_req"] for x in v)
-        for k, v in rounds.items()
-        if all("cpu_us_per_req" in x for x in v)
-    }
-    if len(cpu) == 2:
-        result["cpu_us_per_req_sluice"] = round(cpu["sluice"], 2)
-        result["cpu_us_per_req_nginx"] = round(cpu["nginx"], 2)
-        result["cpu_ratio_vs_nginx"] = round(cpu["nginx"] / cpu["sluice"], 3)
+    result: dict[str, Any] = {**versus_nginx(rounds), "rps_direct": round(direct["rps"])}
+    if stream and "cpu_us_per_req_sluice" in stream and "cpu_us_per_req_sluice" in result:
+        extra = stream["cpu_us_per_req_sluice"] - result["cpu_us_per_req_sluice"]
+        stream["cpu_us_per_chunk_sluice"] = round(extra / args.stream_events, 2)
+        extra = stream["cpu_us_per_req_nginx"] - result["cpu_us_per_req_nginx"]
+        stream["cpu_us_per_chunk_nginx"] = round(extra / args.stream_events, 2)
     if latency:
         d, s, n = latency["direct"], latency["sluice"], latency["nginx"]
         result["added_p50_ms"] = round(s["p50_ms"] - d["p50_ms"], 3)
@@ -720,6 +702,7 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
         },
         wrk_socket_errors=sum(int(x["socket_errors"]) for v in rounds.values() for x in v),
         latency=latency,
+        stream=stream,
         workers=workers,
         rounds=args.rounds,
         duration_s=args.duration,
@@ -750,6 +733,127 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
     return result
+
+
+def interleaved_rounds(
+    args: argparse.Namespace,
+    procs: Procs,
+    wrk: str,
+    script: Path,
+    load: int | None,
+    cores: list[int],
+    nginx: tuple[int, subprocess.Popen[bytes]],
+    sluice: tuple[int, subprocess.Popen[bytes]],
+    retries: int,
+) -> tuple[dict[str, list[dict[str, Any]]], int]:
+    """A warm-up, then `args.rounds` wrk rounds, nginx then sluice (each `(port, process)`),
+    a round taken again while other processes used the CPU (at most `retries` in all; what
+    is left is returned too)."""
+    conns = args.connections
+    log(f"warm-up: {args.warmup:g}s of wrk on each")
+    for port, _ in (nginx, sluice):
+        run_wrk(procs, wrk, load, port, script, args.warmup, conns, cores)
+    rounds: dict[str, list[dict[str, Any]]] = {"nginx": [], "sluice": []}
+    for r in range(args.rounds):
+        for name, (port, server) in (("nginx", nginx), ("sluice", sluice)):
+            while True:
+                res = run_wrk(procs, wrk, load, port, script, args.duration, conns, cores, server)
+                log(
+                    f"round {r + 1}/{args.rounds} {name:6s} {res['rps']:>9.0f} req/s"
+                    f"  {res.get('cpu_us_per_req', float('nan')):.1f} CPU us/req"
+                    f"  (core busy %: {res['busy_pct']}, others {res['foreign_pct']}%)"
+                )
+                if res["foreign_pct"] < CONTENDED_PCT or retries <= 0:
+                    break
+                retries -= 1  # other processes took CPU meanwhile: measure this one again
+                log(f"other processes were busy; repeating ({retries} repeats left)")
+            rounds[name].append(res)
+    return rounds, retries
+
+
+def versus_nginx(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Medians of interleaved rounds: throughput and CPU per request, and their ratios."""
+    med = {k: statistics.median(x["rps"] for x in v) for k, v in rounds.items()}
+    out: dict[str, Any] = {
+        "rps_sluice": round(med["sluice"]),
+        "rps_nginx": round(med["nginx"]),
+        "ratio_vs_nginx": round(med["sluice"] / med["nginx"], 3),
+    }
+    cpu = {
+        k: statistics.median(x["cpu_us_per_req"] for x in v)
+        for k, v in rounds.items()
+        if all("cpu_us_per_req" in x for x in v)
+    }
+    if len(cpu) == 2:
+        out["cpu_us_per_req_sluice"] = round(cpu["sluice"], 2)
+        out["cpu_us_per_req_nginx"] = round(cpu["nginx"], 2)
+        out["cpu_ratio_vs_nginx"] = round(cpu["nginx"] / cpu["sluice"], 3)
+    return out
+
+
+STREAM_PROXY_SERVER = PROXY_SERVER.replace(
+    'proxy_set_header Connection "";',
+    'proxy_set_header Connection "";\n            proxy_buffering off;',
+)
+"""nginx as an SSE proxy is configured: each event passed on as it comes, not buffered."""
+
+
+def stream_bench(
+    args: argparse.Namespace,
+    procs: Procs,
+    tmp: Path,
+    nginx: str,
+    wrk: str,
+    target: Any,
+    cores: list[int],
+    retries: int,
+) -> tuple[dict[str, Any], int]:
+    """Streamed answers (`--stream-events` chunks each, from `_backend.py --sse`, load core)
+    through nginx (`proxy_buffering off`) and the gateway (server core), as `bench` does for
+    JSON answers. The caller did not ask for usage: the gateway asks the backend for it and
+    takes its chunk out (`policy.answers.UsageStripper`), the work of every real stream."""
+    load, srv, py, n = args.load_core, args.server_core, sys.executable, args.stream_events
+    backend = procs.start(
+        "sse-backend",
+        pinned(load, [py, str(HERE / "_backend.py"), "--delay-ms", "0", "--sse", str(n)]),
+        stdout=subprocess.PIPE,
+    )
+    backend_port, proxy_port = read_port(backend, "streaming backend"), free_port()
+    server = string.Template(STREAM_PROXY_SERVER).substitute(
+        port=proxy_port, backend_port=backend_port
+    )
+    proxy_log = f"{tmp / 'sproxy' / 'access.log'} combined buffer=64k flush=1s"
+    proxy = start_nginx(
+        procs, nginx, "nginx-sse", tmp / "sproxy", server, proxy_log, srv, proxy_port
+    )
+    gw_log = tmp / "gateway-sse-access.log"
+    gateway = procs.start(
+        "sluice-gateway-sse",
+        pinned(srv, [py, str(HERE / "_gateway_server.py"), f"--backend-port={backend_port}",
+                     f"--access-log={gw_log}", *spec_argv(args)]),
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    gw_port = read_port(gateway, "sluice gateway (streams)")
+    body = json.dumps(
+        {"model": target.model, "messages": [{"role": "user", "content": "Say hello."}],
+         "max_tokens": n, "stream": True},
+        separators=(",", ":"),
+    ).encode()  # fmt: skip
+    for name, port in (("nginx", proxy_port), ("sluice", gw_port)):
+        status, _, answer = request_once(port, body, target.api_key)
+        if status != 200 or answer.count(b"data: ") != n + 1 or b'"usage"' in answer:
+            raise RuntimeError(f"{name} (stream): status {status}, body {answer[:300]!r}")
+    script = tmp / "stream.lua"
+    script.write_text(wrk_lua(body, target.api_key))
+    log(f"streamed answers of {n} chunks")
+    rounds, retries = interleaved_rounds(
+        args, procs, wrk, script, load, cores, (proxy_port, proxy), (gw_port, gateway), retries
+    )
+    for proc in (proxy, gateway, backend):
+        procs.stop(proc)
+    with contextlib.suppress(FileNotFoundError):
+        gw_log.unlink()
+    return {"events": n, **versus_nginx(rounds)}, retries
 
 
 def workers_bench(
@@ -832,6 +936,22 @@ def print_table(r: dict[str, Any]) -> None:
                 f"   (ratio {r['cpu_ratio_vs_nginx']:.3f})",
             )
         )
+    if r.get("stream"):
+        st = r["stream"]
+        rows += [
+            (f"streamed answers ({st['events']} chunks each, nginx proxy_buffering off)", ""),
+            ("  nginx / sluice", f"{st['rps_nginx']:,} / {st['rps_sluice']:,} req/s"
+             f"   (ratio {st['ratio_vs_nginx']:.3f})"),
+        ]  # fmt: skip
+        if "cpu_us_per_chunk_sluice" in st:
+            rows.append(
+                (
+                    "  CPU per request / per extra chunk",
+                    f"nginx {st['cpu_us_per_req_nginx']:.1f} / {st['cpu_us_per_chunk_nginx']:.2f}"
+                    f" us, sluice {st['cpu_us_per_req_sluice']:.1f} / "
+                    f"{st['cpu_us_per_chunk_sluice']:.2f} us",
+                )
+            )
     if "added_p50_ms" in r:
         d, s, n = r["latency"]["direct"], r["latency"]["sluice"], r["latency"]["nginx"]
         rows += [
@@ -895,6 +1015,9 @@ def main() -> None:
     ap.add_argument("--wait-quiet", type=float, default=30.0, help="max s to wait for idle CPUs")
     ap.add_argument("--retries", type=int, default=3, help="repeats of contended runs, total")
     ap.add_argument("--access-log-off", action="store_true", help="experiment: no access log")
+    ap.add_argument(
+        "--stream-events", type=int, default=16, help="chunks per streamed answer; 0 skips it"
+    )
     ap.add_argument("--load-core", type=int, default=None, help="wrk and backends (default 0)")
     ap.add_argument("--server-core", type=int, default=None, help="the proxies (default 1)")
     ap.add_argument(

@@ -38,7 +38,7 @@ from sluice.gateway.mirror import MirrorRequest
 from sluice.gateway.responses import CHUNK_END, STATUS_LINES, json_body, json_response, status_line
 from sluice.gateway.upstream import UpstreamConnection
 from sluice.policy.admission import Offer, answer_cost, request_cost
-from sluice.policy.answers import read_answer, usage_in_tail
+from sluice.policy.answers import UsageStripper, ask_for_usage, read_answer, usage_in_tail
 from sluice.policy.route_choice import ExchangeRecord, RouteChoice
 from sluice.policy.routing import Endpoint, TenantAccess
 
@@ -167,6 +167,7 @@ class Exchange:
         "slot",
         "state",
         "status",
+        "stripper",
         "t0",
         "t_body",
         "tenant",
@@ -237,7 +238,9 @@ class Exchange:
         self.answer_tail = b""
         """the answer's last `ANSWER_TAIL` bytes once it outgrew the head"""
         self.last_piece = b""
-        """the last body piece the instance sent: where an answer's `usage` is"""
+        """where an answer's `usage` is: its last body piece; a stream's last one naming it"""
+        self.stripper: UsageStripper | None = None
+        """takes out the usage chunk the gateway asked for on the caller's behalf"""
         self.events = 0
         """`data:` lines of a streamed answer: its tokens where it gives no usage"""
         self.t_body = 0.0  # -1.0: streamed to a group, first body byte not yet seen
@@ -335,7 +338,7 @@ class Exchange:
             state.metrics.refused["json_depth"] += 1
             raise state.limits.error("json_depth") from None
         model = payload.get("model") if isinstance(payload, dict) else None
-        if not isinstance(model, str) or not model:
+        if not isinstance(payload, dict) or not isinstance(model, str) or not model:
             raise BadRequest("request body needs a string field 'model'")
         self.model = model
         self.payload = payload
@@ -355,6 +358,8 @@ class Exchange:
             g.metrics.arrivals += 1
             if g.unejects_at:
                 state.uneject(g)
+            if g.traffic.ask_stream_usage and payload.get("stream") is True:
+                self._ask_for_usage()
         if g is not None and g.candidates and g.admission.try_acquire():
             self.grp = g
             self._dispatch(g)
@@ -362,6 +367,16 @@ class Exchange:
             self._admit_slow(choice, g)
         if choice.mirror is not None:
             self._mirror(choice.mirror)
+
+    def _ask_for_usage(self) -> None:
+        """A completion streamed to a caller who did not ask for its usage: ask the server
+        for it anyway, so its tokens are counted, not estimated from chunks, and take it
+        out of what the caller gets (`policy.answers.UsageStripper`)."""
+        if self.url.partition(b"?")[0].endswith(b"completions"):
+            asked = ask_for_usage(self.body, self.payload)
+            if asked is not None:
+                self.body = asked
+                self.stripper = UsageStripper()
 
     def _admit_slow(self, choice: RouteChoice, g: GroupRuntime | None) -> None:
         """The group has no free slot or no instance: a fallback with headroom (in the
@@ -532,6 +547,8 @@ class Exchange:
         self.keep_alive = keep_alive
         if not has_length and g is not None:
             self.t_body = -1.0  # streamed: note when its first byte arrives (a TTFT proxy)
+        if self.stripper is not None and (has_length or not 200 <= status < 300):
+            self.stripper = None  # no stream came: nothing to take out
         if g is not None and g.samples is not None:
             self.answer, self.answer_size, self.answer_tail = [], 0, b""
         out = self._out
@@ -549,14 +566,21 @@ class Exchange:
         self.head_sent = True
 
     def upstream_body(self, data: bytes) -> None:
-        self.bytes_out += len(data)
-        self.last_piece = data
-        if self.t_body:  # streamed to a group: count its events
+        if self.t_body:  # streamed to a group: count its events, note where its usage is
             self.events += data.count(b"data:")
+            if b'"usage"' in data:
+                self.last_piece = data
             if self.t_body < 0.0:
                 self.t_body = time.perf_counter()
+        else:
+            self.last_piece = data
         if self.answer is not None:
             self._keep(data)
+        if self.stripper is not None:
+            data = self.stripper.feed(data)
+            if not data:
+                return
+        self.bytes_out += len(data)
         if self.chunked:
             self._out.extend((b"%x\r\n" % len(data), data, b"\r\n"))
         else:
@@ -590,6 +614,9 @@ class Exchange:
         if self.finished:
             return
         out = self._out
+        if self.stripper is not None and (held := self.stripper.flush()):
+            self.bytes_out += len(held)
+            out.extend((b"%x\r\n" % len(held), held, b"\r\n") if self.chunked else (held,))
         if self.chunked:
             out.append(CHUNK_END)
         if out:  # `upstream_flush()`, inlined
@@ -775,7 +802,11 @@ class Exchange:
                     self.state.wake(g, woken, time.monotonic())
             if g.samples is not None and self.instance is not None:
                 self._sample(g.samples, now)
-            if 200 <= self.status < 300 and self.error_code is None and self.last_piece:
+            if (
+                200 <= self.status < 300
+                and self.error_code is None
+                and (self.last_piece or self.events)
+            ):
                 self._count_tokens(g, now)
         self._end_admission()
         self._log(now)

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["AnswerFacts", "read_answer", "usage_in_tail"]
+__all__ = ["AnswerFacts", "UsageStripper", "ask_for_usage", "read_answer", "usage_in_tail"]
 
 TEXT_CHARS = 512
 """the start of the text kept for the text-based criteria (style drift, empty answers)"""
@@ -88,6 +88,86 @@ def usage_in_tail(last: bytes) -> tuple[int, int] | None:
     if prompt is None or completion is None:
         return None
     return int(prompt.group(1)), int(completion.group(1))
+
+
+_ASK_USAGE = b',"stream_options":{"include_usage":true}'
+
+
+def ask_for_usage(body: bytes, payload: object) -> bytes | None:
+    """`body` asking its server for the stream's token usage (`stream_options.include_usage`,
+    which OpenAI, vLLM, SGLang, llama.cpp, TGI and transformers serve honour): what the
+    gateway sends for a streamed completion whose caller did not ask, so that every stream
+    is counted in tokens, not in chunks. `payload`: the parsed body. None when the request
+    is no stream or already asks (or its `stream_options` is no object: the server judges
+    that). The usual case, no `stream_options`, splices the field in before the object's
+    closing brace (no re-encoding)."""
+    if not isinstance(payload, dict) or payload.get("stream") is not True:
+        return None
+    if "stream_options" not in payload:
+        end = body.rstrip().rfind(b"}")  # the body is a JSON object: its last brace closes it
+        return body[:end] + _ASK_USAGE + body[end:]
+    options = payload["stream_options"]
+    if options is None:
+        options = {}
+    if not isinstance(options, dict) or options.get("include_usage") is True:
+        return None
+    return orjson.dumps({**payload, "stream_options": {**options, "include_usage": True}})
+
+
+HELD_MAX = 64 * 1024
+"""Bytes of an unfinished event `UsageStripper` holds at most: a stream whose events are
+longer (or that is no event stream after all) is relayed as it comes, unstripped."""
+_EVENT_END = re.compile(rb"(?<=\n\n)|(?<=\r\n\r\n)")
+
+
+class UsageStripper:
+    """Takes out of a server-sent event stream the usage chunk the gateway asked for on its
+    caller's behalf (`ask_for_usage`): the event whose `choices` is empty and whose `usage`
+    is an object, sent before `data: [DONE]`. The caller gets the stream it asked for; the
+    gateway has already counted the tokens from the bytes it read. Other chunks' `"usage":
+    null`, which OpenAI adds to every chunk once usage is asked, are left as they are (the
+    schema allows them).
+
+    Whole events pass at once; only the unfinished end of a piece waits for the rest of
+    its event (at most `HELD_MAX` bytes), so no token is delayed beyond its own event."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """The bytes of `data` (after what was held) to relay now."""
+        if not self._held and data.endswith(b"\n\n") and b'"usage"' not in data:
+            return data  # whole events, none the usage chunk: most pieces of most streams
+        if self._held:
+            data = self._held + data
+            self._held = b""
+        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+        cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if cut < len(data):
+            if len(data) - cut > HELD_MAX:
+                return data
+            data, self._held = data[:cut], data[cut:]
+        if b'"usage"' in data and b"[]" in data:
+            data = b"".join(e for e in _EVENT_END.split(data) if not _usage_only(e))
+        return data
+
+    def flush(self) -> bytes:
+        """What is still held at the stream's end (an event the server never finished)."""
+        held, self._held = self._held, b""
+        return held
+
+
+def _usage_only(event: bytes) -> bool:
+    """Is `event` the usage chunk: `data: {"choices": [], "usage": {...}}`?"""
+    if b'"usage"' not in event or not event.startswith(b"data:"):
+        return False
+    try:
+        doc = orjson.loads(event[5:])
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and doc.get("choices") == [] and isinstance(doc.get("usage"), dict)
 
 
 def _read_document(doc: dict[str, Any], text_chars: int) -> AnswerFacts:

@@ -226,6 +226,8 @@ class GroupTraffic:
     outlier_latency_min_requests: int = 20
     prefix: PrefixRouting | None = None
     """Choose instances by the prompt's cached prefix; None: power of two choices."""
+    ask_stream_usage: bool = True
+    """Ask servers for a stream's token usage where its caller did not (`policy.answers`)."""
     buffer_when_cold: bool = False
     """Scale-to-zero group: with no ready instance, requests wait in the queue (up to its
     max wait) while the first instance starts, instead of a 503."""

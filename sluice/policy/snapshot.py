@@ -82,6 +82,7 @@ def _traffic(g: GroupSpec) -> GroupTraffic:
         outlier_latency_ratio=g.outlier.latency_ratio if g.outlier.latency else 0.0,
         outlier_latency_min_requests=g.outlier.latency_min_requests,
         prefix=None if g.prefix_routing is None else PrefixRouting(**g.prefix_routing.model_dump()),
+        ask_stream_usage=g.ask_stream_usage,
         buffer_when_cold=g.autoscaling is not None
         and g.autoscaling.min == 0
         and g.autoscaling.mode == "active",

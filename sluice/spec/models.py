@@ -278,6 +278,12 @@ class GroupSpec(_Strict):
     prefix_routing: PrefixRoutingSpec | None = Field(
         default=None, description="choose instances by the prompt's cached prefix"
     )
+    ask_stream_usage: bool = Field(
+        default=True,
+        description="ask the server for a stream's token usage (`stream_options.include_usage`) "
+        "where the caller did not, and take that chunk out of the caller's answer; false for "
+        "a server that refuses the field",
+    )
     outlier: OutlierSpec = OutlierSpec()
     autoscaling: AutoscalingSpec | None = Field(
         default=None, description="scale by load; `replicas` is then the starting count"

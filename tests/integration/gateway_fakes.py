@@ -42,7 +42,8 @@ class FakeUpstream:
     """A minimal HTTP/1.1 keep-alive server whose behaviour is chosen by `mode`.
 
     json: OpenAI-shaped chat completion (SSE when the body asks for `stream`);
-    sse: always streams `events` chunks `delay` apart; abrupt: closes without answering;
+    sse: always streams `events` chunks `delay` apart (then a usage chunk, 2 prompt tokens,
+    if the body asks `stream_options.include_usage`); abrupt: closes without answering;
     once: answers the first request on a connection, drops the connection on the next
     (a stale pooled connection); die_mid_stream: head and one chunk, then closes;
     eof: a body without length, ended by closing (HTTP/1.0 style); hang: never answers.
@@ -195,6 +196,15 @@ class FakeUpstream:
             if self.mode == "die_mid_stream":
                 return
             await asyncio.sleep(self.delay)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"prompt_tokens": 2, "completion_tokens": self.events}
+            doc = {
+                "id": "chatcmpl-1",
+                "object": "chat.completion.chunk",
+                "choices": [],
+                "usage": usage,
+            }
+            self._write_chunk(writer, b"data: %s\n\n" % json.dumps(doc).encode())
         self._write_chunk(writer, b"data: [DONE]\n\n")
         writer.write(b"0\r\n\r\n")
         await writer.drain()

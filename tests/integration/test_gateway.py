@@ -273,24 +273,56 @@ async def test_sampled_groups_record_status_latency_and_first_byte_of_streams() 
 
 
 @pytest.mark.asyncio
-async def test_tokens_are_counted_per_tenant_from_usage_or_a_streams_events() -> None:
+@pytest.mark.parametrize("ask", [True, False])
+async def test_tokens_are_counted_per_tenant_from_usage_or_a_streams_events(ask: bool) -> None:
     """Every answered request's tokens, by group and tenant: a JSON answer's usage (1 prompt,
-    3 completion in the fake), a stream without usage by its data events but [DONE] (3),
-    with its time per output token (0.2 s apart)."""
+    3 completion in the fake); a stream's usage, which the gateway asked the server for
+    (2 prompt, 3 completion), or, where the group says not to ask (`ask_stream_usage`), its
+    data events but [DONE] (3); a stream's time per output token (0.2 s apart)."""
     up = FakeUpstream("i1", events=3, delay=0.2)
-    async with running(up) as (gw, client, _):
+    async with running(up, snapshot=g1(up, traffic={"g1": q(ask_stream_usage=ask)})) as (
+        gw,
+        client,
+        _,
+    ):
         for _ in range(2):
             assert (await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)).is_success
         async with client.stream(
             "POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH
         ) as resp:
-            await resp.aread()
+            body = await resp.aread()
         value = metric_values(gw.metrics_text()[0].decode())
-    assert value("sluice_gateway_prompt_tokens_total", group="g1", tenant="t1") == 2
+    asked = up.requests[-1][3]
+    assert ("stream_options" in asked) is ask
+    assert b'"usage"' not in body  # the caller did not ask for it: it gets none either way
+    assert body.count(b"data: ") == 4 and body.endswith(b"data: [DONE]\n\n")
+    assert value("sluice_gateway_prompt_tokens_total", group="g1", tenant="t1") == 2 + 2 * ask
     assert value("sluice_gateway_completion_tokens_total", group="g1", tenant="t1") == 2 * 3 + 3
     assert value("sluice_gateway_time_per_output_token_seconds_count", group="g1") == 1
     tpot = value("sluice_gateway_time_per_output_token_seconds_sum", group="g1")
     assert 0.15 < tpot < 0.5
+
+
+@pytest.mark.asyncio
+async def test_a_caller_who_asks_for_a_streams_usage_gets_it() -> None:
+    """Only what the gateway asked for on its caller's behalf is taken out: a caller's own
+    `stream_options` (and its other fields) reach the server as sent, and its usage chunk
+    reaches the caller."""
+    up = FakeUpstream("i1", events=2)
+    async with running(up) as (gw, client, log):
+        options = {"include_usage": True}
+        async with client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={**CHAT, "stream": True, "stream_options": options},
+            headers=AUTH,
+        ) as resp:
+            body = await resp.aread()
+        assert up.requests[-1][3]["stream_options"] == options
+        assert body.count(b'"usage"') == 1 and body.endswith(b"data: [DONE]\n\n")
+        assert log_lines(log)[0]["bytes_out"] == len(body)
+        value = metric_values(gw.metrics_text()[0].decode())
+        assert value("sluice_gateway_prompt_tokens_total", group="g1", tenant="t1") == 2
 
 
 @pytest.mark.asyncio

@@ -9,7 +9,15 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.answers import TEXT_CHARS, AnswerFacts, read_answer, usage_in_tail
+from sluice.policy.answers import (
+    HELD_MAX,
+    TEXT_CHARS,
+    AnswerFacts,
+    UsageStripper,
+    ask_for_usage,
+    read_answer,
+    usage_in_tail,
+)
 
 
 def document(content: str, finish: str = "stop", usage: bool = True) -> bytes:
@@ -91,3 +99,57 @@ def test_usage_in_tail_reads_the_counts_at_the_end_of_any_answer() -> None:
     assert usage_in_tail(b'{"usage": {"prompt_tokens": 3}}') is None  # half a usage
     big = document("z" * 100_000)
     assert usage_in_tail(big[-300:]) == (12, 7)  # only the last piece is needed
+
+
+# -- asking for a stream's usage on the caller's behalf ---------------------------------------
+
+
+def asked(body: dict[str, object]) -> dict[str, object] | None:
+    raw = json.dumps(body, indent=1).encode() + b"\n"  # whitespace after the brace too
+    out = ask_for_usage(raw, body)
+    return None if out is None else json.loads(out)
+
+
+def test_a_stream_is_asked_for_its_usage_unless_it_asks_or_is_no_stream() -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "}"}], "stream": True}
+    assert asked(chat) == {**chat, "stream_options": {"include_usage": True}}
+    kept = {**chat, "stream_options": {"continuous_usage_stats": True}}
+    assert asked(kept) == {**chat, "stream_options": {"continuous_usage_stats": True,
+                                                      "include_usage": True}}  # fmt: skip
+    assert asked({**chat, "stream_options": None}) == asked(chat)
+    assert asked({**chat, "stream_options": {"include_usage": True}}) is None
+    assert asked({**chat, "stream_options": "bad"}) is None  # the server's to refuse
+    assert asked({**chat, "stream": False}) is None
+    assert asked({"model": "m", "prompt": "x"}) is None
+
+
+def relayed(stream_bytes: bytes, cuts: list[int]) -> bytes:
+    stripper = UsageStripper()
+    out, start = [], 0
+    for cut in [*sorted(set(cuts)), len(stream_bytes)]:
+        out.append(stripper.feed(stream_bytes[start:cut]))
+        start = cut
+    return b"".join(out) + stripper.flush()
+
+
+@given(st.lists(st.integers(min_value=0, max_value=400)), st.booleans())
+def test_the_usage_chunk_is_taken_out_however_the_stream_is_cut(
+    cuts: list[int], crlf: bool
+) -> None:
+    with_usage = stream(["a", "b]", "[]"], usage=True)
+    without = stream(["a", "b]", "[]"])
+    if crlf:
+        with_usage = with_usage.replace(b"\n", b"\r\n")
+        without = without.replace(b"\n", b"\r\n")
+    assert relayed(with_usage, [c for c in cuts if c <= len(with_usage)]) == without
+    assert relayed(without, [c for c in cuts if c <= len(without)]) == without
+
+
+def test_whole_events_pass_at_once_and_a_long_unfinished_one_is_not_held() -> None:
+    stripper = UsageStripper()
+    event = b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
+    assert stripper.feed(event + event[:10]) == event  # the unfinished end waits...
+    assert stripper.feed(event[10:]) == event  # ...for the rest of its event
+    long = b"data: " + b"y" * HELD_MAX
+    assert stripper.feed(long) == long  # no event stream after all: relayed as it comes
+    assert stripper.flush() == b""
