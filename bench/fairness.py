@@ -1,9 +1,11 @@
 """Fair shares between tenants in a busy group's queue (issue 35): a light tenant beside a heavy
-one, and two tenants of weights 2:1, through a real `sluice.gateway.Gateway`.
+one, and two tenants of weights 2:1, through a real `sluice.gateway.Gateway` and in the fleet
+simulator.
 
     python bench/fairness.py                 # a table; progress on stderr
     python bench/fairness.py --json          # one JSON document on stdout
     python bench/fairness.py --seconds 5     # shorter
+    python bench/fairness.py --sim-only      # the simulator's phases only (a few seconds)
 
 Everything runs in this process, on 127.0.0.1, for about 42 s: a gateway (its snapshot
 built from a `PlatformSpec` by `build_routing_snapshot`, so tenant weights come the way they
@@ -38,6 +40,27 @@ alone (alone it hardly ever waits, so bare waits would divide by zero; target <=
 weight-2 tenant / service of the weight-1 one) / 2 - 1| from the counter (target <= 0.10),
 `weighted_share_error_backend` from instance time; `ok`. Exit status 1 when a target is
 missed or a request got another answer than 200.
+
+The simulator (`SimBench`, also with `--sim-only`): the same four phases through
+`sluice.sim.fleet.run_fleet`, which offers each queued request to the group's own
+`GroupAdmission` with its tenant, its cost (`answer_cost` of its tokens) and its tenant's
+weight from the same spec (`platform_spec`): 2 instances x 4 slots ready at 0, a fixed
+count, no autoscaling. A request of `size` has body bytes / 4 prompt and `max_tokens`
+completion tokens and holds a slot `--unit-ms` per cost unit times the same kind of seeded
+jitter (the k-th request of a stream draws the k-th number of its own seeded generator). The
+light tenant's arrivals are the very Poisson draws of the gateway phases (seed 35). A closed
+loop is not a trace, so it is solved as one: its clients' first requests at 0, then one
+arrival at each of its answers before the phase ends; the simulator runs again on those
+arrivals until they no longer change (the fixed point: the simulation is causal, so each run
+settles at least one more service time of the prefix; `sim_closed_loop_iterations` says how
+many runs each phase took, about 40-90). No HTTP, so a resent request arrives at the instant
+of its answer. The window is the same: waits of the requests answered in it (`queue_ms` is
+logged at the answer), service of those dispatched in it, summed as `answer_cost` per tenant
+(what the gateway's `sluice_gateway_tenant_service` counts; the bench's requests' estimates
+equal their real costs) and, as a check, as instance seconds. Output: `sim_light_p95_wait_ms`,
+`sim_light_p95_wait_ratio` (target <= 2), `sim_light_p95_wait_ratio_fifo`,
+`sim_weighted_share_error` (by cost, target <= 0.10), `sim_weighted_share_error_instance_s`,
+`sim_phases`, `sim_wall_s`; their targets count in `ok`.
 """
 
 from __future__ import annotations
@@ -56,15 +79,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sluice.gateway import Gateway  # noqa: E402
-from sluice.policy.admission import request_cost  # noqa: E402
+from sluice.policy.admission import answer_cost, request_cost  # noqa: E402
 from sluice.policy.routing import Endpoint, RoutingSnapshot  # noqa: E402
 from sluice.policy.snapshot import build_routing_snapshot  # noqa: E402
+from sluice.sim import InstanceModel, Workload, trace_from_rows  # noqa: E402
+from sluice.sim.fleet import run_fleet  # noqa: E402
 from sluice.spec.models import PlatformSpec  # noqa: E402
 
 MODEL = "m-chat"
@@ -167,8 +193,9 @@ class Instance:
             self.handlers.discard(task)
 
 
-def snapshot(ports: list[int], max_wait_s: float) -> RoutingSnapshot:
-    spec = PlatformSpec.model_validate(
+def platform_spec(max_wait_s: float) -> PlatformSpec:
+    """The bench's spec: one group of `INSTANCES` x `SLOTS_PER_INSTANCE`, `TENANTS`."""
+    return PlatformSpec.model_validate(
         {
             "gateway": {"host": "127.0.0.1", "port": 0},
             "pools": [{"name": "bench", "accelerator": "virtual", "count": 4, "memory_gb": 16}],
@@ -192,6 +219,10 @@ def snapshot(ports: list[int], max_wait_s: float) -> RoutingSnapshot:
             "routes": [{"tag": "chat", "match": {"models": [MODEL]}, "to": GROUP}],
         }
     )
+
+
+def snapshot(ports: list[int], max_wait_s: float) -> RoutingSnapshot:
+    spec = platform_spec(max_wait_s)
     ready = {
         GROUP: [
             Endpoint(f"{GROUP}-{i}", "127.0.0.1", port, SLOTS_PER_INSTANCE)
@@ -420,6 +451,175 @@ class Bench:
         return result
 
 
+# -- the simulator ------------------------------------------------------------------------------
+
+Stream = tuple[str, tuple[int, int], list[float] | int]
+"""(tenant, request size (body bytes, max_tokens), open-loop arrival times or closed-loop
+clients)"""
+
+
+class SimBench:
+    """The same four phases in the fleet simulator (`sluice.sim.fleet.run_fleet`, the queue's
+    own `GroupAdmission`), on the same spec: instances ready at 0, fixed count (module
+    docstring)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.heavy = (round(LIGHT[0] * args.heavy_scale), round(LIGHT[1] * args.heavy_scale))
+        self.until = args.warmup + args.seconds
+        self.spec = platform_spec(4 * args.seconds)
+        group = self.spec.group(GROUP)
+        assert group is not None
+        self.model = InstanceModel.from_spec(self.spec, group, slo_ms=60_000.0)
+        self.iterations: dict[str, int] = {}
+
+    def run(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        light = self._poisson()
+        phases = {
+            "alone": self._phase("alone", [("light", LIGHT, light)]),
+            "fair": self._phase(
+                "fair", [("light", LIGHT, light), ("heavy", self.heavy, HEAVY_IN_FLIGHT)]
+            ),
+            "fifo": self._phase(
+                "fifo", [("shared", LIGHT, light), ("shared", self.heavy, HEAVY_IN_FLIGHT)]
+            ),
+            "weights": self._phase(
+                "weights",
+                [("gold", LIGHT, WEIGHTED_IN_FLIGHT), ("bronze", self.heavy, WEIGHTED_IN_FLIGHT)],
+            ),
+        }
+        base = phases["alone"]["light_p95_wait_plus_service_ms"]
+        service = phases["weights"]["service"]
+        busy = phases["weights"]["busy_s"]
+        share = service.get("gold", 0.0) / max(service.get("bronze", 0.0), 1e-9)
+        share_busy = busy.get("gold", 0.0) / max(busy.get("bronze", 0.0), 1e-9)
+        return {
+            "sim_light_p95_wait_ms": {
+                k: phases[k]["light_p95_wait_ms"] for k in ("alone", "fair", "fifo")
+            },
+            "sim_light_p95_wait_ratio": round(
+                phases["fair"]["light_p95_wait_plus_service_ms"] / base, 3
+            ),
+            "sim_light_p95_wait_ratio_fifo": round(
+                phases["fifo"]["light_p95_wait_plus_service_ms"] / base, 3
+            ),
+            "sim_weighted_service_ratio": round(share, 3),
+            "sim_weighted_share_error": round(abs(share / 2.0 - 1.0), 4),
+            "sim_weighted_share_error_instance_s": round(abs(share_busy / 2.0 - 1.0), 4),
+            "sim_closed_loop_iterations": self.iterations,
+            "sim_phases": phases,
+            "sim_wall_s": round(time.perf_counter() - t0, 3),
+        }
+
+    def _poisson(self) -> list[float]:
+        """The light tenant's arrivals: the very draws `Load.open_loop` makes (seed 35)."""
+        rng = random.Random(35)
+        out: list[float] = []
+        due = 0.0
+        while True:
+            due += rng.expovariate(self.args.light_rps)
+            if due >= self.until:
+                return out
+            out.append(due)
+
+    def _phase(self, name: str, streams: list[Stream]) -> dict[str, Any]:
+        """Run `streams` to their closed loops' fixed point; what the measured window saw."""
+        arrivals = [list(x) if isinstance(x, list) else [0.0] * x for _, _, x in streams]
+        for k in range(1, 10_000):
+            done = self._once(streams, arrivals)
+            again = [
+                xs if isinstance(x, list) else self._resent(x, d)
+                for (_, _, x), xs, d in zip(streams, arrivals, done, strict=True)
+            ]
+            if again == arrivals:
+                self.iterations[name] = k
+                break
+            arrivals = again
+        else:
+            raise RuntimeError(f"{name}: the closed loops did not settle")
+        return self._measure(name, streams, arrivals, done)
+
+    def _resent(self, clients: int, done: list[tuple[float, float]]) -> list[float]:
+        """A closed loop's arrivals: `clients` at 0, then one at each answer before the end."""
+        ends = sorted(t for t, _ in done if t < self.until)
+        return [0.0] * clients + ends
+
+    def _once(
+        self, streams: list[Stream], arrivals: list[list[float]]
+    ) -> list[list[tuple[float, float]]]:
+        """One run of the fleet simulator: per stream, per request (in its own order), when
+        it was done and how long it held a slot."""
+        rows: list[tuple[float, int, int, str, str]] = []
+        service: list[float] = []
+        unit_s = self.args.unit_ms / 1000.0
+        for j, ((tenant, size, _), times) in enumerate(zip(streams, arrivals, strict=True)):
+            prompt, completion = (round(x) for x in token_counts(size))
+            cost = answer_cost(prompt, completion)
+            spread = random.Random(1000 + j)  # the k-th request of a stream: the same draw
+            for t in times:
+                rows.append((t, prompt, completion, MODEL, tenant))
+                jitter = 1.0 + self.args.jitter * (2.0 * spread.random() - 1.0)
+                service.append(unit_s * cost * jitter)
+        order = np.argsort(np.asarray([r[0] for r in rows]), kind="stable")
+        trace = trace_from_rows(rows, "fairness")  # (sorted stably by time: `order`)
+        svc = np.asarray(service, dtype=np.float64)[order]
+        work = Workload(self.model, trace, svc, self.model.slo_limits(svc))
+        result = run_fleet(self.spec, {GROUP: work})
+        done = np.empty(len(rows))
+        done[order] = result.groups[GROUP].sim.done
+        if np.any(done < 0):
+            raise RuntimeError("a simulated request was not answered")
+        out: list[list[tuple[float, float]]] = []
+        at = 0
+        for times in arrivals:
+            n = len(times)
+            out.append(list(zip(done[at : at + n].tolist(), service[at : at + n], strict=True)))
+            at += n
+        return out
+
+    def _measure(
+        self,
+        name: str,
+        streams: list[Stream],
+        arrivals: list[list[float]],
+        done: list[list[tuple[float, float]]],
+    ) -> dict[str, Any]:
+        """Waits of the requests answered in the window (the access log's), service of those
+        dispatched in it: cost (`answer_cost`, the gateway's counter) and instance seconds."""
+        lo, hi = self.args.warmup, self.until
+        light_s = self.args.unit_ms * request_cost(LIGHT[0], {"max_tokens": LIGHT[1]}) / 1000.0
+        waits: dict[str, list[float]] = {"light": [], "heavy": []}
+        service: dict[str, float] = defaultdict(float)
+        busy: dict[str, float] = defaultdict(float)
+        for j, ((tenant, size, _), times, answers) in enumerate(
+            zip(streams, arrivals, done, strict=True)
+        ):
+            kind = "heavy" if j else "light"  # (the first stream sends light requests)
+            cost = answer_cost(*(round(x) for x in token_counts(size)))
+            for t, (end, held) in zip(times, answers, strict=True):
+                if lo <= end < hi:
+                    waits[kind].append(1000.0 * max(0.0, end - held - t))
+                if lo <= end - held < hi:
+                    service[tenant] += cost
+                    busy[tenant] += held
+        out = {
+            "light_requests": len(waits["light"]),
+            "heavy_requests": len(waits["heavy"]),
+            "light_p95_wait_ms": p95(waits["light"]),
+            "light_p95_wait_plus_service_ms": p95([w + 1000.0 * light_s for w in waits["light"]]),
+            "heavy_p95_wait_ms": p95(waits["heavy"]),
+            "service": dict(service),
+            "busy_s": {k: round(v, 3) for k, v in busy.items()},
+        }
+        log(
+            f"  sim {name}: {out['light_requests']} light, {out['heavy_requests']} heavy, light "
+            f"p95 wait {out['light_p95_wait_ms']} ms, heavy p95 wait {out['heavy_p95_wait_ms']} "
+            f"ms ({self.iterations[name]} runs)"
+        )
+        return out
+
+
 def token_counts(size: tuple[int, int]) -> tuple[float, float]:
     """(prompt, completion) tokens of a request of `size`, as the estimate counts them."""
     return size[0] / 4.0, float(size[1])
@@ -438,6 +638,7 @@ def main() -> int:
         "--heavy-scale", type=float, default=2.0, help="a heavy request's size over a light one's"
     )
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    ap.add_argument("--sim-only", action="store_true", help="the simulator's phases only (seconds)")
     args = ap.parse_args()
     if not 0 < args.seconds <= 60 or not 0 <= args.warmup <= 30:
         ap.error("--seconds in (0, 60], --warmup in [0, 30]")
@@ -445,10 +646,17 @@ def main() -> int:
         ap.error("--light-rps in (0, 100], --unit-ms in [0.01, 5]")
     if not 1 <= args.heavy_scale <= 10 or not 0 <= args.jitter < 1:
         ap.error("--heavy-scale in [1, 10], --jitter in [0, 1)")
-    result = asyncio.run(Bench(args).run())
+    sim = SimBench(args).run()
+    sim_ok = sim["sim_light_p95_wait_ratio"] <= 2.0 and sim["sim_weighted_share_error"] <= 0.10
+    if args.sim_only:
+        result = {**sim, "seconds": args.seconds, "warmup_s": args.warmup, "ok": sim_ok}
+    else:
+        result = asyncio.run(Bench(args).run())
+        result = {**result, **sim, "ok": result["ok"] and sim_ok}
     if args.json:
         print(json.dumps(result))
-    else:
+        return 0 if result["ok"] else 1
+    if not args.sim_only:
         w = result["light_p95_wait_ms"]
         print(f"light p95 wait, ms: alone {w['alone']}, with heavy {w['fair']}, FIFO {w['fifo']}")
         print(
@@ -462,7 +670,16 @@ def main() -> int:
             f"{result['weighted_share_error_backend']})"
         )
         print(f"statuses {result['statuses']}")
-        print("ok" if result["ok"] else "FAILED: a target was missed")
+    w = sim["sim_light_p95_wait_ms"]
+    print(
+        f"simulator: light p95 wait, ms: alone {w['alone']}, with heavy {w['fair']}, FIFO "
+        f"{w['fifo']}; light_p95_wait_ratio {sim['sim_light_p95_wait_ratio']} (FIFO "
+        f"{sim['sim_light_p95_wait_ratio_fifo']}); weights 2:1: service ratio "
+        f"{sim['sim_weighted_service_ratio']}, weighted_share_error "
+        f"{sim['sim_weighted_share_error']} (instance time "
+        f"{sim['sim_weighted_share_error_instance_s']})"
+    )
+    print("ok" if result["ok"] else "FAILED: a target was missed")
     return 0 if result["ok"] else 1
 
 

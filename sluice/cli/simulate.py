@@ -259,9 +259,10 @@ def render_routed(r: dict[str, Any]) -> None:
     def table(what: str, extra: str) -> Table:
         return Table(
             *(Column(what, no_wrap=True), Column(extra, no_wrap=True), "REQS", "SLO %"),
-            *("P50 MS", "P99 MS", "REJ", "FAIL"),
+            *("P50 MS", "P99 MS", "WAIT P95", "REJ", "FAIL"),
             title=f"by {what.lower()}",
-            caption="REJ: shed or expired in its group's queue; FAIL: failed at an instance",
+            caption="WAIT P95: ms in its group's queue; REJ: shed or expired in its group's "
+            "queue; FAIL: failed at an instance",
             box=box.SIMPLE_HEAD,
             show_edge=False,
             padding=(0, 1, 0, 0),
@@ -272,6 +273,7 @@ def render_routed(r: dict[str, Any]) -> None:
             *(str(o["requests"]), f"{100 * o['slo_attainment']:.2f}"),
             f"{o['p50_ms']:.0f}" if o["p50_ms"] is not None else "-",
             f"{o['p99_ms']:.0f}" if o["p99_ms"] is not None else "-",
+            f"{o['wait_p95_ms']:.0f}" if o["wait_p95_ms"] is not None else "-",
             *(str(o["rejected"]), str(o["failed"])),
         )
 

@@ -14,8 +14,18 @@ that became ready at that instant.
 Requests: each group's gateway is one `GroupAdmission` (the live code): slots = ready
 instances x max_concurrency; in-flight counts every running request, draining instances
 included, as the live gateway does; waiters past `max_wait_s` expire at each tick (up to
-one tick late). Balancing is least-loaded over ready instances with a free slot (in-flight
-buckets, O(slots) per pick). The live p2c picker (`sluice.policy.balance.pick_endpoint`)
+one tick late). A queued request is offered as the gateway offers it (`Exchange._share`):
+its trace tenant, its cost and its tenant's `weight` in the spec (1.0 for a tenant the spec
+does not name, or a spec without tenants), so each priority's waiters share by weighted
+service (the queue's fair shares, issue 35). The cost is `answer_cost` of the request's
+true tokens: what the gateway's counter holds once it has corrected its estimate by the
+answer's usage (the simulator knows the tokens up front, so there is no estimate to
+correct). A trace without tenants is one tenant, "": plain FIFO, as before (and where no
+trace has two tenants, offers carry none: the per-request lists would only cost time).
+Nothing is requeued here (an instance never refuses a request).
+
+Balancing is least-loaded over ready instances with a free slot (in-flight buckets,
+O(slots) per pick). The live p2c picker (`sluice.policy.balance.pick_endpoint`)
 is not used: with independent slots and no slowdown the choice of instance changes no
 latency, only which instance drains first, and building `Endpoint` maps per request would
 cost about a third of the speed budget.
@@ -63,7 +73,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sluice.core.instances import InstanceState, InstanceStatus
-from sluice.policy.admission import GroupAdmission, Offer
+from sluice.policy.admission import COMPLETION_WEIGHT, PROMPT_WEIGHT, GroupAdmission, Offer
 from sluice.policy.autoscale import GroupLoad, ScalingPolicy
 from sluice.policy.kernel import Memory, World, due, step
 from sluice.policy.plan import Drain, Launch
@@ -240,6 +250,21 @@ def _cat(parts: list[npt.NDArray[Any]], dtype: type[Any]) -> npt.NDArray[Any]:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
 
+def _shares(
+    work: Workload, weights: Mapping[str, float]
+) -> tuple[npt.NDArray[Any], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per request of `work`, in trace order, what its queue offer carries (`Exchange._share`):
+    its tenant's name (the trace's; "" without one), its cost, `answer_cost(input_tokens,
+    output_tokens)` of its true tokens (vectorised: `PROMPT_WEIGHT` x prompt +
+    `COMPLETION_WEIGHT` x completion), and its tenant's weight (1.0 unless `weights` names
+    it)."""
+    tr = work.trace
+    tenant = np.asarray(tr.tenants, dtype=object)[tr.tenant]
+    weight = np.asarray([weights.get(x, 1.0) for x in tr.tenants], dtype=np.float64)[tr.tenant]
+    cost = PROMPT_WEIGHT * tr.input_tokens + COMPLETION_WEIGHT * tr.output_tokens
+    return tenant, cost.astype(np.float64, copy=False), weight
+
+
 def run_fleet(
     spec: PlatformSpec, workloads: Mapping[str, Workload], opts: FleetOptions | None = None
 ) -> FleetResult:
@@ -269,6 +294,18 @@ def run_fleet(
     svc: list[float] = _cat([L.work.service for L in lanes], np.float64)[order].tolist()
     names = [PRIORITIES[p] for p in range(len(PRIORITIES))]
     prio = [names[p] for p in _cat([L.work.trace.priority for L in lanes], np.int8)[order].tolist()]
+    # what a queued request's offer carries; with one tenant (or none) in every trace each
+    # queue is FIFO whatever the costs, so the lists are built only where tenants share
+    shared = any(len(L.work.trace.tenants) > 1 for L in lanes)
+    tenant_of: list[str] = []
+    cost: list[float] = []
+    weight: list[float] = []
+    if shared:
+        weights = {t.name: t.weight for t in spec.tenants}
+        shares = [_shares(L.work, weights) for L in lanes]
+        tenant_of = _cat([s[0] for s in shares], object)[order].tolist()
+        cost = _cat([s[1] for s in shares], np.float64)[order].tolist()
+        weight = _cat([s[2] for s in shares], np.float64)[order].tolist()
     for L in lanes:
         L.positions = np.nonzero(grp_sorted == L.gi)[0].tolist()
     n = len(arr)
@@ -635,7 +672,10 @@ def run_fleet(
         if tries[gi]():
             start(lanes[gi], r, ta)
         else:
-            res, evicted = offers[gi](r, prio[r], ta)
+            if shared:
+                res, evicted = offers[gi](r, prio[r], ta, tenant_of[r], cost[r], weight[r])
+            else:
+                res, evicted = offers[gi](r, prio[r], ta)
             if res is shed_offer:
                 done[r] = REJECTED
                 lanes[gi].shed += 1

@@ -137,15 +137,21 @@ def route_trace(spec: PlatformSpec, trace: Trace, seed: int = 0) -> RoutedTrace:
 def routed_outcomes(routed: RoutedTrace, result: FleetResult) -> dict[str, Any]:
     """Per route and per tenant: requests, answered by the gateway itself (by reason),
     completed, rejected or failed in the group, SLO attainment (each request against its
-    group's bound; one the gateway refused counts as a miss) and latency percentiles."""
+    group's bound; one the gateway refused counts as a miss), latency percentiles
+    (`p50_ms`, `p95_ms`, `p99_ms`: arrival to done) and queue-wait percentiles (`wait_p50_ms`,
+    `wait_p95_ms`, `wait_p99_ms`: arrival to the start of service, in its group's queue where
+    tenants share by weight), all over completed requests (None without any)."""
     n = len(routed.trace)
     done = np.full(n, np.nan)
     limit = np.full(n, np.nan)
+    service = np.full(n, np.nan)
     for gname, idx in routed.positions.items():
         sim = result.groups[gname].sim
         done[idx] = sim.done
         limit[idx] = sim.workload.limit
+        service[idx] = sim.workload.service
     latency = done - routed.trace.t
+    wait = np.maximum(latency - service, 0.0)
     ok = done >= 0
     in_slo = ok & (latency <= limit + 1e-9)
     tenant_names = routed.trace.tenants
@@ -157,7 +163,11 @@ def routed_outcomes(routed: RoutedTrace, result: FleetResult) -> dict[str, Any]:
             for k, why in enumerate(REFUSALS)
         }
         served = mask & ok
-        lat = latency[served]
+        lat, waits = latency[served], wait[served]
+
+        def ms(xs: npt.NDArray[np.float64], q: float) -> float | None:
+            return float(np.percentile(xs, q) * 1000) if xs.size else None
+
         return {
             "requests": count,
             "refused": {k: v for k, v in refused.items() if v},
@@ -165,8 +175,12 @@ def routed_outcomes(routed: RoutedTrace, result: FleetResult) -> dict[str, Any]:
             "failed": int(np.count_nonzero(mask & (done == FAILED))),
             "rejected": int(np.count_nonzero(mask & (done == REJECTED))),
             "slo_attainment": float(np.count_nonzero(mask & in_slo)) / count if count else 1.0,
-            "p50_ms": float(np.percentile(lat, 50) * 1000) if lat.size else None,
-            "p99_ms": float(np.percentile(lat, 99) * 1000) if lat.size else None,
+            "p50_ms": ms(lat, 50),
+            "p95_ms": ms(lat, 95),
+            "p99_ms": ms(lat, 99),
+            "wait_p50_ms": ms(waits, 50),
+            "wait_p95_ms": ms(waits, 95),
+            "wait_p99_ms": ms(waits, 99),
         }
 
     routes: dict[str, Any] = {}
