@@ -2,6 +2,7 @@
 for 1,000 groups and 10,000 instances over 10 pools.
 
     python bench/decide.py [--json] [--groups 1000] [--per-group 10] [--pools 10] [--ticks 100]
+                           [--digest]
 
 Half the groups autoscale (the spec's default policy, due every tick at the default 1 s
 interval, with a short memory for scale-downs: 15 s) on the load a gateway reports:
@@ -15,18 +16,26 @@ gateway); the timer covers `step` alone (due groups, autoscalers on their memory
 quota, plan, tiers, the next memory). The collector is settled first, as the controller
 settles it once it is up (`sluice.core.collector`; `--default-gc`: CPython's defaults).
 Prints the median and the max over `--ticks` ticks, and the target: both <= 50 ms.
+
+`--digest` also prints sha256 digests over every tick's decision (warm-up ticks included)
+and every next memory, serialized field by field (`canonical`), so an optimization shows
+that it changed no decision, floats to the last bit: the digests must stay the same.
+Serializing costs seconds, outside the timer.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
+import hashlib
 import json
 import random
 import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +96,38 @@ def applied(
     return out
 
 
+def canonical(x: Any) -> Any:
+    """`x` as nested lists of plain values, the same for equal decisions whatever their
+    object identities: dataclasses field by field, mappings sorted by key, floats exact
+    (`repr` round-trips), a spec model (an input, not a decision) by its name."""
+    if x is None or type(x) in (bool, int, str):
+        return x
+    if type(x) is float:
+        return repr(x)
+    names = _FIELDS.get(type(x))
+    if names is None and dataclasses.is_dataclass(x) and not isinstance(x, type):
+        names = _FIELDS[type(x)] = tuple(f.name for f in dataclasses.fields(x))
+    if names is not None:
+        return [type(x).__name__, *[canonical(getattr(x, n)) for n in names]]
+    if isinstance(x, enum.Enum):
+        return x.value
+    if isinstance(x, Mapping):
+        return sorted([str(k), canonical(v)] for k, v in x.items())
+    if isinstance(x, (list, tuple)):
+        return [canonical(v) for v in x]
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return hashlib.sha256(x).hexdigest()
+    if isinstance(x, (set, frozenset)):
+        return sorted(canonical(v) for v in x)
+    name = getattr(x, "name", None)
+    if isinstance(name, str):  # a spec model (GroupSpec, QuotaSpec, ...): an input
+        return [type(x).__name__, name]
+    return type(x).__name__
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     spec = fleet_spec(args.groups, args.per_group, args.pools)
     rng = random.Random(1)
@@ -117,6 +158,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         collector.settle()  # as the controller does once it is up (sluice.core.collector)
     times: list[float] = []
     actions = 0
+    decisions, memories = hashlib.sha256(), hashlib.sha256()
     for tick in range(args.warmup + args.ticks):
         now = T0 + tick
         loads = {}
@@ -145,12 +187,15 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         decision, memory = step(memory, world, now)
         if tick >= args.warmup:
             times.append(time.perf_counter() - t1)
+        if args.digest:
+            decisions.update(repr(canonical(decision)).encode())
+            memories.update(repr(canonical(memory)).encode())
         counts.update(decision.counts)
         actions += len(decision.actions) if tick >= args.warmup else 0
         observed = applied(observed, decision.actions, now)
     median_ms = statistics.median(times) * 1000
     max_ms = max(times) * 1000
-    return {
+    out = {
         "groups": args.groups,
         "instances": args.groups * args.per_group,
         "instances_at_end": len(observed),
@@ -164,6 +209,10 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "meets_target": median_ms <= TARGET_MS and max_ms <= TARGET_MS,
         "actions_per_tick": round(actions / args.ticks, 1),
     }
+    if args.digest:
+        out["decisions_sha256"] = decisions.hexdigest()
+        out["memories_sha256"] = memories.hexdigest()
+    return out
 
 
 def main() -> None:
@@ -179,6 +228,12 @@ def main() -> None:
         help="keep CPython's collector settings (the controller settles them once it is up)",
     )
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--digest",
+        action="store_true",
+        help="print sha256 digests of every tick's decision and memory (to check that a change "
+        "decides the same)",
+    )
     args = ap.parse_args()
     result = bench(args)
     if args.json:
@@ -191,6 +246,9 @@ def main() -> None:
         f"{'met' if result['meets_target'] else 'NOT met'}); "
         f"{result['actions_per_tick']} actions per tick"
     )
+    if args.digest:
+        print(f"decisions sha256 {result['decisions_sha256']}")
+        print(f"memories sha256 {result['memories_sha256']}")
 
 
 if __name__ == "__main__":
