@@ -423,7 +423,8 @@ class Exchange:
 
     def _dispatch(self, g: GroupRuntime) -> None:
         state = self.state
-        endpoint = g.pick(self.headers, state.outstanding, state.rng, self.payload)
+        payload = self.payload if len(self.body) >= g.prefix_min_bytes else None
+        endpoint = g.pick(self.headers, state.outstanding, state.rng, payload)
         if endpoint is None:  # the group lost its instances while this one waited
             if self._requeue(g):
                 return

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = ["GroupRuntime", "Waiter", "header_value"]
 
 _NO_EJECTIONS: dict[str, Ejection] = {}
+NO_PREFIX = 1 << 62
+"""`prefix_min_bytes` of a group without prefix-cache-aware choice: no body is that long."""
 
 
 class Waiter(Protocol):
@@ -87,6 +89,7 @@ class GroupRuntime:
         "outlier",
         "prefix",
         "prefix_index",
+        "prefix_min_bytes",
         "ramp",
         "ramping",
         "reach",
@@ -134,6 +137,9 @@ class GroupRuntime:
         self.prefix: PrefixRouting | None = None
         self.prefix_index: PrefixIndex | None = None
         """What this gateway sent each instance, for prefix-cache-aware choice (if on)."""
+        self.prefix_min_bytes = NO_PREFIX
+        """Bodies shorter than this hold no whole prompt block: the exchange passes no
+        payload to `pick` for them (a JSON body is never shorter than its rendered prompt)."""
         self.samples: SampleRing | None = None
         """Where its answers are recorded while it is under canary analysis (else None)."""
 
@@ -169,6 +175,7 @@ class GroupRuntime:
         ):  # other blocks, or another size: what it holds no longer applies
             self.prefix_index = PrefixIndex(traffic.prefix.index_blocks)
         self.prefix = traffic.prefix
+        self.prefix_min_bytes = NO_PREFIX if traffic.prefix is None else traffic.prefix.block_bytes
         self.endpoints = endpoints
         self.reach.forget({ep.instance_id for ep in endpoints})
         self.ramp.forget({ep.instance_id for ep in endpoints})
@@ -264,7 +271,7 @@ class GroupRuntime:
         too: what it holds still counts once the group grows."""
         candidates = self.candidates
         prefix = self.prefix
-        if len(candidates) <= 1 and (prefix is None or not candidates):
+        if len(candidates) <= 1 and (payload is None or prefix is None or not candidates):
             return candidates[0] if candidates else None
         if self.affinity is not None:
             key = header_value(headers, self.affinity)

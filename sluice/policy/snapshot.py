@@ -20,7 +20,13 @@ from sluice.policy.routing import (
     TenantAccess,
     api_key_digest,
 )
-from sluice.spec.models import GroupSpec, PlatformSpec, RouteSpec, TenantSpec
+from sluice.spec.models import (
+    GroupSpec,
+    PlatformSpec,
+    PrefixRoutingSpec,
+    RouteSpec,
+    TenantSpec,
+)
 
 __all__ = ["build_routing_snapshot", "route_rules", "tenant_access"]
 
@@ -68,6 +74,12 @@ def tenant_access(t: TenantSpec) -> TenantAccess:
     )
 
 
+def _prefix(p: PrefixRoutingSpec | None) -> PrefixRouting | None:
+    if p is None:
+        return None
+    return PrefixRouting(p.block_bytes, p.max_blocks, p.epsilon, p.index_blocks)
+
+
 def _traffic(g: GroupSpec) -> GroupTraffic:
     return GroupTraffic(
         max_queue=g.queue.max_length,
@@ -81,7 +93,7 @@ def _traffic(g: GroupSpec) -> GroupTraffic:
         outlier_max_ejected_percent=g.outlier.max_ejected_percent,
         outlier_latency_ratio=g.outlier.latency_ratio if g.outlier.latency else 0.0,
         outlier_latency_min_requests=g.outlier.latency_min_requests,
-        prefix=None if g.prefix_routing is None else PrefixRouting(**g.prefix_routing.model_dump()),
+        prefix=_prefix(g.prefix_choice()),
         ask_stream_usage=g.ask_stream_usage,
         buffer_when_cold=g.autoscaling is not None
         and g.autoscaling.min == 0

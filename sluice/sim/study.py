@@ -236,9 +236,10 @@ def simulate_prefix_spec(
     seed: int = 1,
 ) -> dict[str, Any]:
     """A block trace (Mooncake JSONL: `hash_ids`) through one group's instances with KV
-    caches (`sluice.sim.prefix`): its `prefix_routing` (defaults where it has none) against
-    power of two choices and affinity, `replicas` instances each caching `index_blocks`
-    blocks. `group`: default the first group with `prefix_routing`, else the first group."""
+    caches (`sluice.sim.prefix`): its prefix-cache-aware choice (`GroupSpec.prefix_choice`;
+    the defaults where it is off) against power of two choices and affinity, `replicas`
+    instances each caching `index_blocks` blocks. `group`: default the first group with
+    `prefix_routing` written, else the first group that has it on, else the first group."""
     from sluice.core.errors import SpecError, SpecIssue
     from sluice.sim.prefix import CacheModel, compare_pickers, load_block_trace
     from sluice.spec.models import PrefixRoutingSpec
@@ -250,14 +251,17 @@ def simulate_prefix_spec(
             names = ", ".join(g.name for g in spec.groups)
             raise SpecError([SpecIssue("--group", f"no group {group!r} (groups: {names})")])
     else:
-        chosen = next((g for g in spec.groups if g.prefix_routing), spec.groups[0])
+        chosen = next(
+            (g for g in spec.groups if g.prefix_routing),
+            next((g for g in spec.groups if g.prefix_choice()), spec.groups[0]),
+        )
     if prefill_tps <= 0:
         raise SpecError([SpecIssue("--prefill-tps", "must be > 0")])
     try:
         trace = load_block_trace(Path(trace_path))
     except (OSError, ValueError) as exc:
         raise SpecError([SpecIssue("--trace", str(exc))]) from None
-    settings = chosen.prefix_routing or PrefixRoutingSpec()
+    settings = chosen.prefix_choice() or PrefixRoutingSpec()
     model = CacheModel(
         instances=max(1, chosen.replicas),
         cache_blocks=settings.index_blocks,

@@ -198,7 +198,11 @@ class QueueSpec(_Strict):
 
 class PrefixRoutingSpec(_Strict):
     """Send a prompt to the instance most likely to hold its prefix in its KV cache, unless
-    that instance is busier than `1 + epsilon` times the group's mean (`policy.prefix`)."""
+    that instance is busier than `1 + epsilon` times the group's mean (`policy.prefix`).
+    On by default for a group that generates (any runtime but `embedding`): a prompt under
+    one block goes by power of two choices as before, so only long prompts are affected."""
+
+    enabled: bool = Field(default=True, description="false: power of two choices only")
 
     block_bytes: int = Field(
         default=2048,
@@ -276,7 +280,9 @@ class GroupSpec(_Strict):
         default=None, description="requests with the same value stick to one instance"
     )
     prefix_routing: PrefixRoutingSpec | None = Field(
-        default=None, description="choose instances by the prompt's cached prefix"
+        default=None,
+        description="choose instances by the prompt's cached prefix (default: on, with these "
+        "settings' defaults, unless every model is an `embedding` one)",
     )
     ask_stream_usage: bool = Field(
         default=True,
@@ -300,6 +306,14 @@ class GroupSpec(_Strict):
         if n is not None and "replicas" not in self.model_fields_set:
             object.__setattr__(self, "replicas", n)  # frozen; this runs while it is built
         return self
+
+    def prefix_choice(self) -> PrefixRoutingSpec | None:
+        """The prefix-cache-aware choice in force: as written, else the defaults for a group
+        that generates text (an embedding server keeps no KV cache to reuse); None: off."""
+        if self.prefix_routing is not None:
+            return self.prefix_routing if self.prefix_routing.enabled else None
+        generates = any(m.runtime != "embedding" for m in self.models.values())
+        return PrefixRoutingSpec() if generates else None
 
     def template(self) -> str:
         """Fingerprint of what an instance runs; a change rolls the group's instances."""

@@ -205,6 +205,10 @@ def test_transformers_serve_behind_a_command_group(tmp_path: Path, tiny_lm: Tiny
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert chunks[-1].choices[0].finish_reason == "length"
         assert all(c.choices[0].finish_reason is None for c in chunks[:-1] if c.choices)
+        # the gateway asked the server for the stream's usage on the caller's behalf, counted
+        # its tokens from it (8, not the server's choice of deltas) and kept the chunk out
+        assert all(c.usage is None and c.choices for c in chunks)
+        assert _completion_tokens(s, "tf", "search") == 5 + 8
         # a model the server was not started with: its own 400 comes through the gateway
         bad = httpx.post(
             f"{s.endpoint}/v1/chat/completions",
@@ -219,6 +223,17 @@ def test_transformers_serve_behind_a_command_group(tmp_path: Path, tiny_lm: Tiny
         report("transformers-serve-startup", 0, 0, 0, startup_s)
         report("transformers-serve-kill-9", *kill)
         report("transformers-serve-drain", *drain[:4], **drain[4])
+
+
+def _completion_tokens(s: Sluice, group: str, tenant: str) -> float:
+    """The gateway's completion token count for `group` and `tenant` (control API /metrics)."""
+    text = httpx.get(f"{s.control_url}/metrics", headers=s.control_headers(), timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("sluice_gateway_completion_tokens_total{") and (
+            f'group="{group}"' in line and f'tenant="{tenant}"' in line
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _kill_9_is_replaced(s: Sluice, api: Api, model: str) -> tuple[int, int, int, float]:

@@ -176,7 +176,9 @@ def test_prompt_blocks_hash_whole_blocks_of_the_rendered_prefix() -> None:
     assert prompt_blocks(["not", "a", "request"], 256, 64) == ()
 
 
-def test_a_spec_turns_prefix_routing_on_for_its_group() -> None:
+def test_prefix_routing_is_on_for_groups_that_generate_unless_turned_off() -> None:
+    """Written settings win; a group that generates (here `sim`) gets the defaults; an
+    embedding group, or one written `enabled: false`, goes by power of two choices."""
     spec = load_spec_text(
         """
 pools: [{name: p, count: 4, memory_gb: 80}]
@@ -194,11 +196,26 @@ groups:
     alert_channel: '#b'
     models: {n: {runtime: sim}}
     resources: {pool: p, memory_gb: 1}
+  - name: plain
+    owner: a@example.com
+    business: b
+    alert_channel: '#b'
+    models: {o: {runtime: sim}}
+    resources: {pool: p, memory_gb: 1}
+    prefix_routing: {enabled: false}
+  - name: vectors
+    owner: a@example.com
+    business: b
+    alert_channel: '#b'
+    models: {e: {runtime: embedding}}
+    resources: {pool: p, memory_gb: 1}
 """
     ).spec
     snap = build_routing_snapshot(spec, {}, 1)
     assert snap.traffic["chat"].prefix == PrefixRouting(1024, 64, 1.0, 2000)
-    assert snap.traffic["other"].prefix is None
+    assert snap.traffic["other"].prefix == PrefixRouting()
+    assert snap.traffic["plain"].prefix is None
+    assert snap.traffic["vectors"].prefix is None
     with pytest.raises(SpecError, match="block_bytes"):
         load_spec_text(
             "pools: [{name: p, count: 1, memory_gb: 8}]\ngroups:\n  - name: g\n"
