@@ -2,6 +2,12 @@
 instances on a virtual clock; one loop (`sluice.sim.fleet`), a one-group study being a fleet
 of one (`sluice.sim.single`)."""
 
+from sluice.sim.batching import (
+    LLAMA3_8B_H100,
+    BatchingInstance,
+    BatchingParams,
+    simulate_instance,
+)
 from sluice.sim.causal import CausalCandidate, CausalResult, WindowPlanPolicy, causal
 from sluice.sim.families import FAMILIES, Family, generate
 from sluice.sim.fleet import FleetOptions, run_fleet
@@ -28,9 +34,12 @@ __all__ = [
     "EPOCH",
     "FAMILIES",
     "GROUP_COLUMN",
+    "LLAMA3_8B_H100",
     "REQUIRED_COLUMNS",
     "SERVICE_MAX_S",
     "SERVICE_MIN_S",
+    "BatchingInstance",
+    "BatchingParams",
     "CausalCandidate",
     "CausalResult",
     "Family",
@@ -58,6 +67,7 @@ __all__ = [
     "run",
     "run_fleet",
     "simulate_fleet_spec",
+    "simulate_instance",
     "simulate_spec",
     "trace_from_rows",
     "warm_start",
