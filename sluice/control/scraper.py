@@ -161,10 +161,12 @@ class ServerScraper(RoundPoller[ScrapeTarget]):
         ]
         if not fresh:
             return None
+        kv = [s.kv_cache_usage for s in fresh if s.kv_cache_usage is not None]
         return ServerLoad(
             instances=len(fresh),
             running=sum(s.running or 0.0 for s in fresh),
             waiting=sum(s.waiting or 0.0 for s in fresh),
+            kv_cache_usage=sum(kv) / len(kv) if kv else None,
         )
 
     def reset(self, groups: Iterable[str], now: float) -> None:

@@ -406,6 +406,8 @@ class GroupRuntime:
             queue_wait_counts=tuple(m.queue_wait.counts),
             ttfb_bounds=m.ttfb.bounds,
             ttfb_counts=tuple(m.ttfb.counts),
+            tpot_bounds=m.tpot.bounds,
+            tpot_counts=tuple(m.tpot.counts),
             prompt_tokens=sum(t[0] for t in m.tokens.values()),
             completion_tokens=sum(t[1] for t in m.tokens.values()),
         )

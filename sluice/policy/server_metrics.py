@@ -252,11 +252,13 @@ def _histogram(rows: Iterable[tuple[dict[str, str], float]]) -> Histogram | None
 @dataclass(frozen=True, slots=True)
 class ServerLoad:
     """What a group's servers said at their latest scrapes (fresh ones only), summed over
-    `instances` of them: requests `running` in their batches and `waiting` for one."""
+    `instances` of them: requests `running` in their batches and `waiting` for one; the
+    mean share of their KV caches in use, of those that export it (None: none does)."""
 
     instances: int
     running: float
     waiting: float
+    kv_cache_usage: float | None = None
 
 
 def server_view(gateway_in_flight: int, server: ServerLoad | None) -> tuple[int, int]:

@@ -83,6 +83,21 @@ class TargetsSpec(_Strict):
     latency_p95_ms: float | None = Field(
         default=None, gt=0, description="None: the group's `slo.latency_ms` when set"
     )
+    ttft_p95_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="time to first token of streamed answers, p95, as the gateway measures it",
+    )
+    tpot_p95_ms: float | None = Field(
+        default=None, gt=0, description="time per output token of streamed answers, p95"
+    )
+    kv_cache_usage: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="the servers' KV-cache use (vLLM, SGLang, llama.cpp) to keep under: a "
+        "leading signal, read before queues and TTFT grow",
+    )
     window_s: float = Field(
         default=30.0, ge=1, le=3600, description="averaging window of concurrency and rate"
     )

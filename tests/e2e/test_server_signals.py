@@ -9,6 +9,7 @@ show what each instance said.
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +172,46 @@ def test_a_command_canarys_server_latency_is_shown_beside_its_analysis(tmp_path:
 
 
 SIDES = (("baseline", "chat"), ("canary", "chat-v2"))
+
+
+TTFT_SPEC = SPEC.replace(
+    '"--model", "{model}"]', '"--model", "{model}", "--delay", "0.5"]'
+).replace(
+    "autoscaling: {min: 1, max: 3}",
+    "autoscaling: {min: 1, max: 3, targets: {utilization: 0.5, ttft_p95_ms: 150}}",
+)
+
+
+def test_a_slow_first_token_scales_the_group_up_on_the_ttft_signal(tmp_path: Path) -> None:
+    """Two callers stream from one instance whose first token takes 0.5 s (target p95 150 ms):
+    the instance is busy (2 of its 2 target slots) and the gateway's time to first token is
+    over target, so the group grows on `ttft`, and `sluice explain` says so."""
+    assert "--delay" in TTFT_SPEC and "ttft_p95_ms" in TTFT_SPEC
+    with running(tmp_path, TTFT_SPEC, "chat ready", lambda s: len(s.ready("chat")) == 1) as s:
+        stop = threading.Event()
+
+        def caller() -> None:
+            headers = {"authorization": "Bearer sk-search-b095adcc724f4f8a"}
+            body = {"model": "m-chat", "stream": True, "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+            with httpx.Client(base_url=s.endpoint, headers=headers, timeout=30) as client:
+                while not stop.is_set():
+                    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                        r.read()
+
+        callers = [threading.Thread(target=caller, daemon=True) for _ in range(2)]
+        for t in callers:
+            t.start()
+        try:
+            wait_until("a scale-up", lambda: len(s.instances("chat")) >= 2, 45)
+        finally:
+            stop.set()
+            for t in callers:
+                t.join(timeout=35)
+        up = next(
+            d for d in s.cli("explain", "chat", "--limit", "100")["decisions"] if d["desired"] > 1
+        )
+        signals = up["detail"]["signals"]
+        assert up["reason"].startswith("ttft p95 "), up["reason"]
+        assert signals["ttft_p95_ms"] > 400 and signals["ttft_target_ms"] == 150
+        assert up["detail"]["proposals"]["ttft"] == 2

@@ -64,8 +64,16 @@ class World:
         self.scaler = Stateful(self.policy)
 
     def tick(
-        self, demand: float, *, p95_s: float | None = None, fresh: bool = True, age: float = 0
+        self,
+        demand: float,
+        *,
+        p95_s: float | None = None,
+        fresh: bool = True,
+        age: float = 0,
+        **caller: float | None,
     ) -> Decision:
+        """One second of `demand`; `caller`: `GroupLoad`'s caller-facing readings
+        (`ttft_p95_s`, `tpot_p95_s`, `kv_cache_usage`)."""
         ready = sum(1 for r in self.ready_at if r <= self.t)
         d = round(demand)
         in_flight = min(d, ready * SLOTS)
@@ -86,6 +94,7 @@ class World:
             latency_p95_s=p95_s,
             startup_s=self.startup_s,
             fresh=fresh,
+            **caller,  # type: ignore[arg-type]
         )
         dec = self.scaler.decide(load, self.t)
         self._apply(dec.desired)

@@ -74,6 +74,13 @@ class GroupLoad:
     where unknown (then service time is read from in-flight time by Little's law)"""
     served_sq_s: float | None = None
     """cumulative squares of the completions' service seconds (their variability)"""
+    ttft_p95_s: float | None = None
+    """p95 of streamed answers' time to first token (the gateway's time to their first body
+    byte, queue wait included) over the last few seconds; None: no stream finished"""
+    tpot_p95_s: float | None = None
+    """p95 of streamed answers' time per output token over the last few seconds"""
+    kv_cache_usage: float | None = None
+    """the servers' mean KV-cache use, 0..1, where they export it (vLLM, SGLang, llama.cpp)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,23 +181,33 @@ class TrafficSample:
     ttfb_bounds: tuple[float, ...] = ()
     ttfb_counts: tuple[int, ...] = ()
     """cumulative time to the first body byte of streamed answers (a TTFT proxy)"""
+    tpot_bounds: tuple[float, ...] = ()
+    tpot_counts: tuple[int, ...] = ()
+    """cumulative time per output token of streamed answers (after their first)"""
     prompt_tokens: int = 0
     """cumulative prompt tokens of the group's answers, every tenant's (their usage)"""
     completion_tokens: int = 0
     """cumulative completion tokens of those answers"""
 
 
-def window_quantile(older: TrafficSample, newer: TrafficSample, q: float) -> float | None:
-    """The `q` quantile of the latencies that finished between two samples, interpolated
-    within its bucket (Prometheus' histogram_quantile); None when none finished."""
-    deltas = [n - o for n, o in zip(newer.latency_counts, older.latency_counts, strict=True)]
+def window_quantile(
+    older: TrafficSample, newer: TrafficSample, q: float, histogram: str = "latency"
+) -> float | None:
+    """The `q` quantile of `histogram` ("latency", "ttfb", "tpot") over what finished
+    between two samples, interpolated within its bucket (Prometheus' histogram_quantile);
+    None when none finished, or when the older sample did not count it (an older gateway)."""
+    bounds: tuple[float, ...] = getattr(newer, f"{histogram}_bounds")
+    newer_counts: tuple[int, ...] = getattr(newer, f"{histogram}_counts")
+    older_counts: tuple[int, ...] = getattr(older, f"{histogram}_counts")
+    if len(newer_counts) != len(older_counts) or not newer_counts:
+        return None
+    deltas = [n - o for n, o in zip(newer_counts, older_counts, strict=True)]
     total = sum(deltas)
     if total <= 0:
         return None
     rank = q * total
     seen = 0
     lower = 0.0
-    bounds = newer.latency_bounds
     for i, count in enumerate(deltas):
         if i == len(bounds):  # overflow bucket: the best we can say is its lower edge
             return lower

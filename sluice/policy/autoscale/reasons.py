@@ -41,4 +41,10 @@ def lead_sentence(
     if winner == "latency":
         lat = f"p95 {g('p95_ms', 0):.0f}ms over {g('p95_target_ms', 0):.0f}ms"
         return f"{lat} -> {proposals['latency']}"
+    if winner in ("ttft", "tpot"):
+        seen, target = g(f"{winner}_p95_ms", 0), g(f"{winner}_target_ms", 0)
+        return f"{winner} p95 {seen:.0f}ms over target {target:.0f}ms -> {proposals[winner]}"
+    if winner == "kv_cache":
+        use, target = g("kv_cache_usage", 0), g("kv_cache_target", 0)
+        return f"kv_cache {use:.2f} over target {target:g} -> {proposals['kv_cache']}"
     return fallback

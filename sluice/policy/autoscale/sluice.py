@@ -28,6 +28,11 @@ Signals (each proposes an instance count; `lead` = `lead_time_s`, else the measu
   ready time, `backlog_at_ready = queued + (rate - ready x slots / service) x lead`: a queue
   the ready instances drain before new ones could start needs none (knative/serving#13284);
 - latency: p95 against `targets.latency_p95_ms` (else the group's `slo.latency_ms`);
+- ttft, tpot (generative groups, issue 36): the p95 of streamed answers' time to first token
+  (the gateway's, queue included) and time per output token against `targets.ttft_p95_ms`
+  and `targets.tpot_p95_ms`, weighed exactly as latency is (below);
+- kv_cache: the servers' mean KV-cache use against `targets.kv_cache_usage` (vLLM, SGLang,
+  llama.cpp export it): a leading signal, a load proposal of its own once over target;
 - panic: arrivals over `panic.window_s` x service; at `threshold` x current capacity it
   enters burst mode.
 The model's needs stay silent until the service time is known (40 completions).
@@ -42,7 +47,8 @@ concurrency, queue, and panic while panicking), then
   (instances are busy but serve in time); a queue always counts (people wait);
 - latency over target adds `ceil(current x min(p95/target, 2))` only while instances are
   busy (concurrency near target, or a queue): high latency on idle instances is a
-  bottleneck elsewhere (S12), more instances would not help;
+  bottleneck elsewhere (S12), more instances would not help; ttft and tpot are latency
+  targets too (any over target is evidence, all well under is the S4 veto);
 - a scale-down needs latency under target (or unknown) and fresh data;
 - deadband: concurrency or the envelope within `tolerance` above capacity does not scale
   up (the steady need reads a long window and has its margin); a scale-down goes only to a
@@ -108,6 +114,15 @@ _LATENCY_OK = 0.8
 _TREND_SIGMAS = 4.0
 """a slope must stand this many standard errors clear of zero to be projected"""
 _EPS = 1e-9
+_CALLER_TARGETS = (
+    ("latency", "p95_ms", "p95_target_ms"),
+    ("ttft", "ttft_p95_ms", "ttft_target_ms"),
+    ("tpot", "tpot_p95_ms", "tpot_target_ms"),
+)
+"""each caller-facing p95 target: its proposal's name, its value's and its target's in the
+decision's signals"""
+_LABEL = {"latency": "p95", "ttft": "ttft p95", "tpot": "tpot p95"}
+"""how a decision's notes name each of them"""
 DEFAULT_SLO = SloSpec(slowdown=2.0, slack_s=1.0, target=0.99)
 """the objective sized for when a group states none: a request may wait about its own
 service time plus a second, 99 % of the time"""
@@ -175,6 +190,16 @@ class SluicePolicy:
         self.slo = slo if slo is not None else DEFAULT_SLO
         self.schedules = schedules if schedules is not None else ScheduleFloors()
         self.latency_target_ms = spec.targets.latency_p95_ms or latency_target_ms
+        t = spec.targets
+        self._caller_targets = tuple(
+            names
+            for names, target in zip(
+                _CALLER_TARGETS, (self.latency_target_ms, t.ttft_p95_ms, t.tpot_p95_ms), strict=True
+            )
+            if target is not None
+        )
+        """the caller-facing p95 targets this group states, as (proposal, value, target) names
+        in `signals`: what `_combine` weighs as latency evidence"""
         self._step_horizon = max(spec.up.period_s, spec.down.period_s)
 
     def initial(self) -> SluiceMemory:
@@ -382,7 +407,47 @@ class SluicePolicy:
                 proposals["latency"] = (
                     math.ceil(max(load.current, 1) * min(ratio, 2.0)) if ratio > 1 else load.current
                 )
+        if (
+            load.ttft_p95_s is not None
+            or load.tpot_p95_s is not None
+            or load.kv_cache_usage is not None
+        ):
+            self._caller_signals(load, signals, proposals)
         return signals, proposals, traffic
+
+    def _caller_signals(
+        self, load: GroupLoad, signals: dict[str, float], proposals: dict[str, int]
+    ) -> None:
+        """What callers of a generative group feel (issue 36): time to first token and time
+        per output token (p95 of streamed answers) against their targets, each proposing as
+        latency does, `ceil(current x min(p95 / target, 2))`; and the servers' KV-cache use
+        against its target, a leading signal (a full cache preempts sequences before any
+        queue or TTFT shows it): `ceil(current x use / target)`, more instances spreading
+        the same sequences thinner. Shown without a target; proposing only with one."""
+        t = self.spec.targets
+        current = max(load.current, 1)
+        for name, seen_s, target_ms in (
+            ("ttft", load.ttft_p95_s, t.ttft_p95_ms),
+            ("tpot", load.tpot_p95_s, t.tpot_p95_ms),
+        ):
+            if seen_s is None:
+                continue
+            signals[f"{name}_p95_ms"] = round(seen_s * 1000, 1)
+            if target_ms is not None:
+                signals[f"{name}_target_ms"] = target_ms
+                ratio = seen_s * 1000 / target_ms
+                proposals[name] = (
+                    math.ceil(current * min(ratio, 2.0)) if ratio > 1 else load.current
+                )
+        use = load.kv_cache_usage
+        if use is not None:
+            signals["kv_cache_usage"] = round(use, 3)
+            if t.kv_cache_usage is not None:
+                signals["kv_cache_target"] = t.kv_cache_usage
+                over = use > t.kv_cache_usage
+                proposals["kv_cache"] = (
+                    math.ceil(current * use / t.kv_cache_usage) if over else load.current
+                )
 
     def _size_from_model(
         self,
@@ -450,39 +515,50 @@ class SluicePolicy:
             candidates["queue"] = proposals["queue"]
         if panicking:
             candidates["panic"] = max(proposals["panic"], panic_max)
+        if proposals.get("kv_cache", 0) > current:  # a leading signal: evidence in itself
+            candidates["kv_cache"] = proposals["kv_cache"]
         winner: str = max(candidates, key=lambda k: candidates[k])
         top, rec = winner, candidates[winner]
         target = signals["target_per_instance"]
         busy_ratio = signals["concurrency"] / (max(current, 1) * target)
-        p95, lat_target = signals.get("p95_ms"), signals.get("p95_target_ms")
-        lat_ok = p95 is not None and lat_target is not None and p95 < _LATENCY_OK * lat_target
-        lat_bad = p95 is not None and lat_target is not None and p95 > lat_target
-        if lat_bad and (busy_ratio >= 1 - t.tolerance or queue_fires):
-            if proposals["latency"] > rec:
-                winner = top = "latency"
-                rec = proposals["latency"]
-        elif lat_bad and rec <= current:
-            notes.append("p95 over target on idle instances: bottleneck elsewhere, no scale-up")
+        # caller-facing p95s with a target (latency, time to first and per output token)
+        known = [
+            (name, seen, signals[goal])
+            for name, value, goal in self._caller_targets
+            if (seen := signals.get(value)) is not None
+        ]
+        lat_ok = bool(known) and all(seen < _LATENCY_OK * goal for _, seen, goal in known)
+        bad = [name for name, seen, goal in known if seen > goal]
+        if bad and (busy_ratio >= 1 - t.tolerance or queue_fires):
+            worst = max(bad, key=lambda name: proposals[name])
+            if proposals[worst] > rec:
+                winner = top = worst
+                rec = proposals[worst]
+        elif bad and rec <= current:
+            notes.append(
+                f"{_LABEL[bad[0]]} over target on idle instances: bottleneck elsewhere, no scale-up"
+            )
         if rec > current:
             if (
                 lat_ok
                 and not queue_fires
                 and winner in ("concurrency", "steady", "envelope", "panic")
             ):
+                name, seen, goal = known[0]
                 notes.append(
-                    f"but p95 {p95:.0f}ms is well under {lat_target:.0f}ms and no queue: "
+                    f"but {_LABEL[name]} {seen:.0f}ms is well under {goal:.0f}ms and no queue: "
                     "no scale-up (S4)"
                 )
-                return current, "latency", top, notes, panic_max
+                return current, name, top, notes, panic_max
             # the deadband is for the noisy short-window signals; the steady need reads a
             # long window (or a change that cleared its noise test) and has its margin
             damped = winner in ("concurrency", "envelope")
             if damped and self._demand_slots(winner, signals) <= current * (1 + t.tolerance):
                 notes.append(f"within tolerance {t.tolerance:g} of capacity: hold")
                 return current, "tolerance", top, notes, panic_max
-        elif rec < current and lat_bad:
-            notes.append("p95 over target: no scale-down")
-            return current, "latency", top, notes, panic_max
+        elif rec < current and bad:
+            notes.append(f"{_LABEL[bad[0]]} over target: no scale-down")
+            return current, bad[0], top, notes, panic_max
         elif rec < current:
             # hysteresis: shrink only to a count that stays `tolerance` under its target,
             # so noise around a boundary does not walk the count down and up again
