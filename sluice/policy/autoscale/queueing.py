@@ -172,23 +172,55 @@ def _up(x: float) -> float:
     return math.ceil(x * _STEPS) / _STEPS
 
 
-def steady_slots(load: float, objective: Objective, miss: float) -> int:
+def steady_slots(load: float, objective: Objective, miss: float, at_least: int = 0) -> int:
     """Smallest slot count that keeps the share of requests waiting past their allowance
-    <= `miss` at offered load `load` (Erlangs), by the model above."""
+    <= `miss` at offered load `load` (Erlangs), by the model above. `at_least`: a count the
+    answer is known not to be under, e.g. the answer at a smaller load for the same
+    objective and `miss` (the share grows with the load at every count): the search skips
+    the counts below it; the answer is the same."""
     if load <= 0:
         return 0
     step = math.log1p(_LOAD_STEP)
     rounded = math.exp(math.ceil(math.log(load) / step) * step)
-    return _steady_slots(rounded, objective, miss)
+    return _steady_slots(rounded, objective, miss, at_least)
 
 
 @lru_cache(maxsize=16_384)
-def _steady_slots(load: float, objective: Objective, miss: float) -> int:
+def _steady_slots(load: float, objective: Objective, miss: float, at_least: int) -> int:
     # the miss share falls in c: scan up from the first stable count, carrying Erlang B
-    # along (B(c) from B(c-1) is O(1)), so a search costs its steps, not O(load) per count
+    # along (B(c) from B(c-1) is O(1)), so a search costs its steps, not O(load) per count.
+    # Counts under `at_least` miss (the caller knows): B is carried past them unread, by
+    # the same recursion, so every B read is the one the full scan would read.
     c = max(1, math.floor(load) + 1)
     b = _erlang_b(c, load)
-    while c < _MAX_SLOTS and objective.miss_given_b(c, load, b) > miss:
+    while c < at_least and c < _MAX_SLOTS:
+        c += 1
+        b = load * b / (c + load * b)
+    # `Objective.miss_given_b` inlined (a call per count was half the search): the same
+    # operations in the same order, so the same floats; max(worst, x) is `x > worst`
+    cs2 = objective.service_cv2
+    spread = objective.arrival_cv2 + cs2
+    power = -1.0 / cs2
+    slack, slowdown_wait, fixed_wait = (
+        objective.slack,
+        objective.slowdown_wait,
+        objective.fixed_wait,
+    )
+    exp = math.exp
+    while c < _MAX_SLOTS:
+        waits = c * b / (c - load * (1.0 - b))
+        theta = (c - load) * 2.0 / spread
+        worst = 0.0
+        if slowdown_wait is not None:
+            x = waits * exp(-theta * slack) * (1.0 + theta * slowdown_wait * cs2) ** power
+            if x > worst:
+                worst = x
+        if fixed_wait is not None:
+            x = waits * exp(-theta * fixed_wait)
+            if x > worst:
+                worst = x
+        if not worst > miss:
+            break
         c += 1
         b = load * b / (c + load * b)
     return min(c, _MAX_SLOTS)

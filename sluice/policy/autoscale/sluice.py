@@ -470,7 +470,12 @@ class SluicePolicy:
         miss = (1.0 - slo.target) * self.spec.targets.slo_budget_share
         offered = rate * service
         steady = steady_slots(offered, objective, miss)
-        hold = steady_slots(offered * (1 + self.spec.targets.tolerance), objective, miss)
+        tolerance = self.spec.targets.tolerance
+        # the hold's load is no smaller (tolerance >= 0): its answer is no smaller either,
+        # so its search starts at the steady one's (`steady_slots`' `at_least`)
+        hold = steady_slots(
+            offered * (1 + tolerance), objective, miss, steady if tolerance >= 0 else 0
+        )
         wait = wait_allowance_s(service, slo.slowdown, slo.slack_s, slo.latency_ms)
         work = traffic.work_by_span(service, self.spec.interval_s)
         envelope, window = burst_slots(work, wait)
