@@ -551,29 +551,10 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
     start_nginx(
         procs, nginx, "nginx-backend", tmp / "backend", backend_server, "off", load, backend_port
     )
-    proxy_server = string.Template(PROXY_SERVER).substitute(
-        port=proxy_port, backend_port=backend_port
-    )
-    proxy_log = f"{tmp / 'proxy' / 'access.log'} combined buffer=64k flush=1s"
-    proxy = start_nginx(
-        procs, nginx, "nginx-proxy", tmp / "proxy", proxy_server, proxy_log, srv, proxy_port
-    )
     gw_log = tmp / "gateway-access.log"
-    gateway = procs.start(
-        "sluice-gateway",
-        pinned(
-            srv,
-            [
-                py,
-                str(HERE / "_gateway_server.py"),
-                f"--backend-port={backend_port}",
-                f"--access-log={'' if args.access_log_off else gw_log}",
-                *spec_argv(args),
-            ],
-        ),
-        stdout=subprocess.PIPE,
+    (proxy, proxy_port), (gateway, gw_port) = proxies(
+        args, procs, nginx, tmp, "", backend_port, None if args.access_log_off else gw_log
     )
-    gw_port = read_port(gateway, "sluice gateway")
 
     for name, port in (("direct", backend_port), ("nginx", proxy_port), ("sluice", gw_port)):
         status, headers, answer = request_once(port, body, target.api_key)
@@ -614,32 +595,11 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
             stdout=subprocess.PIPE,
         )
         slow_port = read_port(slow, "20 ms backend")
-        gateway2 = procs.start(
-            "sluice-gateway-latency",
-            pinned(
-                srv,
-                [
-                    py,
-                    str(HERE / "_gateway_server.py"),
-                    f"--backend-port={slow_port}",
-                    f"--access-log={tmp / 'gateway2-access.log'}",
-                    *spec_argv(args),
-                ],
-            ),
-            stdout=subprocess.PIPE,
-        )
-        gw2_port = read_port(gateway2, "sluice gateway (latency)")
         # nginx in front of the same backend, as a control: what any proxy on the other
         # core adds here (loopback hops, waking an idle core), not just what Sluice adds.
-        proxy2_port = free_port()
-        proxy2_server = string.Template(PROXY_SERVER).substitute(
-            port=proxy2_port, backend_port=slow_port
+        (proxy2, proxy2_port), (gateway2, gw2_port) = proxies(
+            args, procs, nginx, tmp, "latency", slow_port, tmp / "gateway2-access.log"
         )
-        proxy2_log = f"{tmp / 'proxy2' / 'access.log'} combined buffer=64k flush=1s"
-        proxy2 = start_nginx(
-            procs, nginx, "nginx-proxy-latency", tmp / "proxy2", proxy2_server, proxy2_log, srv,
-            proxy2_port,
-        )  # fmt: skip
         targets = (("direct", slow_port), ("nginx", proxy2_port), ("sluice", gw2_port))
         for name, port in targets:
             log(f"open loop {args.rate:g} req/s for {args.latency_duration:g}s: {name}")
@@ -735,6 +695,31 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
     return result
 
 
+def proxies(
+    args: argparse.Namespace,
+    procs: Procs,
+    nginx: str,
+    tmp: Path,
+    name: str,
+    backend_port: int,
+    gateway_log: Path | None,
+    nginx_server: str = PROXY_SERVER,
+) -> tuple[tuple[subprocess.Popen[bytes], int], tuple[subprocess.Popen[bytes], int]]:
+    """nginx (`nginx_server`, its access log buffered) and the Sluice gateway (the bench's
+    generated spec; `gateway_log`: its access log, None for none) in front of the backend
+    on `backend_port`, both on the server core: ((nginx, port), (gateway, port))."""
+    tag = f"-{name}" if name else ""
+    proxy_port, srv = free_port(), args.server_core
+    server = string.Template(nginx_server).substitute(port=proxy_port, backend_port=backend_port)
+    workdir = tmp / f"proxy{tag}"
+    access = f"{workdir / 'access.log'} combined buffer=64k flush=1s"
+    proxy = start_nginx(procs, nginx, f"nginx-proxy{tag}", workdir, server, access, srv, proxy_port)
+    argv = [sys.executable, str(HERE / "_gateway_server.py"), f"--backend-port={backend_port}"]
+    argv += [f"--access-log={gateway_log or ''}", *spec_argv(args)]
+    gateway = procs.start(f"sluice-gateway{tag}", pinned(srv, argv), stdout=subprocess.PIPE)
+    return (proxy, proxy_port), (gateway, read_port(gateway, f"sluice gateway{tag}"))
+
+
 def interleaved_rounds(
     args: argparse.Namespace,
     procs: Procs,
@@ -812,28 +797,17 @@ def stream_bench(
     through nginx (`proxy_buffering off`) and the gateway (server core), as `bench` does for
     JSON answers. The caller did not ask for usage: the gateway asks the backend for it and
     takes its chunk out (`policy.answers.UsageStripper`), the work of every real stream."""
-    load, srv, py, n = args.load_core, args.server_core, sys.executable, args.stream_events
+    load, py, n = args.load_core, sys.executable, args.stream_events
     backend = procs.start(
         "sse-backend",
         pinned(load, [py, str(HERE / "_backend.py"), "--delay-ms", "0", "--sse", str(n)]),
         stdout=subprocess.PIPE,
     )
-    backend_port, proxy_port = read_port(backend, "streaming backend"), free_port()
-    server = string.Template(STREAM_PROXY_SERVER).substitute(
-        port=proxy_port, backend_port=backend_port
-    )
-    proxy_log = f"{tmp / 'sproxy' / 'access.log'} combined buffer=64k flush=1s"
-    proxy = start_nginx(
-        procs, nginx, "nginx-sse", tmp / "sproxy", server, proxy_log, srv, proxy_port
-    )
     gw_log = tmp / "gateway-sse-access.log"
-    gateway = procs.start(
-        "sluice-gateway-sse",
-        pinned(srv, [py, str(HERE / "_gateway_server.py"), f"--backend-port={backend_port}",
-                     f"--access-log={gw_log}", *spec_argv(args)]),
-        stdout=subprocess.PIPE,
+    (proxy, proxy_port), (gateway, gw_port) = proxies(
+        args, procs, nginx, tmp, "sse", read_port(backend, "streaming backend"), gw_log,
+        STREAM_PROXY_SERVER,
     )  # fmt: skip
-    gw_port = read_port(gateway, "sluice gateway (streams)")
     body = json.dumps(
         {"model": target.model, "messages": [{"role": "user", "content": "Say hello."}],
          "max_tokens": n, "stream": True},
