@@ -567,9 +567,11 @@ class Exchange:
         self.head_sent = True
 
     def upstream_body(self, data: bytes) -> None:
+        usage = False
         if self.t_body:  # streamed to a group: count its events, note where its usage is
             self.events += data.count(b"data:")
-            if b'"usage"' in data:
+            usage = b'"usage"' in data
+            if usage:
                 self.last_piece = data
             if self.t_body < 0.0:
                 self.t_body = time.perf_counter()
@@ -577,8 +579,9 @@ class Exchange:
             self.last_piece = data
         if self.answer is not None:
             self._keep(data)
-        if self.stripper is not None:
-            data = self.stripper.feed(data)
+        stripper = self.stripper
+        if stripper is not None and (usage or stripper.held or not data.endswith(b"\n\n")):
+            data = stripper.feed(data)  # (else whole events, no usage: nothing to take out)
             if not data:
                 return
         self.bytes_out += len(data)

@@ -117,7 +117,6 @@ def ask_for_usage(body: bytes, payload: object) -> bytes | None:
 HELD_MAX = 64 * 1024
 """Bytes of an unfinished event `UsageStripper` holds at most: a stream whose events are
 longer (or that is no event stream after all) is relayed as it comes, unstripped."""
-_EVENT_END = re.compile(rb"(?<=\n\n)|(?<=\r\n\r\n)")
 
 
 class UsageStripper:
@@ -129,39 +128,56 @@ class UsageStripper:
     schema allows them).
 
     Whole events pass at once; only the unfinished end of a piece waits for the rest of
-    its event (at most `HELD_MAX` bytes), so no token is delayed beyond its own event."""
+    its event (at most `HELD_MAX` bytes), so no token is delayed beyond its own event.
+    While nothing is `held`, a piece that ends an event and does not say `"usage"` passes
+    unchanged: a caller may skip `feed` for it (the gateway does, for most pieces)."""
 
-    __slots__ = ("_held",)
+    __slots__ = ("held",)
 
     def __init__(self) -> None:
-        self._held = b""
+        self.held = b""
+        """the start of an event whose end has not come yet"""
 
     def feed(self, data: bytes) -> bytes:
         """The bytes of `data` (after what was held) to relay now."""
-        if not self._held and data.endswith(b"\n\n") and b'"usage"' not in data:
-            return data  # whole events, none the usage chunk: most pieces of most streams
-        if self._held:
-            data = self._held + data
-            self._held = b""
+        if self.held:
+            data = self.held + data
+            self.held = b""
         lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
         cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
         if cut < len(data):
             if len(data) - cut > HELD_MAX:
                 return data
-            data, self._held = data[:cut], data[cut:]
-        if b'"usage"' in data and b"[]" in data:
-            data = b"".join(e for e in _EVENT_END.split(data) if not _usage_only(e))
+            data, self.held = data[:cut], data[cut:]
+        at = data.find(b'"usage"')
+        while at >= 0:  # each event naming usage: taken out if it is the usage chunk
+            start, end = _event_around(data, at)
+            if _usage_only(data[start:end]):
+                data = data[:start] + data[end:]
+                at = data.find(b'"usage"', start)
+            else:
+                at = data.find(b'"usage"', end)
         return data
 
     def flush(self) -> bytes:
         """What is still held at the stream's end (an event the server never finished)."""
-        held, self._held = self._held, b""
+        held, self.held = self.held, b""
         return held
+
+
+def _event_around(data: bytes, at: int) -> tuple[int, int]:
+    """The bounds of the whole event holding offset `at` of `data` (whole events only),
+    its blank line included: events end in LF LF or CR LF CR LF."""
+    lf, crlf = data.rfind(b"\n\n", 0, at), data.rfind(b"\r\n\r\n", 0, at)
+    start = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+    lf, crlf = data.find(b"\n\n", at), data.find(b"\r\n\r\n", at)
+    ends = [e for e in (lf + 2 if lf >= 0 else -1, crlf + 4 if crlf >= 0 else -1) if e >= 0]
+    return start, min(ends) if ends else len(data)
 
 
 def _usage_only(event: bytes) -> bool:
     """Is `event` the usage chunk: `data: {"choices": [], "usage": {...}}`?"""
-    if b'"usage"' not in event or not event.startswith(b"data:"):
+    if not event.startswith(b"data:") or b"[]" not in event:
         return False
     try:
         doc = orjson.loads(event[5:])
