@@ -79,7 +79,10 @@ def _model(info: dict[str, Any]) -> str:
 
 def loadtest(
     group: Annotated[str, typer.Argument(help="the group to measure")],
-    slo_ms: Annotated[float, typer.Option("--slo-ms", min=1, help="latency target (ms)")],
+    slo_ms: Annotated[
+        float | None,
+        typer.Option("--slo-ms", min=1, help="latency target (ms): search the knee under it"),
+    ] = None,
     profile: ProfileOpt = None,
     quantile: Annotated[
         str, typer.Option("--quantile", help="the latency judged: p50, p95 or p99")
@@ -96,6 +99,20 @@ def loadtest(
     propose: Annotated[
         bool, typer.Option("--propose", help="propose the recommended targets for the spec")
     ] = False,
+    fit: Annotated[
+        bool,
+        typer.Option("--fit", help="fit the batching model's step time and prefill rate"),
+    ] = False,
+    fit_step: Annotated[
+        str, typer.Option("--fit-step", help="--fit: how long each concurrency runs")
+    ] = "4s",
+    fit_levels: Annotated[
+        str | None,
+        typer.Option("--fit-levels", help="--fit: concurrencies, 1,2,4 (default: to max)"),
+    ] = None,
+    fit_prompts: Annotated[
+        str, typer.Option("--fit-prompts", help="--fit: prompt lengths (words) at concurrency 1")
+    ] = "128,1024,4096",
     report: ReportOpt = None,
     endpoint: EndpointOpt = None,
     api_key: ApiKeyOpt = None,
@@ -104,33 +121,56 @@ def loadtest(
     control: ControlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Find the rate one instance holds under the SLO (the knee) and the targets it implies."""
+    """Find the rate one instance holds under the SLO (the knee) and the targets it implies;
+    with --fit, fit the batching model's time parameters too (--fit alone: only those)."""
 
     def do() -> dict[str, Any]:
         from sluice.tools.capacity_report import spec_with_targets, write_loadtest_plot
-        from sluice.tools.loadtest import LoadtestOptions, loadtest, read_profile, stored_verdict
+        from sluice.tools.loadtest import (
+            FitOptions,
+            LoadtestOptions,
+            loadtest,
+            read_profile,
+            stored_verdict,
+        )
 
         if quantile not in ("p50", "p95", "p99"):
             raise SpecError([SpecIssue("--quantile", f"{quantile!r}: one of p50, p95, p99")])
+        if slo_ms is None and not fit:
+            why = "give the latency target the knee is searched under, or --fit"
+            raise SpecError([SpecIssue("--slo-ms", why)])
+        fit_opts = (
+            FitOptions(
+                levels=_ints("--fit-levels", fit_levels) if fit_levels else None,
+                level_s=duration_s(fit_step),
+                prompts=_ints("--fit-prompts", fit_prompts),
+            )
+            if fit
+            else None
+        )
         _, client = client_for(home, control)
         info = _group_info(client, group)
         target = _target(home, endpoint, api_key, allow_host or [], group)
-        opts = LoadtestOptions(
-            slo_ms=slo_ms,
-            quantile=quantile,  # type: ignore[arg-type]
-            step_s=duration_s(step),
-            start_rps=start_rps,
-            max_rps=max_rps,
-            max_steps=max_steps,
+        opts = (
+            LoadtestOptions(
+                slo_ms=slo_ms,
+                quantile=quantile,  # type: ignore[arg-type]
+                step_s=duration_s(step),
+                start_rps=start_rps,
+                max_rps=max_rps,
+                max_steps=max_steps,
+            )
+            if slo_ms is not None
+            else None
         )
         body = read_profile(profile, _model(info), stream)
         say = (lambda _: None) if as_json else err.print
-        result = loadtest(client, target, info, body, opts, err, say)
+        result = loadtest(client, target, info, body, opts, err, say, fit_opts)
         _record(client, group, "loadtest", "live", stored_verdict(result), result)
-        if report is not None:
+        if report is not None and result["steps"]:
             result["plot"] = str(write_loadtest_plot(result, report))
         rec = result.get("recommendation")
-        if propose and rec:
+        if propose and rec and slo_ms is not None:
             yaml_text = client.get("/v1/revisions", limit=1)[0]["yaml_text"]
             try:
                 proposed = spec_with_targets(yaml_text, group, rec["targets"])
@@ -143,6 +183,13 @@ def loadtest(
         return result
 
     run(as_json, do, _render_loadtest)
+
+
+def _ints(option: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SpecError([SpecIssue(option, f"{text!r}: whole numbers, comma-separated")]) from None
 
 
 def drill(
@@ -276,8 +323,14 @@ def capacity(
             table.add_column(col)
         for r in runs:
             rep = r["report"]
+            fit = rep.get("fit") or {}
             if r["kind"] == "loadtest" and rep.get("knee"):
                 what = f"knee {rep['knee']['rate_rps']:.1f} rps"
+            elif r["kind"] == "loadtest" and fit.get("params"):
+                p = fit["params"]
+                what = (
+                    f"step {1000 * p['step_base_s']:.1f} + {1000 * p['step_per_seq_s']:.2f} x b ms"
+                )
             elif r["kind"] == "drill":
                 first = rep["judgement"]["milestones"].get("first_scale_up_s")
                 what = f"scale-up after {first:.0f} s" if first is not None else "no scale-up"
@@ -330,6 +383,10 @@ def _info_from_spec(g: Any) -> dict[str, Any]:
 
 
 def _render_loadtest(r: dict[str, Any]) -> None:
+    if r.get("fit") is not None:
+        _render_fit(r)
+    if r.get("slo_ms") is None:
+        return
     table = Table(
         title=f"{r['group']} ({r['version']}): one instance, SLO {r['slo_ms']:g} ms {r['quantile']}"
     )
@@ -363,6 +420,77 @@ def _render_loadtest(r: dict[str, Any]) -> None:
     for key in ("plot", "proposal"):
         if r.get(key):
             out.print(f"{key}: {r[key] if key == 'plot' else r[key]['id']}")
+
+
+FIT_ROWS = (
+    ("step_base_s", "step base", 1000.0, "ms"),
+    ("step_per_seq_s", "step per sequence", 1000.0, "ms"),
+    ("step_per_kv_token_s", "step per KV token", 1e6, "us"),
+    ("prefill_tps", "prefill rate", 1.0, "tokens/s"),
+    ("ttft_intercept_s", "TTFT at no prompt", 1000.0, "ms"),
+)
+
+
+def _render_fit(r: dict[str, Any]) -> None:
+    f = r["fit"]
+    table = Table(title=f"{r['group']} ({r['version']}): batching model fitted on one instance")
+    for col in ("concurrency", "answers used", "TPOT ms", "TTFT ms"):
+        table.add_column(col, justify="right")
+    for lv in f["levels"]:
+        table.add_row(
+            str(lv["concurrency"]), str(lv["used"]), _ms1(lv["tpot_ms"]), _ms1(lv["ttft_ms"])
+        )
+    out.print(table)
+    prompts = Table(title="at concurrency 1")
+    for col in ("prompt words", "prompt tokens", "answers", "TTFT ms", "TPOT ms"):
+        prompts.add_column(col, justify="right")
+    for p in f["prompts"]:
+        prompts.add_row(
+            str(p["words"]),
+            "-" if p["prompt_tokens"] is None else f"{p['prompt_tokens']:.0f}",
+            str(p["requests"]),
+            _ms1(p["ttft_ms"]),
+            _ms1(p["tpot_ms"]),
+        )
+    out.print(prompts)
+    if f.get("error"):
+        out.print(f"[red]no fit: {escape(f['error'])}[/red]")
+        return
+    params = Table(title="fitted parameters (least squares, standard errors)")
+    for col in ("parameter", "value", "std. error", "rel. error"):
+        params.add_column(col, justify="right")
+    for key, label, scale, unit in FIT_ROWS:
+        est = f.get(key)
+        if est is None:
+            params.add_row(label, "not identified", "-", "-")
+            continue
+        se, rel = est["stderr"], est["rel_err"]
+        params.add_row(
+            label,
+            f"{_num(est['value'] * scale)} {unit}",
+            "-" if se is None else f"{_num(se * scale)} {unit}",
+            "-" if rel is None else f"{100 * rel:.1f}%",
+        )
+    out.print(params)
+    out.print(f"KV term: {escape(f['kv_note'])}", soft_wrap=True)
+    if f.get("prefill_tps") is None:
+        out.print(f"prefill: {escape(f['prefill_note'])}", soft_wrap=True)
+    res = f["residual"]
+    out.print(
+        f"residual: TPOT rms {res['tpot_rms_s'] * 1000:.2f} ms (R^2 {res['tpot_r2']:.3f}) over "
+        f"{f['points']['tpot']} answers; TTFT rms {res['ttft_rms_s'] * 1000:.2f} ms (R^2 "
+        f"{res['ttft_r2']:.3f}) over {f['points']['ttft']}; prompt tokens from "
+        f"{f['prompt_tokens_from']}; {f['chunks']['note']}",
+        soft_wrap=True,
+    )
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def _ms1(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 def _render_drill(r: dict[str, Any]) -> None:

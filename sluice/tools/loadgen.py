@@ -12,9 +12,13 @@ generator fell behind (`sluice.tools.loadstats`), so coordinated omission is vis
 than hidden as latency. Every failure of a request is an Outcome with an error text; nothing
 raises out of a request task.
 
+`run_closed` is the closed loop beside it: a fixed number of callers, each sending again
+as its answer ends (a server measured at a given batch size, `sluice loadtest --fit`),
+within the same bounds.
+
 Streaming bodies (`"stream": true`) are read as SSE: time to first content chunk, the gaps
 between content chunks, total latency. Non-streaming answers give total latency and
-`usage.completion_tokens`.
+`usage.completion_tokens`. Both keep `usage.prompt_tokens` when the server reports it.
 
 Why httpx: it is already a dependency, async and streams responses, so the generator runs
 inside the CLI's asyncio loop next to everything else. Locust would bring gevent and its
@@ -62,6 +66,7 @@ __all__ = [
     "Outcome",
     "check_target",
     "load_bodies",
+    "run_closed",
     "run_load",
     "synthesized_body",
 ]
@@ -166,6 +171,7 @@ class _Answer:
     ttft_s: float | None = None
     gaps: list[float] = field(default_factory=list)
     output_tokens: int | None = None
+    prompt_tokens: int | None = None
     served_by: str | None = None
     error: str | None = None
 
@@ -188,9 +194,9 @@ def _content(chunk: Any) -> bool:
     return False
 
 
-def _usage_tokens(payload: Any) -> int | None:
+def _usage_tokens(payload: Any, key: str = "completion_tokens") -> int | None:
     usage = payload.get("usage") if isinstance(payload, dict) else None
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    tokens = usage.get(key) if isinstance(usage, dict) else None
     return tokens if isinstance(tokens, int) else None
 
 
@@ -232,6 +238,8 @@ async def _stream(
                 return
             tokens = _usage_tokens(payload)
             ans.output_tokens = tokens if tokens is not None else ans.output_tokens
+            prompt = _usage_tokens(payload, "prompt_tokens")
+            ans.prompt_tokens = prompt if prompt is not None else ans.prompt_tokens
             if _content(payload):
                 now = clock()
                 chunks += 1
@@ -253,7 +261,9 @@ async def _whole(
         ans.error = _http_error(response.status_code, response.content)
         return
     try:
-        ans.output_tokens = _usage_tokens(response.json())
+        payload = response.json()
+        ans.output_tokens = _usage_tokens(payload)
+        ans.prompt_tokens = _usage_tokens(payload, "prompt_tokens")
     except ValueError:
         ans.error = "answer is not JSON"
 
@@ -354,6 +364,7 @@ class _Run:
             output_tokens=ans.output_tokens,
             error=ans.error,
             served_by=ans.served_by,
+            prompt_tokens=ans.prompt_tokens,
         )
         self.record(index, outcome)
 
@@ -428,6 +439,46 @@ async def run_load(
                 progress.stop()
     outcomes = [o for o in run.outcomes if o is not None]  # every slot is filled by now
     last = max((max(o.at_s, o.done_s or 0.0) for o in outcomes), default=0.0)
+    return LoadRun(outcomes=outcomes, started_at=run.started_at, duration_s=last)
+
+
+async def run_closed(
+    target: LoadTarget,
+    body: Callable[[int], tuple[str, Mapping[str, Any]]],
+    concurrency: int,
+    limits: LoadLimits,
+) -> LoadRun:
+    """Closed-loop load: `concurrency` callers, each sending its next request as soon as its
+    last answer ended, so that `concurrency` requests are in flight all the time (what a
+    measure of a server at a given batch size needs; the open loop of `run_load` is for
+    rates). Request k (in the order they are sent) is `body(k)`; its outcome's `at_s` is its
+    send time. Bounded like `run_load`: no request starts after `max_duration_s` or past
+    `max_requests`; each ends within `timeout_s`, and the callers still running at
+    `max_duration_s + timeout_s` are cancelled."""
+    if concurrency < 1:
+        raise SpecError([SpecIssue("concurrency", "must be at least 1", COMMAND_LINE)])
+    pool = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(
+        trust_env=False, limits=pool, timeout=limits.timeout_s, headers=_headers(target)
+    ) as client:
+        run = _Run(client, _base_url(target.base_url), limits)
+
+        async def caller() -> None:
+            while run.now() < limits.max_duration_s and len(run.outcomes) < limits.max_requests:
+                index = len(run.outcomes)
+                run.outcomes.append(None)
+                path, payload = body(index)
+                await run.request(index, Arrival(run.now(), path, payload))
+
+        callers = [asyncio.create_task(caller()) for _ in range(concurrency)]
+        try:
+            await asyncio.wait(callers, timeout=limits.max_duration_s + limits.timeout_s)
+        finally:
+            for task in callers:
+                task.cancel()
+            await asyncio.gather(*callers, return_exceptions=True)
+    outcomes = [o for o in run.outcomes if o is not None]
+    last = max((o.done_s or o.at_s for o in outcomes), default=0.0)
     return LoadRun(outcomes=outcomes, started_at=run.started_at, duration_s=last)
 
 

@@ -46,6 +46,7 @@ class Outcome:
     output_tokens: int | None
     error: str | None  # "timeout", "connect: ...", "unsent: in-flight cap", "HTTP 503: ..."
     served_by: str | None = None  # response header x-sluice-group, if present
+    prompt_tokens: int | None = None  # usage.prompt_tokens, when the answer reports it
 
     @property
     def ok(self) -> bool:

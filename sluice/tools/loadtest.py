@@ -10,6 +10,11 @@ the highest rate that held (`no_knee` says why there is none); the
 recommendation runs each instance a headroom below it. The report is stored under the
 group's model version, and set beside the newest one of another version.
 
+`--fit` measures the batching model's time parameters under the same pin, before any knee
+search (`sluice.tools.batchfit`), and keeps them as the report's `fit` (None in a report
+without it, and absent from reports stored before it existed); `--fit` alone searches no
+knee.
+
 Everything here speaks HTTP: to the gateway (the load, with the `x-sluice-group` header of an
 operator tenant) and to the control API (`Control`: pin, record, read).
 """
@@ -35,6 +40,7 @@ from sluice.policy.capacity import (
     compare_capacity,
     recommend,
 )
+from sluice.tools.batchfit import FitOptions, fit_budget_s, measure_fit
 from sluice.tools.loadgen import (
     Arrival,
     LoadLimits,
@@ -45,7 +51,15 @@ from sluice.tools.loadgen import (
     synthesized_body,
 )
 
-__all__ = ["SCHEMA", "Control", "LoadtestOptions", "Profile", "loadtest", "read_profile"]
+__all__ = [
+    "SCHEMA",
+    "Control",
+    "FitOptions",
+    "LoadtestOptions",
+    "Profile",
+    "loadtest",
+    "read_profile",
+]
 
 SCHEMA = "sluice.loadtest/1"
 PROBE_REQUESTS = 8
@@ -119,58 +133,69 @@ def loadtest(
     target: LoadTarget,
     info: dict[str, Any],
     profile: Profile,
-    opts: LoadtestOptions,
+    opts: LoadtestOptions | None,
     console: Console | None = None,
     say: Callable[[str], None] = lambda _: None,
+    fit: FitOptions | None = None,
 ) -> dict[str, Any]:
     """Run the whole capacity test (module docstring) and return its report (`SCHEMA`).
-    `info`: the group as `GET /v1/groups` shows it."""
+    `info`: the group as `GET /v1/groups` shows it. With `fit`, the batching model's
+    parameters are measured first (`sluice.tools.batchfit`), under the same pin, and kept as
+    the report's `fit`; with `opts` None, that is all it does (no knee is searched)."""
     group = info["name"]
     if target.group is None:
         raise SpecError([SpecIssue("--group", "the load test needs the group to send to")])
-    budget_s = opts.max_steps * (opts.step_s + opts.timeout_s) + 300.0
-    reason = f"sluice loadtest: capacity of one instance at {opts.slo_ms:g} ms"
-    control.post(f"/v1/groups/{group}/pin", {"replicas": 1, "for_s": budget_s, "reason": reason})
+    if opts is None and fit is None:
+        raise SpecError([SpecIssue("--slo-ms", "give --slo-ms (the knee), --fit, or both")])
+    budget_s = 300.0
+    if opts is not None:
+        budget_s += opts.max_steps * (opts.step_s + opts.timeout_s)
+    if fit is not None:
+        budget_s += fit_budget_s(fit, info["max_concurrency"])
+    what = f"capacity of one instance at {opts.slo_ms:g} ms" if opts else "batching model fit"
+    control.post(
+        f"/v1/groups/{group}/pin",
+        {"replicas": 1, "for_s": budget_s, "reason": f"sluice loadtest: {what}"},
+    )
+    steps: list[dict[str, Any]] = []
+    search: RateSearch | None = None
+    fitted: dict[str, Any] | None = None
+    service_s: float | None = None
     try:
         _wait_for_one(control, group)
         say(f"{group} pinned to one instance")
-        service_s = _probe(target, profile, opts)
-        per_instance = info["max_concurrency"] / service_s
-        start = opts.start_rps or max(0.5, 0.25 * per_instance)
-        search = RateSearch(
-            start,
-            max_rps=opts.max_rps or 4.0 * per_instance,
-            resolution=opts.resolution,
-            max_steps=opts.max_steps,
-            slo_ms=opts.slo_ms,
-            quantile=opts.quantile,
-        )
-        steps: list[dict[str, Any]] = []
-        while (rate := search.next_rate()) is not None:
-            measure = _step(target, profile, opts, rate, len(steps), console)
-            verdict = search.record(measure)
-            steps.append({**measure.to_json(), "verdict": verdict.to_json()})
-            say(f"{rate:8.2f} rps: {'holds' if verdict.holds else 'fails'} ({verdict.why})")
+        if fit is not None:
+            model = next(iter(info["models"]))
+            fitted = measure_fit(target, model, info["max_concurrency"], fit, say)
+        if opts is not None:
+            service_s = _probe(target, profile, opts)
+            search = _search(opts, info, service_s)
+            while (rate := search.next_rate()) is not None:
+                measure = _step(target, profile, opts, rate, len(steps), console)
+                verdict = search.record(measure)
+                steps.append({**measure.to_json(), "verdict": verdict.to_json()})
+                say(f"{rate:8.2f} rps: {'holds' if verdict.holds else 'fails'} ({verdict.why})")
     finally:
         control.post(f"/v1/groups/{group}/unpin", {"reason": "sluice loadtest finished"})
-    knee = search.knee()
+    knee = search.knee() if search is not None else None
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "group": group,
         "version": info["version"],
-        "slo_ms": opts.slo_ms,
-        "quantile": opts.quantile,
-        "profile": profile.source,
-        "step_s": opts.step_s,
+        "slo_ms": opts.slo_ms if opts else None,
+        "quantile": opts.quantile if opts else None,
+        "profile": profile.source if opts else None,
+        "step_s": opts.step_s if opts else None,
         "max_concurrency": info["max_concurrency"],
-        "probe_service_ms": round(service_s * 1000.0, 3),
+        "probe_service_ms": round(service_s * 1000.0, 3) if service_s is not None else None,
         "steps": steps,
         "knee": knee.to_json() if knee else None,
-        "no_knee": None if knee else _why_no_knee(steps),
+        "no_knee": None if knee else _why_no_knee(steps, opts is None),
         "recommendation": None,
         "compared_with": None,
+        "fit": fitted,
     }
-    if knee is not None:
+    if knee is not None and opts is not None:
         rec = recommend(
             knee,
             max_concurrency=info["max_concurrency"],
@@ -184,8 +209,23 @@ def loadtest(
     return report
 
 
-def _why_no_knee(steps: list[dict[str, Any]]) -> str:
+def _search(opts: LoadtestOptions, info: dict[str, Any], service_s: float) -> RateSearch:
+    per_instance = info["max_concurrency"] / service_s
+    start = opts.start_rps or max(0.5, 0.25 * per_instance)
+    return RateSearch(
+        start,
+        max_rps=opts.max_rps or 4.0 * per_instance,
+        resolution=opts.resolution,
+        max_steps=opts.max_steps,
+        slo_ms=opts.slo_ms,
+        quantile=opts.quantile,
+    )
+
+
+def _why_no_knee(steps: list[dict[str, Any]], fit_only: bool = False) -> str:
     """Why no step held: the verdict of the lowest rate tried (the one that came closest)."""
+    if fit_only:
+        return "a fit only (--fit without --slo-ms): no knee was searched"
     if not steps:
         return "no step was run"
     lowest = min(steps, key=lambda s: s["offered_rps"])
@@ -193,8 +233,14 @@ def _why_no_knee(steps: list[dict[str, Any]]) -> str:
 
 
 def stored_verdict(report: dict[str, Any]) -> str:
-    """What the store keeps as the run's verdict: measured, or inconclusive (no knee)."""
-    return "measured" if report.get("knee") else "inconclusive"
+    """What the store keeps as the run's verdict: measured (a knee), fitted (a fit only, and
+    it held), or inconclusive."""
+    if report.get("knee"):
+        return "measured"
+    fit = report.get("fit")
+    if fit and not fit.get("error") and not report.get("steps"):
+        return "fitted"
+    return "inconclusive"
 
 
 def _wait_for_one(control: Control, group: str, timeout_s: float = 180.0) -> None:

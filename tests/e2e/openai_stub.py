@@ -10,6 +10,15 @@ was serving: only a drain that waited for its in-flight requests loses none. Fla
 misbehave the ways a real one can (`--metrics garbage|huge|hang` for its metrics page,
 `--error-rate` for a share of completions answered 500).
 
+It can also time its answers as a continuously batching server does (the model of
+`sluice.sim.batching`, what `sluice loadtest --fit` measures): with `--prefill-tps` the
+first token comes after `prompt_tokens / prefill_tps` (prompt tokens: the prompt's words, the
+count its `usage.prompt_tokens` reports) plus one decode step, and every next one after one
+more step, a step taking `--step-base-s + --step-per-seq-s x (streams running now)`, the
+running count read at each token. Steps are kept on a schedule (each token's time is the
+previous one's *scheduled* time plus a step), so a late wake-up of the thread does not add
+up over an answer. `--delay` and `--token-delay` still add their own time.
+
     python tests/e2e/openai_stub.py --host 127.0.0.1 --port 8000 --model m --delay 0.2
 """
 
@@ -40,6 +49,21 @@ def parse() -> argparse.Namespace:
     p.add_argument("--garbage", action="store_true", help="print and answer binary garbage")
     p.add_argument("--require-key", default="", help="answer 401 without this bearer key")
     p.add_argument("--waiting", type=int, default=0, help="vllm:num_requests_waiting to report")
+    p.add_argument(
+        "--step-base-s", type=float, default=0.0, help="a decode step's fixed time (batching)"
+    )
+    p.add_argument(
+        "--step-per-seq-s",
+        type=float,
+        default=0.0,
+        help="a decode step's time per stream running now (batching)",
+    )
+    p.add_argument(
+        "--prefill-tps",
+        type=float,
+        default=0.0,
+        help="prompt tokens (its words, as usage.prompt_tokens says) prefilled a second; 0: none",
+    )
     p.add_argument(
         "--stop-after",
         type=int,
@@ -129,6 +153,35 @@ class Counters:
 
 
 COUNTERS = Counters()
+BATCHING = ARGS.prefill_tps > 0 or ARGS.step_base_s > 0 or ARGS.step_per_seq_s > 0
+
+
+class Steps:
+    """One answer's token clock under `--prefill-tps`, `--step-base-s`, `--step-per-seq-s`:
+    the first `next()` waits out the prefill and one step, every later one one step, each
+    step as long as the streams running at that token make it. Without those flags every
+    wait is nothing."""
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self.at = time.monotonic()
+        self.prefill_s = prompt_tokens / ARGS.prefill_tps if ARGS.prefill_tps > 0 else 0.0
+
+    def next(self) -> None:
+        if not BATCHING:
+            return
+        with COUNTERS.lock:
+            running = COUNTERS.running
+        self.at += self.prefill_s + ARGS.step_base_s + ARGS.step_per_seq_s * running
+        self.prefill_s = 0.0
+        time.sleep(max(0.0, self.at - time.monotonic()))
+
+    def pause(self, seconds: float) -> None:
+        """`--token-delay` after a chunk, on the same schedule."""
+        if not BATCHING:
+            time.sleep(seconds)
+            return
+        self.at += seconds
+        time.sleep(max(0.0, self.at - time.monotonic()))
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -233,12 +286,16 @@ class Handler(BaseHTTPRequestHandler):
     ) -> None:
         started = time.monotonic()
         time.sleep(ARGS.delay)
+        steps = Steps(usage["prompt_tokens"])
+        steps.next()  # prefill, then the step that yields the first token
         COUNTERS.first_token(time.monotonic() - started)
         base = {"id": f"cmpl-{ARGS.name}", "model": ARGS.model, "system_fingerprint": ARGS.name}
         if body.get("stream"):
             with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            self._stream(base, words, usage, with_usage, finish)
+            self._stream(base, words, usage, with_usage, finish, steps)
             return
+        for _ in words[1:]:
+            steps.next()
         self._json(
             200,
             {
@@ -263,6 +320,7 @@ class Handler(BaseHTTPRequestHandler):
         usage: dict[str, int],
         with_usage: bool,
         finish: str,
+        steps: Steps,
     ) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
@@ -280,6 +338,8 @@ class Handler(BaseHTTPRequestHandler):
 
         created = int(time.time())
         for i, w in enumerate(words):
+            if i > 0:
+                steps.next()
             delta = {"role": "assistant", "content": w} if i == 0 else {"content": " " + w}
             last = i == len(words) - 1
             chunk(
@@ -292,7 +352,7 @@ class Handler(BaseHTTPRequestHandler):
                     ],
                 }
             )
-            time.sleep(ARGS.token_delay)
+            steps.pause(ARGS.token_delay)
         if with_usage:
             chunk(
                 {

@@ -222,3 +222,36 @@ async def test_cancelling_a_run_cancels_its_requests(slow: str) -> None:
         await asyncio.wait_for(run_load(LoadTarget(slow), [chat(0.0), chat(0.05)]), 0.2)
     await asyncio.sleep(0)
     assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+@pytest.mark.asyncio
+async def test_a_closed_loop_keeps_its_callers_busy_and_stops_on_its_bounds(fast: str) -> None:
+    """Three callers, each sending again as its answer ends: never more than three in
+    flight and three at the peak, no request starts after the duration, and each body is asked
+    for by its send order (its prompt's tokens come back from usage)."""
+    from sluice.tools.loadgen import run_closed
+
+    asked: list[int] = []
+
+    def body(k: int) -> tuple[str, dict[str, object]]:
+        asked.append(k)
+        return synthesized_body("m", 4 + k, 5, stream=True)
+
+    target = LoadTarget(fast, api_key=KEY)
+    limits = LoadLimits(max_requests=1000, max_duration_s=1.0, max_in_flight=3, timeout_s=10)
+    run = await run_closed(target, body, 3, limits)
+    assert asked == list(range(len(run.outcomes))) and len(run.outcomes) >= 6
+    assert all(o.ok for o in run.outcomes), [o.error for o in run.outcomes if not o.ok]
+    assert all(o.sent_s is not None and o.sent_s < 1.0 for o in run.outcomes)
+    assert {o.prompt_tokens for o in run.outcomes} >= {4, 5, 6}
+    events = sorted(
+        [(o.sent_s, 1) for o in run.outcomes] + [(o.done_s, -1) for o in run.outcomes],
+        key=lambda e: (e[0], e[1]),
+    )
+    level = peak = 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    assert peak == 3
+    counted = await run_closed(target, body, 2, LoadLimits(max_requests=5, timeout_s=10))
+    assert len(counted.outcomes) == 5
