@@ -98,7 +98,7 @@ def fit_levels(opts: FitOptions, max_concurrency: int) -> tuple[int, ...]:
     `max_concurrency` and that itself."""
     if opts.levels is not None:
         return tuple(sorted(set(opts.levels)))
-    top = max(2, max_concurrency)
+    top = max(1, max_concurrency)
     levels = {1 << k for k in range(top.bit_length()) if 1 << k <= top} | {top}
     return tuple(sorted(levels))[-MAX_LEVELS:]
 

@@ -163,3 +163,29 @@ def test_reports_with_and_without_a_fit_are_read_and_judged() -> None:
     fitted = fit_batching(*synthetic(np.random.default_rng(9))).to_json()
     assert stored_verdict({"knee": None, "steps": [], "fit": fitted}) == "fitted"
     assert stored_verdict({"knee": None, "steps": [], "fit": {"error": "one"}}) == "inconclusive"
+
+
+def test_what_one_streamed_answer_gives_the_fit() -> None:
+    """One token a chunk: TPOT is the mean chunk gap; chunks of several tokens (usage says
+    more tokens than chunks): first to last chunk over the tokens less one; the prompt's
+    tokens from usage, else its words. The sweep's levels go by powers of two to the max."""
+    from sluice.core import SpecError
+    from sluice.tools.batchfit import FitOptions, _answer, fit_levels
+    from sluice.tools.loadstats import Outcome
+
+    gaps = (0.02, 0.03, 0.04)
+    one = Outcome(0.0, 0.0, 0.2, 200, 0.11, gaps, 4, None, prompt_tokens=130)
+    a = _answer(one, 128)
+    assert a is not None and a.prompt_tokens == 130 and a.chunks == a.tokens == 4
+    assert a.tpot_s == pytest.approx(0.03)
+    several = Outcome(0.0, 0.0, 0.2, 200, 0.11, gaps, 10, None)  # 10 tokens in 4 chunks
+    b = _answer(several, 128)
+    assert b is not None and b.prompt_tokens == 128 and b.chunks == 4
+    assert b.tpot_s == pytest.approx((0.2 - 0.11) / 9)
+    assert _answer(Outcome(0.0, 0.0, 0.2, 500, None, (), None, "HTTP 500"), 128) is None
+    assert fit_levels(FitOptions(), 8) == (1, 2, 4, 8)
+    assert fit_levels(FitOptions(), 12) == (1, 2, 4, 8, 12)
+    assert fit_levels(FitOptions(), 1) == (1,)  # one slot: no batch to fit (FitError says so)
+    assert fit_levels(FitOptions(levels=(4, 1, 4, 2)), 64) == (1, 2, 4)
+    with pytest.raises(SpecError, match="two distinct"):
+        FitOptions(prompts=(128, 128))
