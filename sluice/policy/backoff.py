@@ -46,10 +46,10 @@ class CrashLoops:
         Returns the next value (this one when nothing changed: most ticks) and each group
         whose launches now wait (to be said)."""
         counted = self.counted
-        fresh = [
+        fresh = [  # the id first: nearly every instance is counted already
             inst
             for inst in observed
-            if (inst.state is _READY or inst.state is _FAILED) and inst.id not in counted
+            if inst.id not in counted and (inst.state is _READY or inst.state is _FAILED)
         ]
         if not fresh and len(counted) <= 2 * len(observed) + 64:
             return self, ()

@@ -142,6 +142,26 @@ def count_in_force(
     return overrides.get(g.name, g.replicas)
 
 
+def _counts_in_force(
+    index: SpecIndex,
+    counts: Mapping[str, int],
+    overrides: Mapping[str, int],
+    pins: Mapping[str, int],
+) -> dict[str, int]:
+    """`count_in_force` of every group, in spec order, from the index's `spec_count`s (a
+    group not actively autoscaled has `replicas` there)."""
+    out: dict[str, int] = {}
+    autoscaled = index.autoscaled
+    for name, n in index.counts.items():
+        if name in pins:
+            out[name] = pins[name]
+        elif name in autoscaled:
+            out[name] = counts.get(name, n)
+        else:
+            out[name] = overrides.get(name, n)
+    return out
+
+
 def due(memory: Memory, compiled: Compiled, now: float) -> frozenset[str]:
     """The autoscaled groups whose interval has come at `now`: the ones whose load the
     sensors read for this tick's `World`."""
@@ -160,9 +180,7 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
     the memory for the next tick."""
     compiled = world.compiled
     spec = compiled.spec
-    counts = {
-        g.name: count_in_force(g, memory.counts, world.overrides, world.pins) for g in spec.groups
-    }
+    counts = _counts_in_force(compiled.index, memory.counts, world.overrides, world.pins)
     groups = {n: m for n, m in memory.groups.items() if n in compiled.keys}
     policy_memory: dict[str, Any] = {}
     loads: dict[str, GroupLoad] = {}

@@ -195,10 +195,8 @@ def decide(inp: TickInput) -> TickDecision:
         memory = inp.memories[name] if name in inp.memories else policy.initial()
         d, memories[name] = policy.step(memory, load, inp.now)
         decisions[name] = _held(d, load, inp.holds.get(name))
-    wanted = {
-        name: inp.counts.get(name, spec_count(g)) + index.standby[name]
-        for name, g in index.groups.items()
-    }
+    standbys = index.standby
+    wanted = {name: inp.counts.get(name, n) + standbys[name] for name, n in index.counts.items()}
     for name, d in decisions.items():
         if name not in index.advising:
             wanted[name] = max(d.desired, inp.floors.get(name, 0)) + index.standby[name]
@@ -331,6 +329,10 @@ class SpecIndex:
     groups: Mapping[str, GroupSpec]
     templates: Mapping[str, str]
     standby: Mapping[str, int]
+    counts: Mapping[str, int]
+    """each group's `spec_count` (worked out once: 1,000 groups look it up every tick)"""
+    autoscaled: frozenset[str]
+    """groups whose active autoscaler sets the count (not advisory)"""
     pools: tuple[PoolState, ...]
     advisory: frozenset[str]
     """groups whose quota only advises"""
@@ -344,6 +346,10 @@ def index_spec(spec: PlatformSpec) -> SpecIndex:
         groups={g.name: g for g in spec.groups},
         templates={g.name: g.template() for g in spec.groups},
         standby={g.name: standby(g) for g in spec.groups},
+        counts={g.name: spec_count(g) for g in spec.groups},
+        autoscaled=frozenset(
+            g.name for g in spec.groups if g.autoscaling is not None and not is_advisory(g)
+        ),
         pools=tuple(PoolState(p.name, p.purpose, p.count, p.price_per_hour) for p in spec.pools),
         advisory=frozenset(g.name for g in spec.groups if g.quota.mode == "advisory"),
         advising=frozenset(g.name for g in spec.groups if is_advisory(g)),
@@ -369,14 +375,15 @@ def _claim(
             draining += 1
         elif state is InstanceState.FAILED:
             uniform = False
+    units = g.resources.accelerators
     claim = GroupClaim(
         name=g.name,
         pool=g.resources.pool,
-        units_per_instance=g.resources.accelerators,
+        units_per_instance=units,
         wanted=wanted,
         quota=g.quota,
         running=running,
-        draining_units=draining * g.resources.accelerators,
+        draining_units=draining * units,
         budget=g.budget,
         spent_this_month=meter.spent_by(g.name),
         unit_hours_this_month=meter.hours_by(g.name),

@@ -55,6 +55,7 @@ __all__ = ["Objective", "burst_slots", "erlang_c", "steady_slots", "wait_allowan
 _LOAD_STEP = 0.01
 """offered load is rounded up to 1 % (log scale) before sizing, so the cached solver sees
 few distinct inputs; rounding up keeps the answer on the safe side"""
+_LOG_STEP = math.log1p(_LOAD_STEP)
 _MAX_SLOTS = 1_000_000
 _STEPS = 20
 """objective terms are rounded to 1/20 (of a service time, of a squared CV)"""
@@ -180,13 +181,24 @@ def steady_slots(load: float, objective: Objective, miss: float, at_least: int =
     the counts below it; the answer is the same."""
     if load <= 0:
         return 0
-    step = math.log1p(_LOAD_STEP)
-    rounded = math.exp(math.ceil(math.log(load) / step) * step)
-    return _steady_slots(rounded, objective, miss, at_least)
+    rounded = math.exp(math.ceil(math.log(load) / _LOG_STEP) * _LOG_STEP)
+    o = objective  # its terms, not itself, key the cache: a tuple of floats hashes in C
+    terms = (o.slack, o.slowdown_wait, o.fixed_wait, o.arrival_cv2, o.service_cv2)
+    return _steady_slots(rounded, *terms, miss, at_least)
 
 
 @lru_cache(maxsize=16_384)
-def _steady_slots(load: float, objective: Objective, miss: float, at_least: int) -> int:
+def _steady_slots(
+    load: float,
+    slack: float,
+    slowdown_wait: float | None,
+    fixed_wait: float | None,
+    arrival_cv2: float,
+    cs2: float,
+    miss: float,
+    at_least: int,
+) -> int:
+    """`steady_slots` at a rounded `load`, for the `Objective` with these terms."""
     # the miss share falls in c: scan up from the first stable count, carrying Erlang B
     # along (B(c) from B(c-1) is O(1)), so a search costs its steps, not O(load) per count.
     # Counts under `at_least` miss (the caller knows): B is carried past them unread, by
@@ -198,14 +210,8 @@ def _steady_slots(load: float, objective: Objective, miss: float, at_least: int)
         b = load * b / (c + load * b)
     # `Objective.miss_given_b` inlined (a call per count was half the search): the same
     # operations in the same order, so the same floats; max(worst, x) is `x > worst`
-    cs2 = objective.service_cv2
-    spread = objective.arrival_cv2 + cs2
+    spread = arrival_cv2 + cs2
     power = -1.0 / cs2
-    slack, slowdown_wait, fixed_wait = (
-        objective.slack,
-        objective.slowdown_wait,
-        objective.fixed_wait,
-    )
     exp = math.exp
     while c < _MAX_SLOTS:
         waits = c * b / (c - load * (1.0 - b))

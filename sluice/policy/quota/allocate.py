@@ -157,10 +157,11 @@ def allocate(
             g.block = (
                 f"pool {pool.name!r} is a {pool.purpose} pool; {c.purpose} groups never use it (Q5)"
             )
-        scope = f"group {c.name!r}"
-        g.caps = budget_caps(
-            c.budget, c.spent_this_month, c.unit_hours_this_month, hours_left, scope
-        )
+        if c.budget is not None:  # none: no caps (a `_Group` starts with none)
+            scope = f"group {c.name!r}"
+            g.caps = budget_caps(
+                c.budget, c.spent_this_month, c.unit_hours_this_month, hours_left, scope
+            )
         groups.append(g)
     live = [g for g in groups if g.usable]
     caps = budget_caps(budget, spent_this_month, unit_hours_this_month, hours_left, "global")
