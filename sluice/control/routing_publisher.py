@@ -41,26 +41,32 @@ class RoutingPublisher:
         serving: Callable[[str], int],
     ) -> None:
         """Publish a snapshot if anything in it changed. `serving(group)`: how many of a
-        warm-standby group's ready instances serve (the newest stay out of rotation).
+        warm-standby group's ready instances serve (the newest stay out of rotation, listed as
+        its standby for the gateways to put in when requests start to wait).
         Raises `Fenced`, publishing nothing, once this controller may not lead."""
         fence = self._fence()
         if fence is not None:
             fence.require("publish routing")  # checked and published in one step: no await
         epoch = 0 if fence is None else fence.epoch
+        standby: dict[str, list[Endpoint]] = {}
         for g in spec.groups:
             if g.autoscaling is not None and g.autoscaling.warm_standby and g.name in ready:
                 by_age = sorted(ready[g.name], key=lambda e: e.ready_at)
-                ready[g.name] = by_age[: serving(g.name)]
+                n = serving(g.name)
+                ready[g.name], standby[g.name] = by_age[:n], by_age[n:]
         key = (
             epoch,
             revision,
             tuple(sorted(failovers.items())),
             tuple(sorted((g, tuple(e)) for g, e in ready.items())),
+            tuple(sorted((g, tuple(e)) for g, e in standby.items())),
             tuple(splits),
         )
         if key == self._key:
             return
         self._version += 1
-        snapshot = build_routing_snapshot(spec, ready, self._version, failovers, canaries=splits)
+        snapshot = build_routing_snapshot(
+            spec, ready, self._version, failovers, canaries=splits, standby=standby
+        )
         self._publish(dataclasses.replace(snapshot, epoch=epoch))
         self._key = key

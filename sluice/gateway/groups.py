@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 __all__ = ["GroupRuntime", "Waiter", "header_value"]
 
 _NO_EJECTIONS: dict[str, Ejection] = {}
+STANDBY_HOLD_S = 30.0
+"""How long promoted warm standby stays in rotation after the last request that waited:
+about one start-up, the time the controller takes to launch what the burst needs."""
 NO_PREFIX = 1 << 62
 """`prefix_min_bytes` of a group without prefix-cache-aware choice: no body is that long."""
 
@@ -90,12 +93,15 @@ class GroupRuntime:
         "prefix",
         "prefix_index",
         "prefix_min_bytes",
+        "promoted_until",
         "ramp",
         "ramping",
         "reach",
+        "rotation",
         "samples",
         "settle_at",
         "slow_start_s",
+        "standby",
         "timeout_s",
         "traffic",
         "unejects_at",
@@ -117,6 +123,13 @@ class GroupRuntime:
         self.ramp = RampHold()
         """Ramp seconds each new instance's failures took back (slow start that listens)."""
         self.endpoints: tuple[Endpoint, ...] = ()
+        """Its instances in rotation: the snapshot's, and its standby while promoted."""
+        self.rotation: tuple[Endpoint, ...] = ()
+        """The snapshot's instances in rotation."""
+        self.standby: tuple[Endpoint, ...] = ()
+        """The snapshot's warm standby, out of rotation until requests wait (`promote`)."""
+        self.promoted_until = 0.0
+        """Monotonic time the promoted standby may leave rotation again; 0.0: not promoted."""
         self.candidates: tuple[Endpoint, ...] = ()
         """What the balancer picks from: endpoints reachable and not ejected (all reachable
         ones in panic mode); none when every instance refused a connection."""
@@ -153,9 +166,14 @@ class GroupRuntime:
         return LatencyOutliers(ratio, min_requests) if ratio > 0 else None
 
     def configure(
-        self, traffic: GroupTraffic, endpoints: tuple[Endpoint, ...], now: float
+        self,
+        traffic: GroupTraffic,
+        endpoints: tuple[Endpoint, ...],
+        now: float,
+        standby: tuple[Endpoint, ...] = (),
     ) -> list[Waiter]:
-        """Apply a snapshot's settings and instances; returns waiters admitted by new slots."""
+        """Apply a snapshot's settings, instances in rotation and warm standby (promoted ones
+        stay in while their hold lasts); returns waiters admitted by new slots."""
         if _outlier_settings(self.traffic) != _outlier_settings(traffic):
             self.outlier = self._detector(traffic)
         if _latency_settings(self.traffic) != _latency_settings(traffic):
@@ -176,12 +194,15 @@ class GroupRuntime:
             self.prefix_index = PrefixIndex(traffic.prefix.index_blocks)
         self.prefix = traffic.prefix
         self.prefix_min_bytes = NO_PREFIX if traffic.prefix is None else traffic.prefix.block_bytes
-        self.endpoints = endpoints
-        self.reach.forget({ep.instance_id for ep in endpoints})
-        self.ramp.forget({ep.instance_id for ep in endpoints})
-        self.settle_at = self.ramp.settle_at(endpoints, traffic.slow_start_s)
+        self.rotation, self.standby = endpoints, standby
+        if not standby:
+            self.promoted_until = 0.0
+        self.endpoints = endpoints + standby if self.promoted_until else endpoints
+        keep = {ep.instance_id for ep in endpoints + standby}  # (standby's kept for its turn)
+        self.reach.forget(keep)
+        self.ramp.forget(keep)
+        self.settle_at = self.ramp.settle_at(self.endpoints, traffic.slow_start_s)
         self.ramping = traffic.slow_start_s > 0 and time.time() < self.settle_at
-        keep = {ep.instance_id for ep in endpoints}
         self.outlier.forget(keep)
         self.metrics.prune(keep, now)  # per-instance counters of instances long gone
         if self.latency is not None:
@@ -189,6 +210,33 @@ class GroupRuntime:
         if self.prefix_index is not None:
             self.prefix_index.forget(keep)
         return self.refresh(now)
+
+    def promote(self, now: float) -> list[Waiter]:
+        """Requests wait: the warm standby joins the rotation at once, before the controller
+        has seen the burst (the fast tier: loaded instances, no start-up), and stays in for
+        `STANDBY_HOLD_S` after the last request that had to wait. Returns the waiters its
+        slots admit."""
+        if not self.standby:
+            return []
+        promoted = bool(self.promoted_until)
+        self.promoted_until = now + STANDBY_HOLD_S
+        if promoted:
+            return []
+        self.metrics.standby_promotions += 1
+        self.endpoints = self.rotation + self.standby
+        return self.refresh(now)
+
+    def demote(self, now: float) -> bool:
+        """The standby leaves the rotation again once its hold is over and nothing waits
+        (requests it holds run to their end). Whether it is still promoted."""
+        if not self.promoted_until:
+            return False
+        if now < self.promoted_until or self.admission.queue_length:
+            return True
+        self.promoted_until = 0.0
+        self.endpoints = self.rotation
+        self.refresh(now)  # (fewer slots: admits nobody)
+        return False
 
     def refresh(self, now: float) -> list[Waiter]:
         """Recompute candidates and slots from the ejections in force at `now`; returns the
@@ -419,6 +467,10 @@ class GroupRuntime:
             "in_use": stats.in_use,
             "queued": stats.queued,
             "instances": len(self.endpoints),
+            "standby": len(self.standby),
+            "standby_promoted_s": round(max(0.0, self.promoted_until - now), 3)
+            if self.promoted_until
+            else None,
             "unreachable": sorted(self.reach.unreachable(now)),
             "ejected": [
                 {

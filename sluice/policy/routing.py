@@ -325,6 +325,10 @@ class RoutingSnapshot:
     limits: GatewayLimits | None = None
     """`gateway.limits` of the revision in force, so that an `apply` changing them reaches a
     running gateway the way routes do; None keeps the limits the gateway has."""
+    standby: Mapping[str, tuple[Endpoint, ...]] = field(default_factory=dict)
+    """A warm-standby group's ready instances kept out of rotation (its newest): a gateway
+    puts them in at once when requests start to wait (`GroupRuntime.promote`), before the
+    controller's next tick has seen the burst."""
     epoch: int = 0
     """The lease epoch of the leader that published it (0: no leader election, a test): a
     gateway never swaps in a snapshot of an older epoch than it has, so a deposed leader's

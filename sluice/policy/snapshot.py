@@ -107,9 +107,11 @@ def build_routing_snapshot(
     version: int,
     redirects: Mapping[str, str] | None = None,
     canaries: Sequence[CanarySplit] = (),
+    standby: Mapping[str, Sequence[Endpoint]] | None = None,
 ) -> RoutingSnapshot:
-    """`ready[group]`: the group's READY endpoints; `redirects[group] = backup`: failovers
-    in force; `version` numbers the snapshot."""
+    """`ready[group]`: the group's READY endpoints in rotation; `standby[group]`: its ready
+    warm standby, out of it; `redirects[group] = backup`: failovers in force; `version`
+    numbers the snapshot."""
     tenants: dict[str, TenantAccess] = {}
     for t in spec.tenants:
         access = tenant_access(t)
@@ -128,4 +130,5 @@ def build_routing_snapshot(
         traffic={g.name: _traffic(g) for g in spec.groups},
         canaries={c.baseline: c for c in canaries},
         limits=spec.gateway.limits,
+        standby={g: tuple(eps) for g, eps in (standby or {}).items() if eps},
     )

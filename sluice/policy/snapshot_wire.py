@@ -9,7 +9,7 @@ travel as key digests, as they are held; no key is in a snapshot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -43,6 +43,8 @@ class _Wire:
     limits: GatewayLimits | None
     epoch: int = 0
     """the publishing leader's lease epoch (absent from an older controller's: 0)"""
+    standby: dict[str, tuple[Endpoint, ...]] = field(default_factory=dict)
+    """warm standby out of rotation (absent from an older controller's: none)"""
 
 
 _WIRE = TypeAdapter(_Wire)
@@ -62,6 +64,7 @@ def snapshot_to_json(snapshot: RoutingSnapshot) -> Any:
         canaries=dict(snapshot.canaries),
         limits=snapshot.limits,
         epoch=snapshot.epoch,
+        standby=dict(snapshot.standby),
     )
     return _WIRE.dump_python(wire, mode="json")
 
@@ -81,6 +84,7 @@ def snapshot_from_json(doc: Any) -> RoutingSnapshot:
         canaries=wire.canaries,
         limits=wire.limits,
         epoch=wire.epoch,
+        standby=wire.standby,
     )
 
 

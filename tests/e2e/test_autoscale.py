@@ -169,6 +169,7 @@ def test_scale_from_zero_buffers_the_first_request_then_returns_to_zero(platform
 def test_warm_standby_runs_loaded_but_out_of_rotation(platform: Sluice) -> None:
     assert len(platform.ready("standby")) == 2
     plane = platform.cli("get", "dataplane")["groups"]["standby"]
-    assert plane["instances"] == 1  # one serves, one waits warm
+    assert plane["instances"] == 1  # one serves, one waits warm...
+    assert plane["standby"] == 1  # ...and the gateway knows it, to put it in when a burst comes
     served = {chat(platform.endpoint, "m-standby").headers["x-sluice-instance"] for _ in range(6)}
     assert len(served) == 1

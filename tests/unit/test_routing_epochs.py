@@ -21,6 +21,7 @@ from sluice.gateway import Gateway
 from sluice.gateway.remote import ControlSync
 from sluice.gateway.server import StaleRouting
 from sluice.policy import RoutingSnapshot, build_routing_snapshot
+from sluice.policy.routing import Endpoint
 from sluice.policy.snapshot_wire import snapshot_from_json, snapshot_to_json
 from sluice.spec import load_spec_text
 
@@ -40,6 +41,19 @@ groups:
 def _snapshot(version: int, epoch: int) -> RoutingSnapshot:
     spec = load_spec_text(SPEC, "test.yaml").spec
     return dataclasses.replace(build_routing_snapshot(spec, {}, version), epoch=epoch)
+
+
+def test_warm_standby_travels_to_remote_gateways_and_an_older_controllers_has_none() -> None:
+    spec = load_spec_text(SPEC, "test.yaml").spec
+    warm = Endpoint("chat-2", "127.0.0.1", 9002, 8)
+    snap = build_routing_snapshot(spec, {}, 1, standby={"chat": [warm], "other": []})
+    assert snap.standby == {"chat": (warm,)}
+    assert snapshot_from_json(json.loads(json.dumps(snapshot_to_json(snap)))).standby == {
+        "chat": (warm,)
+    }
+    legacy = snapshot_to_json(snap)
+    del legacy["standby"]
+    assert snapshot_from_json(legacy).standby == {}
 
 
 def test_the_epoch_travels_and_an_older_one_is_refused() -> None:
