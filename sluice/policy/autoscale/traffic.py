@@ -282,7 +282,10 @@ def _start_index(ts: memoryview[float], span_s: float) -> int:
     sample at or before its start (so the window is spanned whole), else the oldest; never
     the newest itself while there are two."""
     i = bisect_right(ts, ts[-1] - span_s) - 1
-    return min(max(i, 0), max(len(ts) - 2, 0))
+    last = len(ts) - 2  # min(max(i, 0), max(last, 0)) without two calls: a hot path
+    if i > last:
+        i = last
+    return i if i > 0 else 0
 
 
 def _observe_service(svc: bytes, load: GroupLoad, busy_s: float, keep: int) -> bytes:

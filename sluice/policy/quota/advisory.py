@@ -54,8 +54,10 @@ def allocate_advised(
     """One round for `claims`, where the groups named in `advisory` are only advised.
     `state`: the enforced round's memory; `advice_state`: the advice's (the same object
     while no group is advisory). The global `budget` and its meters as for `allocate`."""
-    mine = sorted(
-        (c for c in claims if c.name in advisory), key=lambda c: (-c.quota.priority, c.name)
+    mine = (  # no advisory group (the usual case): no walk over the claims
+        sorted((c for c in claims if c.name in advisory), key=lambda c: (-c.quota.priority, c.name))
+        if advisory
+        else []
     )
     if not mine:
         alloc = allocate(

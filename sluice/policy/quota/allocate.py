@@ -77,6 +77,7 @@ class _Group:
         "kept",
         "lend",
         "max_inst",
+        "order",
         "pool",
         "price",
         "q",
@@ -115,6 +116,8 @@ class _Group:
         self.cap_why = ""
         self.ends = 0.0
         self.victim = False
+        # who keeps a guarantee and starts first (`_order`), once a round, not per sort
+        self.order = (not self.q.reserved, -self.q.priority, c.name)
 
     @property
     def held(self) -> int:
@@ -254,7 +257,7 @@ class _Global:
 
 def _order(g: _Group) -> tuple[bool, int, str]:
     """Who keeps a guarantee and starts first: reserved, then higher priority, then name."""
-    return (not g.q.reserved, -g.q.priority, g.c.name)
+    return g.order
 
 
 def _effective_guarantees(pool: PoolState, gs: list[_Group]) -> None:
@@ -411,7 +414,7 @@ def _grow(g: _Group, n: int, glob: _Global) -> None:
 def _own_starts(pool: PoolState, gs: list[_Group], glob: _Global) -> None:
     """Step 4: starts within each group's effective guarantee, if units are free now."""
     free = pool.count - sum(g.held for g in gs)
-    for g in sorted(gs, key=lambda g: (g.ends, *_order(g))):
+    for g in sorted(gs, key=lambda g: (g.ends, *g.order)):
         target = min(g.c.wanted, g.max_inst, g.eq // g.u)
         want = target - g.kept
         if want <= 0:
