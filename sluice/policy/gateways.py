@@ -223,8 +223,8 @@ class GatewayBook:
 def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The data plane of several gateways as one (`GET /v1/dataplane`): per group, slots,
     in use and queued add up, `instances` is what the most up-to-date gateway routes to
-    (`standby` the warm standby it keeps out; `promoted` the gateways that put theirs in
-    because requests waited), unreachable and ejected instances are each gateway's, named; served and per-route
+    (`standby`: the warm standby it keeps out), unreachable and ejected instances are each
+    gateway's, named; served and per-route
     counts add up, and so do the requests in flight per instance. `gateways[id]` is the
     snapshot version each one serves."""
     groups: dict[str, dict[str, Any]] = {}
@@ -241,7 +241,6 @@ def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                     "queued": {},
                     "instances": 0,
                     "standby": 0,
-                    "promoted": [],
                     "unreachable": [],
                     "ejected": [],
                 },
@@ -252,8 +251,6 @@ def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 into["queued"][prio] = into["queued"].get(prio, 0) + int(n)
             into["instances"] = max(into["instances"], int(g.get("instances", 0)))
             into["standby"] = max(into["standby"], int(g.get("standby", 0)))
-            if g.get("standby_promoted_s") is not None:
-                into["promoted"].append(gw)
             into["unreachable"] = sorted(set(into["unreachable"]) | set(g.get("unreachable", ())))
             into["ejected"] += [{**e, "gateway": gw} for e in g.get("ejected", ())]
         for instance, n in (part.get("served") or {}).items():
