@@ -16,18 +16,25 @@ family (`FLEET_TRACES`: poisson, diurnal, flash-crowd, on/off, ramp), nine with 
 one lender without; `fleet_requests_per_s` (best of `--repeats`), the time spent in `step`
 (`fleet_decide_s`) and the rate without it (`fleet_requests_per_s_besides_decide`), and
 the fleet's rate over the one-group rate.
+
+`--batching` adds the same one-group run with batching instances (issue 36: the model's
+`sim.batching` set to `sluice.sim.batching.LLAMA3_8B_H100`, max_concurrency 256, the
+same trace): `batching_requests_per_s` (best of `--repeats`) and what callers felt.
 `--json` prints one JSON line on stdout. See bench/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -36,9 +43,10 @@ import sluice.sim.fleet  # noqa: E402
 from sluice.policy.kernel import Memory, World, step  # noqa: E402
 from sluice.policy.tick import TickDecision  # noqa: E402
 from sluice.sim import InstanceModel, load_trace, make_policy, pick_group, prepare, run  # noqa: E402
+from sluice.sim.batching import LLAMA3_8B_H100  # noqa: E402
 from sluice.sim.families import generate  # noqa: E402
 from sluice.sim.fleet import run_fleet  # noqa: E402
-from sluice.spec import load_spec_file  # noqa: E402
+from sluice.spec import load_spec_file, load_spec_text  # noqa: E402
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.norm.csv"
 FLEET_SPEC = ROOT / "examples" / "fleet10.yaml"
@@ -113,6 +121,41 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def batching_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """The one-group run with batching instances (LLAMA3_8B_H100, 256 per instance)."""
+    data = yaml.safe_load((ROOT / "examples" / "reference-sim.yaml").read_text())
+    group = data["groups"][0]
+    group["max_concurrency"] = 256
+    for m in group["models"].values():
+        m["sim"]["batching"] = dataclasses.asdict(LLAMA3_8B_H100)
+    spec = load_spec_text(yaml.safe_dump(data)).spec
+    model = InstanceModel.from_spec(spec, pick_group(spec, None))
+    base = load_trace(args.trace)
+    scale = max(1.0, math.ceil(args.requests / len(base)))
+    work = prepare(model, base.transform(rate_scale=scale, seed=1))
+    best, summary = math.inf, {}
+    for _ in range(args.repeats):
+        policy = make_policy(model, args.policy)
+        t1 = time.perf_counter()
+        result = run(work, policy)
+        best = min(best, time.perf_counter() - t1)
+        summary = result.summary()
+    n = len(work.trace)
+    return {
+        "batching_requests_per_s": round(n / best),
+        "batching_requests": n,
+        "batching_run_s": round(best, 3),
+        "batching_instances": model.describe()["instances"],
+        "batching_peak_instances": summary.get("peak_instances"),
+        **{
+            f"batching_{k}": round(summary[k], 1)
+            for k in ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms")
+            if summary.get(k) is not None
+        },
+        "batching_preemptions": summary.get("preemptions"),
+    }
+
+
 def fleet_bench(args: argparse.Namespace) -> dict[str, Any]:
     spec = load_spec_file(FLEET_SPEC).spec
     works = {}
@@ -155,12 +198,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     ap.add_argument("--fleet-seconds", type=float, default=300.0, help="traffic per group")
+    ap.add_argument("--batching", action="store_true", help="also time batching instances")
     args = ap.parse_args()
     res = bench(args)
     res.update(fleet_bench(args))
     res["fleet_vs_one_group_rate"] = round(
         res["fleet_requests_per_s"] / res["sim_requests_per_s"], 3
     )
+    if args.batching:
+        res.update(batching_bench(args))
     if args.json:
         print(json.dumps(res), flush=True)
     else:

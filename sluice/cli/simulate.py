@@ -191,6 +191,8 @@ def simulate(
             f"{r['rejected']} rejected",
             soft_wrap=True,
         )
+        if "ttft_p50_ms" in r:
+            out.print(_token_line(r), soft_wrap=True)
         if "causal_best" in r:
             b = r["causal_best"]
             out.print(
@@ -243,10 +245,32 @@ def render_fleet(r: dict[str, Any]) -> None:
         *(f"{tot['borrowed_unit_hours']:.2f}", "", str(tot["reclaims"]), ""),
     )
     out.print(t)
+    for g in r["groups"]:
+        if "ttft_p50_ms" in g:
+            out.print(f"{g['group']}: {_token_line(g)}", soft_wrap=True)
     pools = ", ".join(f"{p['name']} {p['count']} units" for p in r["pools"])
     out.print(f"pools: {pools}; {len(r['ledger'])} loans in the ledger", soft_wrap=True)
     if "report" in r:
         out.print(f"report: {r['report']}")
+
+
+def _token_line(r: dict[str, Any]) -> str:
+    """A batching group's TTFT and TPOT percentiles, KV-cache use and preemptions."""
+
+    def ms(key: str) -> str:
+        v = r.get(key)
+        return "-" if v is None else f"{v:.0f}"
+
+    def three(what: str) -> str:
+        return "/".join(ms(f"{what}_p{q}_ms") for q in (50, 95, 99))
+
+    kv = r.get("kv_cache_usage_mean")
+    kv_max = r.get("kv_cache_usage_max")
+    use = "-" if kv is None else f"{100 * kv:.0f}% mean, {100 * (kv_max or 0):.0f}% max"
+    return (
+        f"batching instances: TTFT p50/p95/p99 {three('ttft')} ms, TPOT {three('tpot')} ms, "
+        f"KV cache {use}, {r.get('preemptions', 0)} preemptions"
+    )
 
 
 def render_routed(r: dict[str, Any]) -> None:

@@ -7,8 +7,8 @@ drill's dry run, bench/autoscale.py) is this same loop on a fleet of one.
 
 Events sit in one heap of `(t, kind, request)` tuples on float seconds; arrivals come from
 the merged, sorted traces beside it (no heap push per arrival). `kind >= 0` is the
-completion of `request` on instance `kind`; negative kinds are control events (ready, crash,
-drain deadline, tick). At equal times control events run first, so a tick sees an instance
+completion of `request` on instance `kind` (request -1: a batching instance's next event,
+below); negative kinds are control events (ready, crash, drain deadline, tick). At equal times control events run first, so a tick sees an instance
 that became ready at that instant.
 
 Requests: each group's gateway is one `GroupAdmission` (the live code): slots = ready
@@ -37,6 +37,27 @@ draining (no new requests; stops when its last request finishes, killed at
 `drain_timeout_s`, failing what is left) -> stopped. An injected crash (exponential
 lifetime, `crash_rate_per_hour`) fails the instance's in-flight requests at once; the
 instance is observed `failed` until the tick's plan removes it.
+
+Batching instances (a group whose model's `sim` params have `batching:`,
+`InstanceModel.batching`): each instance is a `BatchingInstance` (`sluice.sim.batching`),
+a continuously batching server. The gateway is the same: its `GroupAdmission` decides who
+is dispatched, slots = ready instances x max_concurrency, least-loaded over in-flight
+counts; a dispatched request is offered to its instance with its trace tokens
+(`batch_tokens`: clipped as the server requires) and the instance decides when it runs
+and ends. Where max_concurrency > max_seqs (or the KV cache is full) a server's own
+waiting queue forms behind its batch, as with vLLM: those requests count as in flight at
+the gateway and as `server_waiting` in the `GroupLoad`. Each instance keeps one live heap
+entry `(next_event_at(), k, -1)`; `ev_at[k]` is its time, and an entry at another time is
+stale (superseded by an offer or an event) and skipped. At an event the instance advances
+and each `Finished` is a completion: latency = gateway wait + its latency at the
+instance, TTFT = gateway wait + the instance's TTFT, TPOT the instance's, served time =
+its time at the instance (as the live gateway counts it). At equal times an instance's
+event runs after control events (as slot completions do); a request dispatched at that
+instant is offered before it. A crash, a removal or a drain deadline `clear()`s the
+instance (its requests fail); a draining instance takes no new requests and stops once its
+server is empty. The autoscaler's `GroupLoad` gets what a live vLLM group gives it: p95
+TTFT and TPOT over the completions of the last `P95_WINDOW_TICKS` ticks, the ready
+instances' mean KV-cache use (None for an unbounded cache), and `server_waiting`.
 
 Every `TICK_S` of virtual time the tick does what `Controller.tick` does: the fleet as
 `InstanceStatus`es and a `GroupLoad` for each group the kernel says is `due` make the
@@ -80,6 +101,7 @@ from sluice.policy.plan import Drain, Launch
 from sluice.policy.quota import Allocation, Loan
 from sluice.policy.routing import PRIORITIES
 from sluice.policy.tick import BURST, STABLE, TICK_S, is_advisory, spec_count, standby
+from sluice.sim.batching import BatchingInstance, BatchingParams
 from sluice.sim.codes import (
     ACTIVE,
     DEAD,
@@ -101,6 +123,7 @@ from sluice.sim.fleet_report import (
     LedgerRow,
     ReclaimRecord,
 )
+from sluice.sim.model import batch_tokens
 from sluice.sim.result import SimResult
 from sluice.sim.workload import EPOCH, Workload
 from sluice.spec import GroupSpec, PlatformSpec
@@ -208,6 +231,18 @@ class _Lane:
     before: int = 0
     """instances starting or ready when the tick began"""
     seq_before: int = 0
+    batch: BatchingParams | None = None
+    """the instances as batching servers; None: slots"""
+    engines: list[BatchingInstance | None] = field(default_factory=list)
+    """every instance's server (the run's list, shared by the lanes; None for slots)"""
+    draining_ks: set[int] = field(default_factory=set)
+    """batching: the draining instances (their servers still count)"""
+    ttft_log: list[float] = field(default_factory=list)
+    tpot_log: list[float] = field(default_factory=list)
+    tmarks: deque[tuple[int, int]] = field(
+        default_factory=lambda: deque([(0, 0)], maxlen=P95_WINDOW_TICKS + 1)
+    )
+    preempted: int = 0
 
     @classmethod
     def of(cls, gi: int, g: GroupSpec, work: Workload) -> _Lane:
@@ -216,19 +251,57 @@ class _Lane:
         c = g.max_concurrency
         lane = cls(gi, g, work, adm, [set() for _ in range(c)], count, c)
         lane.warm = standby(g) > 0
+        lane.batch = work.model.batching
         return lane
 
-    def load(self, at: float, arrivals: int) -> GroupLoad:
-        """The group's `GroupLoad`; `current` is the count in force (what the controller
-        passes, `LiveAutoscaling.due`; `step` sets it again from its memory)."""
+    def kv_usage(self, now: float) -> float:
+        """Batching: the ready instances' mean KV-cache use at `now` (NaN: none ready, or
+        an unbounded cache)."""
+        engines = self.engines
+        ks = (*self.active, *self.spare)
+        if not ks or self.batch is None or self.batch.kv_tokens == math.inf:
+            return math.nan
+        return sum(e.kv_usage(now) for k in ks if (e := engines[k]) is not None) / len(ks)
+
+    def server_waiting(self) -> int:
+        """Batching: requests waiting inside the instances' servers (draining ones too)."""
+        engines = self.engines
+        return sum(
+            e.waiting
+            for k in (*self.active, *self.spare, *self.draining_ks)
+            if (e := engines[k]) is not None
+        )
+
+    def load(self, at: float, arrivals: int, now: float = 0.0) -> GroupLoad:
+        """The group's `GroupLoad` at virtual second `now`; `current` is the count in force
+        (what the controller passes, `LiveAutoscaling.due`; `step` sets it again from its
+        memory)."""
         self.marks.append(len(self.lat_log))
-        window = self.lat_log[self.marks[0] :]
-        p95 = None
-        if window:
-            window.sort()
-            p95 = window[min(len(window) - 1, int(0.95 * len(window)))]
+        p95 = _p95(self.lat_log, self.marks[0])
         auto = self.g.autoscaling
         lead = auto.lead_time_s if auto is not None else None
+        if self.batch is not None:
+            self.tmarks.append((len(self.ttft_log), len(self.tpot_log)))
+            kv = self.kv_usage(now)
+            return GroupLoad(
+                at=at,
+                current=self.count,
+                ready=len(self.active) + len(self.spare),
+                slots_per_instance=self.c,
+                in_flight=self.adm.in_use,
+                queued=self.adm.queue_length,
+                arrivals=arrivals,
+                completions=len(self.lat_log),
+                served_s=self.served,
+                served_sq_s=self.served_sq,
+                latency_p95_s=p95,
+                startup_s=self.work.model.startup_s if lead is None else lead,
+                draining=self.draining,
+                server_waiting=self.server_waiting(),
+                ttft_p95_s=_p95(self.ttft_log, self.tmarks[0][0]),
+                tpot_p95_s=_p95(self.tpot_log, self.tmarks[0][1]),
+                kv_cache_usage=None if kv != kv else kv,
+            )
         return GroupLoad(
             at=at,
             current=self.count,
@@ -244,6 +317,15 @@ class _Lane:
             startup_s=self.work.model.startup_s if lead is None else lead,
             draining=self.draining,
         )
+
+
+def _p95(log: list[float], since: int) -> float | None:
+    """The p95 of `log[since:]` (the window of the last ticks); None when empty."""
+    window = log[since:]
+    if not window:
+        return None
+    window.sort()
+    return window[min(len(window) - 1, int(0.95 * len(window)))]
 
 
 def _cat(parts: list[npt.NDArray[Any]], dtype: type[Any]) -> npt.NDArray[Any]:
@@ -309,12 +391,30 @@ def run_fleet(
     for L in lanes:
         L.positions = np.nonzero(grp_sorted == L.gi)[0].tolist()
     n = len(arr)
+    # batching groups: each request's tokens as its server takes them, and what it felt
+    batching = any(L.batch is not None for L in lanes)
+    ptok: list[float] = []
+    otok: list[float] = []
+    ttft: list[float] = []
+    tpot: list[float] = []
+    if batching:
+        toks = [
+            batch_tokens(L.batch, L.work.trace.input_tokens, L.work.trace.output_tokens)
+            if L.batch is not None
+            else (np.zeros(len(L.work.trace)), np.ones(len(L.work.trace)))
+            for L in lanes
+        ]
+        ptok = _cat([x[0] for x in toks], np.float64)[order].tolist()
+        otok = _cat([x[1] for x in toks], np.float64)[order].tolist()
+        ttft = [math.nan] * n
+        tpot = [math.nan] * n
     tries = [L.adm.try_acquire for L in lanes]
     offers = [L.adm.offer_nowait for L in lanes]
     shed_offer = Offer.SHED
 
     heap: list[tuple[float, int, int]] = []
     push, pop = heappush, heappop
+    inf = math.inf
     state: list[int] = []
     inflight: list[int] = []
     rotating: list[bool] = []  # ready and in rotation (not a warm standby)
@@ -328,6 +428,10 @@ def run_fleet(
     failed: dict[int, None] = {}  # crashed, observed `failed` until the plan removes them
     done: list[float] = [PENDING] * n
     awaiting: dict[int, ReclaimRecord] = {}  # instance -> the reclaim its stop releases
+    engines: list[BatchingInstance | None] = []  # batching instances' servers
+    ev_at: list[float] = []  # when each server's live heap entry is due (inf: none)
+    for L in lanes:
+        L.engines = engines
 
     def launch(L: _Lane, now: float, template: str, ready_now: bool = False) -> None:
         k = len(state)
@@ -337,6 +441,8 @@ def run_fleet(
         inflight.append(0)
         rotating.append(False)
         lane_of.append(L)
+        engines.append(BatchingInstance(L.batch) if L.batch is not None else None)
+        ev_at.append(math.inf)
         launched.append(now)
         stopped.append(math.nan)
         status.append(InstanceStatus(sid, L.g.name, template, InstanceState.STARTING, epoch + now))
@@ -366,6 +472,67 @@ def run_fleet(
             buckets[lvl + 1].add(k)
         push(heap, (now + svc[r], k, r))
 
+    def start_batch(L: _Lane, r: int, now: float) -> None:
+        """`start` for a batching group: the least-loaded instance's server takes `r`."""
+        buckets = L.buckets
+        for lvl in range(L.c):
+            b = buckets[lvl]
+            if b:
+                break
+        k = next(iter(b))
+        b.remove(k)
+        inflight[k] = lvl + 1
+        if lvl + 1 < L.c:
+            buckets[lvl + 1].add(k)
+        eng = engines[k]
+        assert eng is not None
+        eng.offer(r, ptok[r], otok[r], now)
+        due_at = eng.next_event_at()
+        if due_at != ev_at[k]:
+            ev_at[k] = due_at
+            if due_at < inf:
+                push(heap, (due_at, k, -1))
+
+    def server_event(k: int, now: float) -> None:
+        """Instance `k`'s server reaches its next event: its finished requests complete."""
+        if now != ev_at[k]:
+            return  # stale: superseded by an offer, an earlier event or a clear
+        eng = engines[k]
+        assert eng is not None
+        L = lane_of[k]
+        for f in eng.advance(now):
+            r = f.req_id
+            done[r] = now
+            lat = now - arr[r]
+            L.lat_log.append(lat)
+            x = f.latency_s
+            L.served += x
+            L.served_sq += x * x
+            first = lat - x + f.ttft_s
+            ttft[r] = first
+            L.ttft_log.append(first)
+            if f.tpot_s == f.tpot_s:  # not NaN: more than one token
+                tpot[r] = f.tpot_s
+                L.tpot_log.append(f.tpot_s)
+            L.preempted += f.preemptions
+            st = state[k]
+            lvl = inflight[k]
+            inflight[k] = lvl - 1
+            if st == ACTIVE:
+                if rotating[k]:
+                    if lvl < L.c:
+                        L.buckets[lvl].remove(k)
+                    L.buckets[lvl - 1].add(k)
+            elif lvl == 1:  # a draining instance finished its last request
+                stop(k, now)
+            for w in L.adm.release():
+                start_batch(L, w, now)
+        due_at = eng.next_event_at()
+        if due_at != ev_at[k]:
+            ev_at[k] = due_at
+            if due_at < inf:
+                push(heap, (due_at, k, -1))
+
     def stop(k: int, now: float, how: int = STOPPED) -> None:
         L = lane_of[k]
         if state[k] == DRAINING:
@@ -373,6 +540,7 @@ def run_fleet(
         state[k] = how
         stopped[k] = now
         L.alive -= 1
+        L.draining_ks.discard(k)
         del live[k]
         rec = awaiting.pop(k, None)
         if rec is not None:
@@ -411,16 +579,25 @@ def run_fleet(
                 rotating[k] = True
                 if inflight[k] < L.c:
                     buckets[inflight[k]].add(k)
+        go = start if L.batch is None else start_batch
         for r in L.adm.set_slots(len(L.active) * L.c):
-            start(L, r, now)
+            go(L, r, now)
 
     def kill(k: int, now: float) -> None:
-        """Stop at once; in-flight requests fail (their completions are void)."""
+        """Stop at once; in-flight requests fail (their completions are void; a batching
+        server's requests fail here)."""
         L = lane_of[k]
         stop(k, now, DEAD)
+        eng = engines[k]
+        go = start
+        if eng is not None:
+            go = start_batch
+            for r in eng.clear():
+                done[r] = FAILED
+            ev_at[k] = inf
         for _ in range(inflight[k]):
             for r in L.adm.release():
-                start(L, r, now)
+                go(L, r, now)
         inflight[k] = 0
 
     def crash(k: int, now: float) -> None:
@@ -447,6 +624,8 @@ def run_fleet(
             take_out(k, now)
             state[k] = DRAINING
             lane_of[k].draining += 1
+            if engines[k] is not None:
+                lane_of[k].draining_ks.add(k)
             live[k] = status[k] = dataclasses.replace(status[k], state=InstanceState.DRAINING)
             if inflight[k] == 0:
                 stop(k, now)
@@ -528,7 +707,7 @@ def run_fleet(
             if loan.lender is not None:
                 by_name[loan.lender].lent_s += loan.units * dt
         loads = {
-            name: by_name[name].load(at, bisect_left(by_name[name].positions, arrived))
+            name: by_name[name].load(at, bisect_left(by_name[name].positions, arrived), now)
             for name in due(memory, compiled, at)
         }
         for L in lanes:  # what the tiers are told of (`_tiers_after`)
@@ -606,6 +785,10 @@ def run_fleet(
             row: tuple[float, ...] = (now, bisect_left(L.positions, arrived), running)
             row += (ready, L.count)
             row += (adm.queue_length, adm.in_use, L.draining, L.alive)
+            if L.batch is None:
+                row += (0, math.nan)
+            else:
+                row += (L.server_waiting(), L.kv_usage(now))
             row += (*tiers_after(L, alloc.grants[name].own_units), borrowed.get(name, 0))
             L.rows.append((*row, lent.get(name, 0), L.units_now))
         ticks += 1
@@ -615,12 +798,15 @@ def run_fleet(
 
     now = 0.0
     i = 0
-    inf = math.inf
+    starts = [start if L.batch is None else start_batch for L in lanes]
     while True:
         ta = arr[i] if i < n else inf
         if heap[0][0] <= ta:
             now, k, r = pop(heap)
             if k >= 0:  # a request finished
+                if r < 0:  # a batching server's event
+                    server_event(k, now)
+                    continue
                 st = state[k]
                 if st == DEAD:
                     done[r] = FAILED
@@ -670,7 +856,7 @@ def run_fleet(
         i += 1
         gi = grp[r]
         if tries[gi]():
-            start(lanes[gi], r, ta)
+            starts[gi](lanes[gi], r, ta)
         else:
             if shared:
                 res, evicted = offers[gi](r, prio[r], ta, tenant_of[r], cost[r], weight[r])
@@ -687,14 +873,20 @@ def run_fleet(
     held_s = np.asarray(stopped) - np.asarray(launched)
     owner = np.asarray([L.gi for L in lane_of], dtype=np.int64)
     done_all = np.asarray(done, dtype=np.float64)
+    ttft_all = np.asarray(ttft, dtype=np.float64)
+    tpot_all = np.asarray(tpot, dtype=np.float64)
     groups: dict[str, FleetGroup] = {}
     for L in lanes:
         tl = np.asarray(L.rows, dtype=np.float64).reshape(-1, len(FLEET_COLUMNS))
         base = len(SimResult.TIMELINE_COLUMNS)
+        mine = np.asarray(L.positions, dtype=np.int64)
+        extra: dict[str, Any] = {"clipped_decisions": dict(sorted(L.clipped.items()))}
+        if L.batch is not None:
+            extra["preemptions"] = L.preempted
         sim = SimResult(
             policy=p.name if (p := compiled.policies.get(L.g.name)) else "fixed",
             workload=L.work,
-            done=done_all[np.asarray(L.positions, dtype=np.int64)],
+            done=done_all[mine],
             timeline=np.ascontiguousarray(tl[:, :base]),
             decisions=L.decisions,
             instance_seconds=float(held_s[owner == L.gi].sum()),
@@ -704,7 +896,9 @@ def run_fleet(
             expired=L.expired,
             end_s=now,
             initial_instances=L.initial,
-            extra={"clipped_decisions": dict(sorted(L.clipped.items()))},
+            extra=extra,
+            ttft_s=ttft_all[mine] if L.batch is not None else None,
+            tpot_s=tpot_all[mine] if L.batch is not None else None,
         )
         pool = spec.pool(L.g.resources.pool)
         groups[L.g.name] = FleetGroup(

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sluice.policy.quota import Allocation, Loan, ledger_changes, reclaim_loan_ids
+from sluice.sim.model import describe_instances
 from sluice.sim.result import SimResult
 from sluice.spec import PlatformSpec
 
@@ -228,8 +229,10 @@ class FleetResult:
         mine = [r.latency_s for r in self.reclaims if r.lender == g.name]
         waits = [x for x in mine if x is not None]
         trace = g.sim.workload.trace
+        model = g.sim.workload.model
         return {
             "group": g.name,
+            "instances": describe_instances(model.batching, model.slots),
             "pool": g.pool,
             "trace": trace.name if len(trace) else None,
             "policy": g.sim.policy,
@@ -287,7 +290,10 @@ def write_fleet_report(result: FleetResult, out_dir: str | Path, summary: dict[s
         if not len(g.timeline):
             continue
         t = g.column("t") / 60.0
-        fig, axes = plt.subplots(3, 1, figsize=(10, 6.5), sharex=True)
+        batching = g.sim.ttft_s is not None
+        fig, axes = plt.subplots(
+            4 if batching else 3, 1, figsize=(10, 8.5 if batching else 6.5), sharex=True
+        )
         axes[0].stackplot(
             t, g.column("stable"), g.column("burst"), labels=["stable", "burst"], step="post"
         )
@@ -299,7 +305,12 @@ def write_fleet_report(result: FleetResult, out_dir: str | Path, summary: dict[s
         axes[2].plot(t, g.column("queued"), lw=0.8, label="queued")
         axes[2].plot(t, g.column("in_flight"), lw=0.8, label="in flight")
         axes[2].set_ylabel("requests")
-        axes[2].set_xlabel("minutes")
+        if batching:
+            axes[2].plot(t, g.column("server_waiting"), lw=0.8, label="waiting in servers")
+            axes[3].plot(t, g.column("kv_cache_usage"), lw=0.8, label="KV-cache use (mean)")
+            axes[3].set_ylim(0, 1.05)
+            axes[3].set_ylabel("KV-cache use")
+        axes[-1].set_xlabel("minutes")
         for ax in axes:
             ax.legend(loc="upper right", fontsize=7)
         save(fig, f"group-{g.name}.png", f"Group {g.name}")
@@ -316,6 +327,30 @@ def write_fleet_report(result: FleetResult, out_dir: str | Path, summary: dict[s
         f'<h2>{html.escape(title)}</h2><img src="{name}" alt="{html.escape(title)}">'
         for name, title in figs
     )
+    batched = [r for r in summary["groups"] if "ttft_p50_ms" in r]
+    callers = ""
+    if batched:
+        keys = (
+            *(f"ttft_p{q}_ms" for q in (50, 95, 99)),
+            *(f"tpot_p{q}_ms" for q in (50, 95, 99)),
+            *("kv_cache_usage_mean", "kv_cache_usage_max", "preemptions"),
+        )
+        rows = "".join(
+            f"<tr><td>{html.escape(r['group'])}</td>"
+            + "".join(f"<td>{html.escape(_fmt(r.get(k)))}</td>" for k in keys)
+            + "</tr>"
+            for r in batched
+        )
+        callers = (
+            "<h2>Batching groups: what callers feel (TTFT, TPOT in ms) and the KV cache</h2>"
+            f"<table><tr><th>group</th>{''.join(f'<th>{k}</th>' for k in keys)}</tr>{rows}"
+            "</table>"
+        )
+    models = "".join(
+        f"<li>{html.escape(r['group'])}: {html.escape(r['instances']['text'])}</li>"
+        for r in summary["groups"]
+        if "instances" in r
+    )
     ledger = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row.values()) + "</tr>"
         for row in summary["ledger"]
@@ -328,6 +363,8 @@ td,th{{border:1px solid #ccc;padding:2px 6px}} img{{max-width:100%}}</style></he
 <h1>Fleet simulation: {len(result.groups)} groups, {summary["duration_s"]:.0f} s</h1>
 <table><tr>{"".join(f"<th>{k}</th>" for k in head)}</tr>{table}</table>
 <pre>{html.escape(json.dumps(summary["totals"], indent=2))}</pre>
+<h2>Instance models</h2><ul>{models}</ul>
+{callers}
 {images}
 <h2>Loan ledger</h2><table><tr>{ledger_head}</tr>{ledger}</table>
 </body></html>

@@ -1,14 +1,26 @@
 """The simulated instance model of one group, read from its spec: slots, launch -> ready time,
 per-request service times (the `sim` runtime's formulas), the SLO, queue limits and price.
 
-Service times follow `sluice.worker.runtimes.sim.service_seconds` (fixed, lognormal, or
-`a + b*input_tokens + c*output_tokens`), computed for a whole trace at once with numpy, and
-then clipped to [`SERVICE_MIN_S`, `SERVICE_MAX_S`] = [0.01, 30] s: a simulator bound (the spec
-has no field for it yet), so that a token-count outlier cannot hold a slot for minutes.
+One instance model serves every simulated path (`sluice.sim.fleet`, and so the one-group
+studies, the oracle's and the causal reference's runs), in one of two settings:
+
+- **slots** (the default): `max_concurrency` independent slots, each request holding one
+  for its service time whatever else runs. Service times follow
+  `sluice.worker.runtimes.sim.service_seconds` (fixed, lognormal, or `a + b*input_tokens +
+  c*output_tokens`), computed for a whole trace at once with numpy, and then clipped to
+  [`SERVICE_MIN_S`, `SERVICE_MAX_S`] = [0.01, 30] s: a simulator bound (the spec has no
+  field for it yet), so that a token-count outlier cannot hold a slot for minutes.
+- **batching** (the `sim` params' `batching:` block): each instance is a continuously
+  batching server (`sluice.sim.batching`): what a request takes depends on what else runs,
+  and TTFT, TPOT and KV-cache use come out of it. A request's tokens are clipped as the
+  server requires (`batch_tokens`); its "service time" (the SLO's slowdown bound, the
+  work floor, the wait in the summary) is its latency alone on an idle instance
+  (`alone_seconds`), and `service_time` is not read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -16,9 +28,11 @@ import numpy as np
 import numpy.typing as npt
 
 from sluice.core.errors import SpecError, SpecIssue
+from sluice.sim.batching import BatchingParams
 from sluice.spec.autoscaling import SloSpec
 from sluice.spec.models import GroupSpec, PlatformSpec
 from sluice.spec.runtimes import (
+    BatchingSpec,
     FixedServiceTime,
     LinearServiceTime,
     LognormalServiceTime,
@@ -26,7 +40,17 @@ from sluice.spec.runtimes import (
     SimParams,
 )
 
-__all__ = ["SERVICE_MAX_S", "SERVICE_MIN_S", "InstanceModel", "nominal_seconds", "pick_group"]
+__all__ = [
+    "SERVICE_MAX_S",
+    "SERVICE_MIN_S",
+    "InstanceModel",
+    "alone_seconds",
+    "batch_tokens",
+    "batching_params",
+    "describe_instances",
+    "nominal_seconds",
+    "pick_group",
+]
 
 SERVICE_MIN_S = 0.01
 SERVICE_MAX_S = 30.0
@@ -55,6 +79,8 @@ class InstanceModel:
     platform: PlatformSpec | None = field(default=None, repr=False, compare=False)
     """the spec the model was read from: a one-group run puts the group alone on its pool,
     under the spec's budget and schedule templates (`sluice.sim.single.alone`)"""
+    batching: BatchingParams | None = None
+    """the instances as batching servers (the models' `sim.batching`); None: slots"""
 
     @classmethod
     def from_spec(
@@ -63,6 +89,7 @@ class InstanceModel:
         service: dict[str, ServiceTime] = {}
         startup = 0.0
         seed = 0
+        batching = _group_batching(group)
         for mid, m in group.models.items():
             params = m.sim or SimParams()
             if m.runtime != "sim":
@@ -76,7 +103,12 @@ class InstanceModel:
                     ]
                 )
             service[mid] = params.service_time
-            nominal = nominal_seconds(params.service_time, params.output_tokens)
+            if batching is not None:
+                nominal = float(
+                    alone_seconds(batching, np.zeros(1), np.full(1, 1.0 * params.output_tokens))[0]
+                )
+            else:
+                nominal = nominal_seconds(params.service_time, params.output_tokens)
             startup += params.startup_s + group.warmup.requests * nominal
             seed = params.seed
         if slo_ms is not None:
@@ -109,6 +141,7 @@ class InstanceModel:
             interval_s=auto.interval_s if auto else 1.0,
             seed=seed,
             platform=spec,
+            batching=batching,
         )
 
     def service_times(
@@ -119,7 +152,12 @@ class InstanceModel:
         output_tokens: npt.NDArray[np.int64],
         seed: int,
     ) -> npt.NDArray[np.float64]:
-        """Seconds each request holds a slot, clipped to [SERVICE_MIN_S, SERVICE_MAX_S]."""
+        """Seconds each request holds a slot, clipped to [SERVICE_MIN_S, SERVICE_MAX_S]; for
+        a batching model, each request's latency alone on an idle instance (`alone_seconds`
+        of its `batch_tokens`, not clipped)."""
+        if self.batching is not None:
+            prompt, output = batch_tokens(self.batching, input_tokens, output_tokens)
+            return alone_seconds(self.batching, prompt, output)
         out = np.empty(model_idx.shape[0], dtype=np.float64)
         rng = np.random.default_rng(seed)
         for i, name in enumerate(models):
@@ -155,12 +193,19 @@ class InstanceModel:
             parts.append(f"latency <= {slo.latency_ms:g} ms")
         if slo.slowdown is not None:
             parts.append(f"latency <= {slo.slowdown:g} x service + {slo.slack_s:g} s")
+        b = self.batching
+        instances = describe_instances(b, self.slots)
         return {
             "group": self.group.name,
+            "instances": instances,
             "slots_per_instance": self.slots,
             "startup_s": self.startup_s,
-            "service_time": {k: v.model_dump(mode="json") for k, v in self.service.items()},
-            "service_clip_s": [SERVICE_MIN_S, SERVICE_MAX_S],
+            "service_time": (
+                {k: v.model_dump(mode="json") for k, v in self.service.items()}
+                if b is None
+                else "latency alone on an idle instance"
+            ),
+            "service_clip_s": [SERVICE_MIN_S, SERVICE_MAX_S] if b is None else None,
             "slo": " and ".join(parts),
             "slo_target": slo.target,
             "min": self.min_instances,
@@ -168,6 +213,83 @@ class InstanceModel:
             "price_per_instance_hour": self.price_per_hour,
             "queue": self.group.queue.model_dump(mode="json"),
         }
+
+
+def describe_instances(b: BatchingParams | None, slots: int) -> dict[str, object]:
+    """Which instance model a group runs, in words (`text`) and numbers (`params`)."""
+    if b is None:
+        return {
+            "kind": "slots",
+            "text": f"{slots} independent slots per instance, each request its service time",
+        }
+    kv = "an unbounded KV cache" if b.kv_tokens == math.inf else f"{b.kv_tokens:g} KV tokens"
+    pf = "instant prefill" if b.prefill_tps == math.inf else f"prefill {b.prefill_tps:g} tok/s"
+    step = f"{b.step_base_s:g} s + {b.step_per_seq_s:g} s/seq + {b.step_per_kv_token_s:g} s/token"
+    return {
+        "kind": "batching",
+        "text": f"a continuously batching server: {b.max_seqs} sequences, {kv}, {pf}, "
+        f"decode step {step}; the gateway sends each instance up to {slots}",
+        "params": {k: None if v == math.inf else v for k, v in dataclasses.asdict(b).items()},
+    }
+
+
+def batching_params(spec: BatchingSpec) -> BatchingParams:
+    """The simulator's `BatchingParams` of a spec's `batching:` block (unset: unbounded KV
+    cache, instant prefill)."""
+    return BatchingParams(
+        max_seqs=spec.max_seqs,
+        kv_tokens=math.inf if spec.kv_tokens is None else spec.kv_tokens,
+        prefill_tps=math.inf if spec.prefill_tps is None else spec.prefill_tps,
+        step_base_s=spec.step_base_s,
+        step_per_seq_s=spec.step_per_seq_s,
+        step_per_kv_token_s=spec.step_per_kv_token_s,
+    )
+
+
+def _group_batching(group: GroupSpec) -> BatchingParams | None:
+    """The group's batching server: one per instance, so every `sim` model of the group
+    declares the same `batching:` block, or none does."""
+    blocks = {mid: m.sim.batching if m.sim else None for mid, m in group.models.items()}
+    kinds = set(blocks.values())
+    if len(kinds) > 1:
+        first = next(iter(blocks))
+        other = next(mid for mid, b in blocks.items() if b != blocks[first])
+        raise SpecError(
+            [
+                SpecIssue(
+                    f"groups.{group.name}.models.{other}.sim.batching",
+                    f"differs from model {first!r}'s: an instance is one batching server, so "
+                    "every model of the group declares the same batching block (or none does)",
+                )
+            ]
+        )
+    only = kinds.pop() if kinds else None
+    return None if only is None else batching_params(only)
+
+
+def batch_tokens(
+    params: BatchingParams,
+    input_tokens: npt.NDArray[np.int64],
+    output_tokens: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Each request's (prompt, output) tokens as a batching server takes them: at least one
+    output token; a request longer than the KV cache keeps its answer (up to the cache less
+    one token) and loses the prompt's head (a server truncating prompts to its context)."""
+    output = np.clip(output_tokens.astype(np.float64), 1.0, max(1.0, params.kv_tokens - 1.0))
+    prompt = np.clip(input_tokens.astype(np.float64), 0.0, None)
+    if params.kv_tokens != math.inf:
+        prompt = np.minimum(prompt, params.kv_tokens - output)
+    return prompt, output
+
+
+def alone_seconds(
+    params: BatchingParams, prompt: npt.NDArray[np.float64], output: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Each request's latency alone on an idle batching instance: its prefill, then `output`
+    steps of one sequence, each at its midpoint's KV (`sluice.sim.batching`'s closed form)."""
+    prefill = prompt / params.prefill_tps if params.prefill_tps != math.inf else 0.0
+    step = params.step_base_s + params.step_per_seq_s
+    return prefill + output * (step + params.step_per_kv_token_s * (prompt + output / 2.0))
 
 
 def nominal_seconds(st: ServiceTime, output_tokens: int) -> float:

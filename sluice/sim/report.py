@@ -1,5 +1,8 @@
 """The `--report DIR` page of a simulation: index.html with PNG plots (load, desired and ready
-instances, queue, latency percentiles over time) and the decision log."""
+instances, queue, latency percentiles over time; for batching instances, KV-cache use and
+the servers' own queues over time) and the decision log. The page opens with the instance
+model used (slots, or a batching server and its parameters) and, for batching instances,
+the TTFT and TPOT percentiles."""
 
 from __future__ import annotations
 
@@ -73,6 +76,21 @@ def write_report(result: SimResult, out_dir: str | Path, summary: dict[str, Any]
     ax.legend(loc="upper right")
     save(fig, "queue.png", "Gateway queue and in-flight requests")
 
+    if result.ttft_s is not None and len(tl):
+        fig, ax = plt.subplots(figsize=(10, 3))
+        ax.plot(minutes, result.column("kv_cache_usage"), lw=0.8, label="KV-cache use (mean)")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("KV-cache use")
+        ax.set_xlabel("minutes")
+        ax2 = ax.twinx()
+        ax2.plot(
+            minutes, result.column("server_waiting"), lw=0.8, color="#c33", label="server waiting"
+        )
+        ax2.set_ylabel("requests waiting in servers")
+        ax.legend(loc="upper left")
+        ax2.legend(loc="upper right")
+        save(fig, "kv_cache.png", "KV-cache use and the servers' waiting queues")
+
     centers, pcts = _latency_over_time(result, 30.0)
     fig, ax = plt.subplots(figsize=(10, 3))
     for q, row in zip((50, 90, 99), pcts, strict=True):
@@ -104,6 +122,21 @@ def write_report(result: SimResult, out_dir: str | Path, summary: dict[str, Any]
         + "</tr>"
         for d in result.decisions
     )
+    model = summary.get("instance_model") or {}
+    instances = (model.get("instances") or {}).get("text", "")
+    callers = ""
+    if result.ttft_s is not None:
+        times = result.token_times()
+        cells = "".join(
+            f"<tr><th>{what}</th>"
+            + "".join(f"<td>{_ms(times.get(f'{key}_p{q}_ms'))}</td>" for q in (50, 95, 99))
+            + "</tr>"
+            for what, key in (("TTFT", "ttft"), ("TPOT", "tpot"))
+        )
+        callers = (
+            "<h2>What callers feel (ms)</h2><table><tr><th></th><th>p50</th><th>p95</th>"
+            f"<th>p99</th></tr>{cells}</table>"
+        )
     figs = "\n".join(
         f'<h2>{html.escape(title)}</h2><img src="{name}" alt="{html.escape(title)}">'
         for name, title in pngs
@@ -114,6 +147,8 @@ def write_report(result: SimResult, out_dir: str | Path, summary: dict[str, Any]
 td,th{{border:1px solid #ccc;padding:2px 6px}} img{{max-width:100%}}</style></head><body>
 <h1>Simulation: policy {html.escape(result.policy)},
 trace {html.escape(summary.get("trace", ""))}</h1>
+<p>Instances: {html.escape(instances)}</p>
+{callers}
 <pre>{html.escape(json.dumps(summary, indent=2, default=str))}</pre>
 {figs}
 <h2>Decision log: {result.scale_events} count changes in all; shown: the first
@@ -126,6 +161,10 @@ trace {html.escape(summary.get("trace", ""))}</h1>
     path = out / "index.html"
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 def _rolling(x: npt.NDArray[np.float64], n: int) -> npt.NDArray[np.float64]:

@@ -38,6 +38,12 @@ class SimResult:
     initial_instances: int = 0
     """instances ready at t = 0, before the first decision (`SimOptions.initial` or its
     default)"""
+    ttft_s: npt.NDArray[np.float64] | None = None
+    """batching instances only: per request, arrival to first output token (the gateway's
+    wait included, as the gateway measures a streamed answer's); NaN where not completed"""
+    tpot_s: npt.NDArray[np.float64] | None = None
+    """batching instances only: per request, mean time per output token after the first;
+    NaN for a one-token answer or one not completed"""
 
     TIMELINE_COLUMNS = (
         "t",
@@ -49,7 +55,12 @@ class SimResult:
         "in_flight",
         "draining",
         "alive",
+        "server_waiting",
+        "kv_cache_usage",
     )
+    """`server_waiting`: requests waiting inside the instances (0 for slots);
+    `kv_cache_usage`: the ready instances' mean KV-cache use, 0..1 (NaN for slots or an
+    unbounded cache, or with none ready)"""
 
     def column(self, name: str) -> npt.NDArray[np.float64]:
         return self.timeline[:, self.TIMELINE_COLUMNS.index(name)]
@@ -91,7 +102,28 @@ class SimResult:
             "duration_s": self.end_s,
             "initial_instances": self.initial_instances,
             **self.extra,
+            **self.token_times(),
         }
+
+    def token_times(self) -> dict[str, Any]:
+        """What callers of a batching group feel: TTFT and TPOT percentiles (ms) over the
+        completed requests, and the KV-cache use over the ticks; {} for slots."""
+        if self.ttft_s is None or self.tpot_s is None:
+            return {}
+        ok = self.done >= 0
+        ttft = self.ttft_s[ok]
+        tpot = self.tpot_s[ok]
+        tpot = tpot[~np.isnan(tpot)]
+        out: dict[str, Any] = {}
+        for q in (50, 95, 99):
+            out[f"ttft_p{q}_ms"] = _pct_ms(ttft, q)
+        for q in (50, 95, 99):
+            out[f"tpot_p{q}_ms"] = _pct_ms(tpot, q)
+        kv = self.column("kv_cache_usage") if len(self.timeline) else np.zeros(0)
+        kv = kv[~np.isnan(kv)]
+        out["kv_cache_usage_mean"] = float(kv.mean()) if kv.size else None
+        out["kv_cache_usage_max"] = float(kv.max()) if kv.size else None
+        return out
 
 
 def _pct_ms(values: npt.NDArray[np.float64], q: float) -> float | None:
