@@ -334,6 +334,7 @@ _HIST = {
     "p95_ms": ("sluice_gateway_request_duration_seconds", 0.95),
     "p99_ms": ("sluice_gateway_request_duration_seconds", 0.99),
     "ttft_p95_ms": ("sluice_gateway_time_to_first_byte_seconds", 0.95),
+    "tpot_p95_ms": ("sluice_gateway_time_per_output_token_seconds", 0.95),
     "queue_wait_p95_ms": ("sluice_gateway_queue_wait_seconds", 0.95),
 }
 
@@ -377,6 +378,9 @@ def _value_expr(
     if series in _SKIPPED:
         return None, _SKIPPED[series]
     answers = f"sum(rate(sluice_gateway_request_duration_seconds_count{{{sel}}}[{window}]))"
+    if series in ("prompt_tokens_per_s", "completion_tokens_per_s"):
+        kind = series.removesuffix("_tokens_per_s")
+        return f"sum(rate(sluice_gateway_{kind}_tokens_total{{{sel}}}[{window}]))", ""
     if series == "error_rate":
         errors = f'sum(rate(sluice_gateway_requests_total{{{sel},status=~"5..|429"}}[{window}]))'
         return f"({errors} or vector(0)) / {answers}", ""

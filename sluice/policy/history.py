@@ -106,6 +106,8 @@ class Rollup:
     latency: HistogramCounts = _EMPTY
     queue_wait: HistogramCounts = _EMPTY
     ttfb: HistogramCounts = _EMPTY
+    tpot: HistogramCounts = _EMPTY
+    """streamed answers' time per output token"""
     gauges: Mapping[str, tuple[float, float, int]] = field(default_factory=dict)
     """name -> (sum, max, samples)"""
     spend: float = 0.0
@@ -151,6 +153,7 @@ class Rollup:
                 newer.queue_wait_bounds, _delta(newer.queue_wait_counts, o.queue_wait_counts)
             ),
             ttfb=HistogramCounts(newer.ttfb_bounds, _delta(newer.ttfb_counts, o.ttfb_counts)),
+            tpot=HistogramCounts(newer.tpot_bounds, _delta(newer.tpot_counts, o.tpot_counts)),
             gauges=sampled,
             spend=spend,
         )
@@ -161,8 +164,9 @@ class Rollup:
             for name, h in (("latency", self.latency), ("queue_wait", self.queue_wait))
             if h.counts
         }
-        if self.ttfb.counts and self.ttfb.total:
-            hist["ttfb"] = {"b": list(self.ttfb.bounds), "c": list(self.ttfb.counts)}
+        for name, h in (("ttfb", self.ttfb), ("tpot", self.tpot)):
+            if h.counts and h.total:  # (streams only: most groups have none)
+                hist[name] = {"b": list(h.bounds), "c": list(h.counts)}
         return {
             "seconds": round(self.seconds, 3),
             "requests": self.requests,
@@ -202,6 +206,7 @@ class Rollup:
             latency=h("latency"),
             queue_wait=h("queue_wait"),
             ttfb=h("ttfb"),
+            tpot=h("tpot"),
             gauges={k: (float(s), float(m), int(n)) for k, (s, m, n) in doc["gauges"].items()},
             spend=float(doc.get("spend", 0.0)),
         )
@@ -244,6 +249,7 @@ def merge(rollups: Iterable[Rollup], start: float | None = None) -> Rollup | Non
         latency=_summed([r.latency for r in items]),
         queue_wait=_summed([r.queue_wait for r in items]),
         ttfb=_summed([r.ttfb for r in items]),
+        tpot=_summed([r.tpot for r in items]),
         gauges=gauges,
         spend=sum(r.spend for r in items),
     )
@@ -342,6 +348,7 @@ def series(r: Rollup, ctx: SeriesContext = SeriesContext()) -> dict[str, float |
         "p95_ms": _ms(quantile(r.latency, 0.95)),
         "p99_ms": _ms(quantile(r.latency, 0.99)),
         "ttft_p95_ms": _ms(quantile(r.ttfb, 0.95)),
+        "tpot_p95_ms": _ms(quantile(r.tpot, 0.95)),
         "queue_wait_p95_ms": _ms(quantile(r.queue_wait, 0.95)),
         "service_ms": _ms(r.served_s / done) if done else None,
         "slo_attainment": attainment,

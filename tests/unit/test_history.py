@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,7 +22,7 @@ from sluice.policy.history import (
 BOUNDS = (0.1, 0.2, 0.5, 1.0)
 
 
-def sample(at: float, arrivals: int, counts: tuple[int, ...], **kw: int) -> TrafficSample:
+def sample(at: float, arrivals: int, counts: tuple[int, ...], **kw: Any) -> TrafficSample:
     return TrafficSample(
         at=at,
         in_flight=kw.pop("in_flight", 0),
@@ -63,6 +65,25 @@ def test_tokens_count_what_grew_and_a_restarted_gateway_counts_from_zero() -> No
     assert (again.prompt_tokens, again.completion_tokens) == (90, 12)
     first = Rollup.between(None, newer, {}, end=102.0, seconds=1.0)
     assert (first.prompt_tokens, first.completion_tokens) == (0, 0)  # a baseline, not a burst
+
+
+def test_streams_time_per_output_token_is_kept_and_merged_like_latency() -> None:
+    bounds = (0.01, 0.02, 0.05)
+    older = sample(100.0, 10, (10, 0, 0, 0, 0), tpot_bounds=bounds, tpot_counts=(4, 0, 0, 0))
+    newer = sample(101.0, 20, (20, 0, 0, 0, 0), tpot_bounds=bounds, tpot_counts=(4, 10, 0, 0))
+    r = Rollup.between(older, newer, {}, end=101.0, seconds=1.0)
+    assert r.tpot.counts == (0, 10, 0, 0)
+    p95 = series(r)["tpot_p95_ms"]
+    assert p95 is not None and 10.0 < p95 <= 20.0
+    back = Rollup.from_json(r.start, r.to_json())
+    assert back.tpot == r.tpot and merged_counts([r, back]) == (0, 20, 0, 0)
+    assert series(Rollup(start=0.0, seconds=1.0))["tpot_p95_ms"] is None  # no stream: nothing
+
+
+def merged_counts(rollups: list[Rollup]) -> tuple[int, ...]:
+    merged = merge(rollups)
+    assert merged is not None
+    return merged.tpot.counts
 
 
 def test_token_rates_are_over_the_spans_seconds_and_none_without_seconds() -> None:
