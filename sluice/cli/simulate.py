@@ -94,9 +94,13 @@ def simulate(
         ),
     ] = None,
     prefill_tps: Annotated[
-        float,
-        typer.Option("--prefill-tps", help="prompt tokens/s an instance prefills (.jsonl)"),
-    ] = 10_000.0,
+        float | None,
+        typer.Option(
+            "--prefill-tps",
+            help="prompt tokens/s an instance prefills (.jsonl; default: the group's "
+            "sim.batching prefill_tps, else 10000)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """What would happen with this spec on that traffic? (trace-driven simulation)"""
@@ -172,7 +176,10 @@ def simulate(
         if r.get("mode") == "prefix":
             from sluice.sim.prefix import render_comparison
 
-            out.print(f"group {r['group']}, prefix_routing from the {r['prefix_routing']}")
+            out.print(
+                f"group {r['group']}, prefix_routing from the {r['prefix_routing']}, "
+                f"prefill {r['prefill_tps']:g} tokens/s ({r['prefill_from']})"
+            )
             for line in render_comparison(r):
                 out.print(line, soft_wrap=True)
             return

@@ -15,12 +15,12 @@ import numpy.typing as npt
 
 from sluice.policy.drills import DrillSample, InstanceUp, ScaleEvent
 from sluice.policy.tick import TICK_S
-from sluice.sim.model import InstanceModel
+from sluice.sim.model import InstanceModel, describe_instances
 from sluice.sim.single import SimOptions, make_policy, run
 from sluice.sim.trace import trace_from_rows
 from sluice.sim.workload import prepare
 from sluice.spec import GroupSpec, PlatformSpec
-from sluice.spec.runtimes import FixedServiceTime
+from sluice.spec.runtimes import FixedServiceTime, ServiceTime
 
 __all__ = ["SimulatedDrill", "simulate_drill"]
 
@@ -53,11 +53,16 @@ def simulate_drill(
     if startup_s is not None:
         model = dataclasses.replace(model, startup_s=startup_s)
         sources["startup"] = "measured"
-    if service_s is not None:
+    if service_s is not None:  # what was measured wins, over a batching model too
         fixed = FixedServiceTime(kind="fixed", seconds=service_s)
-        model = dataclasses.replace(model, service={m: fixed for m in model.service})
+        service: dict[str, ServiceTime] = {m: fixed for m in model.service}
+        model = dataclasses.replace(model, service=service, batching=None)
         sources["service"] = "measured"
-    trace = trace_from_rows(((float(t), 8, 1, model.default_model) for t in times), "drill")
+    out = 1
+    if model.batching is not None:  # a batching server's answers: the sim's usual length
+        sim = group.models[model.default_model].sim
+        out = sim.output_tokens if sim is not None else 16
+    trace = trace_from_rows(((float(t), 8, out, model.default_model) for t in times), "drill")
     work = prepare(model, trace, seed)
     result = run(work, make_policy(model, None), SimOptions(seed=seed, initial=start_instances))
     tl = result.timeline
@@ -106,6 +111,7 @@ def simulate_drill(
             "startup_s": round(model.startup_s, 3),
             "service_s": service_s,
             "slots": model.slots,
+            "instances": describe_instances(model.batching, model.slots)["kind"],
             "interval_s": model.interval_s,
             "sources": sources,
         },

@@ -48,6 +48,7 @@ __all__ = [
     "batch_tokens",
     "batching_params",
     "describe_instances",
+    "group_batching",
     "nominal_seconds",
     "pick_group",
 ]
@@ -89,7 +90,7 @@ class InstanceModel:
         service: dict[str, ServiceTime] = {}
         startup = 0.0
         seed = 0
-        batching = _group_batching(group)
+        batching = group_batching(group)
         for mid, m in group.models.items():
             params = m.sim or SimParams()
             if m.runtime != "sim":
@@ -246,7 +247,7 @@ def batching_params(spec: BatchingSpec) -> BatchingParams:
     )
 
 
-def _group_batching(group: GroupSpec) -> BatchingParams | None:
+def group_batching(group: GroupSpec) -> BatchingParams | None:
     """The group's batching server: one per instance, so every `sim` model of the group
     declares the same `batching:` block, or none does."""
     blocks = {mid: m.sim.batching if m.sim else None for mid, m in group.models.items()}

@@ -26,6 +26,13 @@ What each number bounds (instance-seconds, on one trace and instance model):
   it always did, at its own t = 0 need. `oracle(work, SimOptions(initial=k))` runs every
   candidate from k ready.
 
+Batching instances (`InstanceModel.batching`): a request's service time is its latency
+alone on an idle instance. The work floor stays a strict bound (a request never runs faster
+than alone: a larger batch, other sequences' KV, prefill pauses and preemption only slow
+it; and an instance holds at most max_concurrency); the oracle's profile is sized on it
+and its headroom search absorbs the batch's slowdown, each candidate being run with
+batching instances like every policy.
+
 A per-second "capacity needed" profile (ceil(offered concurrency / slots)) is NOT a lower
 bound once queueing within the SLO is allowed: a request may wait up to its slack, so a burst
 can be served by fewer instances over a longer time. That is why the oracle's headroom may

@@ -12,6 +12,7 @@ live policy starts at its spec's count and the oracle at its own t = 0 need, as 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from sluice.sim.causal import HINDSIGHT_NOTE, causal
 from sluice.sim.families import FAMILY_PREFIX, load_trace_or_family
 from sluice.sim.fleet import FleetOptions, run_fleet
 from sluice.sim.fleet_report import FleetResult, write_fleet_report
-from sluice.sim.model import InstanceModel, pick_group
+from sluice.sim.model import InstanceModel, group_batching, pick_group
 from sluice.sim.oracle import oracle
 from sluice.sim.report import write_report
 from sluice.sim.result import SimResult
@@ -44,6 +45,10 @@ __all__ = [
     "split_group_ref",
     "wants_fleet",
 ]
+
+DEFAULT_PREFILL_TPS = 10_000.0
+"""prompt tokens/s an instance prefills in a block-trace study when neither `--prefill-tps`
+nor the group's `sim.batching` says"""
 
 _GROUP_REF = re.compile(r"^([a-z0-9](?:[a-z0-9._-]{0,61}[a-z0-9])?)=(.+)$")
 
@@ -232,14 +237,16 @@ def simulate_prefix_spec(
     trace_path: str | Path,
     *,
     group: str | None = None,
-    prefill_tps: float = 10_000.0,
+    prefill_tps: float | None = None,
     seed: int = 1,
 ) -> dict[str, Any]:
     """A block trace (Mooncake JSONL: `hash_ids`) through one group's instances with KV
     caches (`sluice.sim.prefix`): its prefix-cache-aware choice (`GroupSpec.prefix_choice`;
     the defaults where it is off) against power of two choices and affinity, `replicas`
     instances each caching `index_blocks` blocks. `group`: default the first group with
-    `prefix_routing` written, else the first group that has it on, else the first group."""
+    `prefix_routing` written, else the first group that has it on, else the first group.
+    `prefill_tps`: default the group's batching server's (`sim.batching.prefill_tps`), else
+    `DEFAULT_PREFILL_TPS`; the result says which (`prefill_from`)."""
     from sluice.core.errors import SpecError, SpecIssue
     from sluice.sim.prefix import CacheModel, compare_pickers, load_block_trace
     from sluice.spec.models import PrefixRoutingSpec
@@ -255,6 +262,13 @@ def simulate_prefix_spec(
             (g for g in spec.groups if g.prefix_routing),
             next((g for g in spec.groups if g.prefix_choice()), spec.groups[0]),
         )
+    prefill_from = "--prefill-tps"
+    if prefill_tps is None:
+        b = group_batching(chosen)
+        if b is not None and b.prefill_tps != math.inf:
+            prefill_tps, prefill_from = b.prefill_tps, "sim.batching"
+        else:
+            prefill_tps, prefill_from = DEFAULT_PREFILL_TPS, "default"
     if prefill_tps <= 0:
         raise SpecError([SpecIssue("--prefill-tps", "must be > 0")])
     try:
@@ -273,6 +287,8 @@ def simulate_prefix_spec(
         "mode": "prefix",
         "group": chosen.name,
         "prefix_routing": "spec" if chosen.prefix_routing else "defaults",
+        "prefill_tps": prefill_tps,
+        "prefill_from": prefill_from,
         **result,
     }
 

@@ -32,9 +32,10 @@ from sluice.sim import (
     trace_from_rows,
 )
 from sluice.sim.codes import FAILED, PENDING
+from sluice.sim.drills import simulate_drill
 from sluice.sim.fleet import FleetOptions, run_fleet
 from sluice.sim.model import alone_seconds, batch_tokens
-from sluice.sim.study import simulate_fleet_spec, simulate_spec
+from sluice.sim.study import simulate_fleet_spec, simulate_prefix_spec, simulate_spec
 from sluice.sim.trace import Trace
 from sluice.spec import load_spec_text
 
@@ -261,6 +262,40 @@ def test_tokens_are_clipped_as_the_server_needs_and_service_is_alone_latency() -
     alone = alone_seconds(b, np.array([1000.0]), np.array([100.0]))[0]
     expect = 1000 / b.prefill_tps + 100 * b.step_s(1, 1000 + 50)
     assert alone == pytest.approx(expect)
+
+
+def test_a_drills_dry_run_uses_the_batching_server_unless_service_was_measured() -> None:
+    data = spec_data({"batching": LLM, "output_tokens": 64}, max_concurrency=24)
+    spec = load_spec_text(yaml.safe_dump(data)).spec
+    times = np.arange(0.0, 30.0, 0.1)
+    d = simulate_drill(spec, spec.groups[0], times, start_instances=1, slo_ms=5000)
+    assert d.model["instances"] == "batching"
+    assert sum(x.completed for x in d.samples) == len(times)
+    measured = simulate_drill(
+        spec, spec.groups[0], times, start_instances=1, slo_ms=5000, service_s=0.5
+    )
+    assert measured.model["instances"] == "slots"
+    assert measured.model["sources"]["service"] == "measured"
+
+
+def test_a_block_trace_study_prefills_at_the_batching_servers_rate(tmp_path: Path) -> None:
+    data = spec_data({"batching": LLM}, max_concurrency=24, replicas=2)
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(data))
+    trace = tmp_path / "blocks.jsonl"
+    rows = [
+        {"timestamp": 100 * i, "input_length": 1024, "output_length": 50, "hash_ids": [i % 7, i]}
+        for i in range(200)
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = simulate_prefix_spec(spec_path, trace)
+    assert (r["prefill_tps"], r["prefill_from"]) == (LLM["prefill_tps"], "sim.batching")
+    r = simulate_prefix_spec(spec_path, trace, prefill_tps=5000.0)
+    assert (r["prefill_tps"], r["prefill_from"]) == (5000.0, "--prefill-tps")
+    data["groups"][0]["models"]["m"]["sim"].pop("batching")
+    spec_path.write_text(yaml.safe_dump(data))
+    r = simulate_prefix_spec(spec_path, trace)
+    assert (r["prefill_tps"], r["prefill_from"]) == (10_000.0, "default")
 
 
 # -- what it shows -------------------------------------------------------------------------
