@@ -50,6 +50,16 @@ def test_erlang_b_in_closed_form_is_the_recursion(c: int, busy: float) -> None:
     assert queueing._erlang_b(c, a) == pytest.approx(b, rel=1e-9, abs=1e-300)
 
 
+@settings(max_examples=300, deadline=None)
+@given(c=st.integers(min_value=1, max_value=100_000), busy=st.floats(0.001, 3.0))
+def test_the_closed_form_reads_scipys_poisson_cdf_to_the_bit(c: int, busy: float) -> None:
+    """The Cython entry of pdtr the closed form calls is the ufunc's number, exactly."""
+    from scipy.special import pdtr
+
+    a = c * busy
+    assert queueing.pdtr(c, a) == float(pdtr(c, a))
+
+
 def test_wait_allowance_is_the_tighter_bound() -> None:
     assert wait_allowance_s(2.0, 2.0, 1.0, None) == 3.0  # one service time + 1 s
     assert wait_allowance_s(2.0, None, 0.0, 2500) == pytest.approx(0.5)
@@ -85,6 +95,41 @@ def test_steady_need_is_the_smallest_count_that_meets_the_budget(
     # more load or a tighter budget never needs fewer slots
     assert steady_slots(load * 1.2, o, miss) >= c
     assert steady_slots(load, o, miss / 2) >= c
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    load=st.floats(0.05, 5000),
+    tolerance=st.sampled_from([0.0, 0.05, 0.1, 0.5]),
+    miss=st.sampled_from([0.001, 0.005, 0.01, 0.05]),
+    slowdown=st.sampled_from([None, 1.5, 2.0, 4.0]),
+    latency_ms=st.sampled_from([None, 300.0, 2000.0]),
+    dispersion=st.floats(1.0, 30.0),
+    cs2=st.floats(0.0, 25.0),
+)
+def test_a_search_started_at_a_smaller_loads_answer_is_the_full_scan(
+    load: float,
+    tolerance: float,
+    miss: float,
+    slowdown: float | None,
+    latency_ms: float | None,
+    dispersion: float,
+    cs2: float,
+) -> None:
+    """The hold need's search starts at the steady need (`at_least`): the same count as the
+    scan from the first stable count, which reads every miss share on the way up."""
+    o = Objective.of(0.2, slowdown, 1.0, latency_ms, dispersion, cs2)
+    steady = steady_slots(load, o, miss)
+    hold = steady_slots(load * (1 + tolerance), o, miss, steady)
+    rounded = math.exp(
+        math.ceil(math.log(load * (1 + tolerance)) / queueing._LOG_STEP) * queueing._LOG_STEP
+    )
+    c = max(1, math.floor(rounded) + 1)
+    while o.miss(c, rounded) > miss:  # the plain scan, Erlang B afresh at every count
+        c += 1
+    assert hold >= steady
+    assert abs(hold - c) <= 1  # (afresh and carried Erlang B differ in the last bits)
+    assert hold == steady_slots(load * (1 + tolerance), o, miss)
 
 
 def test_square_root_staffing_at_large_loads() -> None:
