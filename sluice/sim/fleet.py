@@ -8,8 +8,9 @@ drill's dry run, bench/autoscale.py) is this same loop on a fleet of one.
 Events sit in one heap of `(t, kind, request)` tuples on float seconds; arrivals come from
 the merged, sorted traces beside it (no heap push per arrival). `kind >= 0` is the
 completion of `request` on instance `kind` (request -1: a batching instance's next event,
-below); negative kinds are control events (ready, crash, drain deadline, tick). At equal times control events run first, so a tick sees an instance
-that became ready at that instant.
+below); negative kinds are control events (ready, crash, drain deadline, tick). At equal
+times control events run first, so a tick sees an instance that became ready at that
+instant.
 
 Requests: each group's gateway is one `GroupAdmission` (the live code): slots = ready
 instances x max_concurrency; in-flight counts every running request, draining instances
@@ -243,6 +244,9 @@ class _Lane:
         default_factory=lambda: deque([(0, 0)], maxlen=P95_WINDOW_TICKS + 1)
     )
     preempted: int = 0
+    low: int = 0
+    """batching: no bucket below this level has an instance (where `start_batch` begins its
+    scan: max_concurrency is often in the hundreds for a batching server)"""
 
     @classmethod
     def of(cls, gi: int, g: GroupSpec, work: Workload) -> _Lane:
@@ -475,10 +479,11 @@ def run_fleet(
     def start_batch(L: _Lane, r: int, now: float) -> None:
         """`start` for a batching group: the least-loaded instance's server takes `r`."""
         buckets = L.buckets
-        for lvl in range(L.c):
+        for lvl in range(L.low, L.c):
             b = buckets[lvl]
             if b:
                 break
+        L.low = lvl
         k = next(iter(b))
         b.remove(k)
         inflight[k] = lvl + 1
@@ -494,9 +499,9 @@ def run_fleet(
                 push(heap, (due_at, k, -1))
 
     def server_event(k: int, now: float) -> None:
-        """Instance `k`'s server reaches its next event: its finished requests complete."""
-        if now != ev_at[k]:
-            return  # stale: superseded by an offer, an earlier event or a clear
+        """Instance `k`'s server reaches its next event (its live heap entry: one at
+        another time than `ev_at[k]` is stale, superseded by an offer, an event or a clear,
+        and skipped by the loop): its finished requests complete."""
         eng = engines[k]
         assert eng is not None
         L = lane_of[k]
@@ -523,6 +528,8 @@ def run_fleet(
                     if lvl < L.c:
                         L.buckets[lvl].remove(k)
                     L.buckets[lvl - 1].add(k)
+                    if lvl - 1 < L.low:
+                        L.low = lvl - 1
             elif lvl == 1:  # a draining instance finished its last request
                 stop(k, now)
             for w in L.adm.release():
@@ -579,6 +586,7 @@ def run_fleet(
                 rotating[k] = True
                 if inflight[k] < L.c:
                     buckets[inflight[k]].add(k)
+                    L.low = min(L.low, inflight[k])
         go = start if L.batch is None else start_batch
         for r in L.adm.set_slots(len(L.active) * L.c):
             go(L, r, now)
@@ -804,8 +812,9 @@ def run_fleet(
         if heap[0][0] <= ta:
             now, k, r = pop(heap)
             if k >= 0:  # a request finished
-                if r < 0:  # a batching server's event
-                    server_event(k, now)
+                if r < 0:  # a batching server's event (unless superseded since)
+                    if now == ev_at[k]:
+                        server_event(k, now)
                     continue
                 st = state[k]
                 if st == DEAD:
@@ -841,6 +850,7 @@ def run_fleet(
                     L.starting.remove(r)
                     L.active.append(r)
                     L.buckets[0].add(r)
+                    L.low = 0
                     rotating[r] = True
                     live[r] = status[r] = dataclasses.replace(
                         status[r], state=InstanceState.READY, ready_at=epoch + now
