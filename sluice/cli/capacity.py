@@ -125,7 +125,8 @@ def loadtest(
     with --fit, fit the batching model's time parameters too (--fit alone: only those)."""
 
     def do() -> dict[str, Any]:
-        from sluice.tools.capacity_report import spec_with_targets, write_loadtest_plot
+        from sluice.spec.edit import spec_with_targets
+        from sluice.tools.capacity_report import write_loadtest_plot
         from sluice.tools.loadtest import (
             FitOptions,
             LoadtestOptions,
@@ -170,7 +171,12 @@ def loadtest(
         if report is not None and result["steps"]:
             result["plot"] = str(write_loadtest_plot(result, report))
         rec = result.get("recommendation")
-        if propose and rec and slo_ms is not None:
+        stale = result["stored"].get("stale")
+        if stale:  # the knee moved: the control plane raised an alert, and filed a proposal
+            result["stale"] = stale
+            if stale.get("proposal"):
+                result["proposal"] = {"id": stale["proposal"]}
+        if propose and rec and slo_ms is not None and not (stale and stale.get("proposal")):
             yaml_text = client.get("/v1/revisions", limit=1)[0]["yaml_text"]
             try:
                 proposed = spec_with_targets(yaml_text, group, rec["targets"])
@@ -417,6 +423,14 @@ def _render_loadtest(r: dict[str, Any]) -> None:
     if r.get("compared_with"):
         c = r["compared_with"]
         out.print(f"vs {c['old_version']}: {c['verdict']} ({100 * c['rate_change']:+.0f}% rate)")
+    if r.get("stale"):
+        s = r["stale"]
+        filed = f"; proposal #{s['proposal']} updates them" if s.get("proposal") else ""
+        out.print(
+            f"[yellow]the knee moved {100 * s['rate_change']:+.0f}% from the last load test "
+            f"(margin {100 * s['margin']:.0f}%): its autoscaling targets are stale, an alert "
+            f"went to the group's channel{filed}[/yellow]"
+        )
     for key in ("plot", "proposal"):
         if r.get(key):
             out.print(f"{key}: {r[key] if key == 'plot' else r[key]['id']}")

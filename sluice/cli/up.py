@@ -42,6 +42,7 @@ from sluice.control import (
 from sluice.control.alerts import Alerting
 from sluice.control.alerts_api import alert_routes
 from sluice.control.capacity_api import capacity_routes
+from sluice.control.capacity_watch import StaleTargets
 from sluice.control.drills import DrillScheduler
 from sluice.control.gateways import GatewayFleet, LocalGateway, gateway_routes
 from sluice.control.handover import health_app, stop_route
@@ -455,7 +456,8 @@ class _Up:
         def more_routes(api: APIRouter) -> None:
             stop_route(api, self.request_stop, lambda: len(self.supervisor.statuses()))
             alert_routes(api, alerting, lambda: controller.spec, DURATION_BUCKETS_S)
-            capacity_routes(api, controller, store, self.clock.now, drills)
+            stale = StaleTargets(store, alerting, review)
+            capacity_routes(api, controller, store, self.clock.now, drills, stale)
             gateway_routes(api, fleet)
 
         api = build_control_api(

@@ -130,6 +130,37 @@ class Alerting:
         await self._write(now)
         return transitions
 
+    async def notice(
+        self,
+        g: GroupSpec,
+        rule: str,
+        severity: str,
+        text: str,
+        detail: Mapping[str, Any],
+        now: float,
+    ) -> None:
+        """A one-off alert that is no rule's state (a capacity test that made the group's
+        targets stale): an `alert_notice` event and a message to the group's channel,
+        delivered and retried as any alert's (state `firing`; nothing resolves it)."""
+        explain = self._links(g.name)
+        payload = {
+            "group": g.name,
+            "owner": g.owner,
+            "business": g.business,
+            "channel": channel_kind(g.alert_channel),
+            "rule": rule,
+            "severity": severity,
+            "state": "firing",
+            "at": now,
+            "detail": dict(detail),
+            "explain": explain,
+            "text": f"{text}. Why: {explain}",
+        }
+        self._recent.append(payload)
+        await self._events.emit(g.name, None, "alert_notice", text, rule=rule, severity=severity)
+        self._unsent.append((g.name, rule, "firing", payload, now))
+        await self._write(now)
+
     def _group_before(self, name: str) -> GroupSpec | None:
         return self._last_spec.group(name) if self._last_spec is not None else None
 

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field
 from sluice.control.api_deps import Limit, Me, RowId
 from sluice.control.auth import Role
 from sluice.control.bodies import TextBody, model_body
+from sluice.control.capacity_watch import StaleTargets
 from sluice.control.controller import Controller
 from sluice.control.drills import DrillScheduler, drill_named
 from sluice.control.guard import guarded
@@ -55,9 +56,11 @@ def capacity_routes(
     store: Store,
     now: Callable[[], float],
     drills: DrillScheduler | None = None,
+    stale: StaleTargets | None = None,
 ) -> None:
     """Add the pin, capacity-report and scheduled-drill routes to `api` (before the app
-    includes it); without `drills` the schedules are listed but never run."""
+    includes it); without `drills` the schedules are listed but never run; `stale` checks
+    each recorded load test against the group's last one (its answer's `stale`)."""
 
     @api.post("/v1/groups/{group}/pin")
     @guarded(Role.OPERATOR)
@@ -93,7 +96,11 @@ def capacity_routes(
             now=now(),
             report=body.report,
         )
-        return (await asyncio.to_thread(store.get_capacity_run, run_id)).to_json(False)
+        stored = await asyncio.to_thread(store.get_capacity_run, run_id)
+        out = stored.to_json(False)
+        if stale is not None and body.kind == "loadtest" and body.mode == "live":
+            out["stale"] = await stale.check(g, stored, me.name, now())
+        return out
 
     @api.get("/v1/groups/{group}/capacity")
     async def runs(

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 __all__ = [
     "HEADROOM",
+    "KNEE_MARGIN",
     "MIN_QUEUE",
     "MIN_UTILIZATION",
     "SAME_RATE",
@@ -30,6 +31,7 @@ __all__ = [
     "StepVerdict",
     "compare_capacity",
     "judge_step",
+    "knee_moved",
     "recommend",
 ]
 
@@ -39,6 +41,10 @@ Criterion = Literal["slo", "errors", "throughput", "generator"]
 SAME_RATE = 0.05
 """Two capacity results whose knees differ by less than this share are the same: the
 search's own resolution is 5%, so a smaller change is not a measured one."""
+KNEE_MARGIN = 0.20
+"""A load test whose knee is this much above or below the group's last one makes the
+autoscaling targets set from that one stale (`knee_moved`): four times the search's 5 %
+resolution, above the run-to-run spread of one instance's knee on a busy machine."""
 
 
 def _json(value: object) -> Any:
@@ -400,6 +406,18 @@ def recommend(
         utilization=min(1.0, max(MIN_UTILIZATION, raw_util)),
         notes=tuple(notes),
     )
+
+
+def knee_moved(
+    previous: Mapping[str, Any], new: Mapping[str, Any], margin: float = KNEE_MARGIN
+) -> dict[str, Any] | None:
+    """`compare_capacity(previous, new)` when the knee's rate moved by at least `margin`
+    either way; None when it did not, or when either result has no knee to compare."""
+    try:
+        compared = compare_capacity(previous, new)
+    except ValueError:
+        return None
+    return compared if abs(compared["rate_change"]) >= margin else None
 
 
 def compare_capacity(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

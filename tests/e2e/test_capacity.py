@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from sluice.policy.drills import time_to_scale_tolerance
@@ -206,3 +207,35 @@ def test_bad_drills_and_targets_are_refused_with_the_fix(platform: Sluice) -> No
         platform, "loadtest", "bench", "--slo-ms", "500", "--endpoint", "http://10.1.2.3:9"
     )
     assert code == 2 and "--allow-host" in doc["error"]["message"]
+
+
+def test_a_load_test_that_moves_the_knee_flags_the_targets_with_an_alert_and_a_proposal(
+    platform: Sluice,
+) -> None:
+    """Two load test reports of `elastic`, recorded as `sluice loadtest` records them: the
+    second puts the knee 40 % lower, past the 20 % margin, so the control plane raises a
+    `capacity_changed` alert to the group's channel and proposes the new targets; a third
+    within the margin of the second flags nothing."""
+
+    def record(rate: float, utilization: float) -> dict[str, Any]:
+        knee = {"rate_rps": rate, "concurrency": 2.0, "latency_ms": 700.0}
+        targets = {"utilization": utilization, "queue_per_instance": 0.5, "latency_p95_ms": 560}
+        report = {"group": "elastic", "knee": knee, "recommendation": {"targets": targets}}
+        r = httpx.post(
+            f"{platform.control_url}/v1/groups/elastic/capacity",
+            json={"kind": "loadtest", "mode": "live", "verdict": "measured", "report": report},
+            headers=platform.control_headers(),
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    record(10.0, 0.8)
+    moved = record(6.0, 0.55)["stale"]
+    assert moved["rate_change"] == -0.4 and moved["margin"] == 0.2 and moved["proposal"]
+    assert record(6.3, 0.56)["stale"] is None  # +5 %: within the margin
+    notices = [e for e in platform.cli("events", "elastic", "--limit", "100")
+               if e["kind"] == "alert_notice"]  # fmt: skip
+    assert any("capacity_changed" in e["message"] and "-40%" in e["message"] for e in notices)
+    diff = platform.cli("proposal", "show", str(moved["proposal"]))["diff"]
+    assert "utilization: 0.55" in diff, diff

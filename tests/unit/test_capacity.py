@@ -17,6 +17,7 @@ from sluice.policy.capacity import (
     StepVerdict,
     compare_capacity,
     judge_step,
+    knee_moved,
     recommend,
 )
 
@@ -334,3 +335,14 @@ def test_everything_serialises_to_json() -> None:
         "latency_p95_ms",
     }
     assert back["steps"][0]["measure"]["offered_rps"] == 1.0
+
+
+def test_a_knee_moved_past_the_margin_either_way_makes_targets_stale() -> None:
+    def result(rate: float) -> dict[str, object]:
+        return {"version": "v1", "knee": {"rate_rps": rate, "concurrency": 4, "latency_ms": 500}}
+
+    assert knee_moved(result(40), result(30))["rate_change"] == -0.25  # type: ignore[index]
+    assert knee_moved(result(40), result(50)) is not None  # faster counts too
+    assert knee_moved(result(40), result(45)) is None  # +12.5 %: within the 20 % margin
+    assert knee_moved(result(40), {"version": "v2", "knee": None}) is None  # nothing to compare
+    assert knee_moved(result(40), result(45), margin=0.1) is not None

@@ -7,7 +7,7 @@ import difflib
 
 import pytest
 
-from sluice.tools.capacity_report import spec_with_targets
+from sluice.spec.edit import spec_with_targets
 
 SPEC = """\
 # the fleet
