@@ -7,13 +7,14 @@ budgets, with `--pool NAME=COUNT` for a what-if pool size."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from sluice.cli.common import out, run
+from sluice.cli.common import ControlOpt, HomeOpt, client_for, out, run
 
 __all__ = ["simulate"]
 
@@ -101,6 +102,17 @@ def simulate(
             "sim.batching prefill_tps, else 10000)",
         ),
     ] = None,
+    fit: Annotated[
+        str | None,
+        typer.Option(
+            "--fit",
+            help="run the fitted group's instances as the server `sluice loadtest GROUP --fit` "
+            "measured: FILE (that command's --json, or a stored run's) or `latest` (the "
+            "group's newest stored fit, read from the control API)",
+        ),
+    ] = None,
+    home: HomeOpt = None,
+    control: ControlOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """What would happen with this spec on that traffic? (trace-driven simulation)"""
@@ -137,6 +149,9 @@ def simulate(
             "options": fleet_options,
             "report_dir": report,
         }
+        fitted = _fit(fit, group, home, control) if fit is not None else None
+        if fitted is not None:
+            fleet_args["fit"] = fitted
         if len(trace) == 1 and trace[0].endswith(".jsonl"):
             return simulate_prefix_spec(
                 spec, trace[0], group=group, prefill_tps=prefill_tps, seed=seed
@@ -170,6 +185,7 @@ def simulate(
             ),
             report_dir=report,
             warm=warm,
+            fit=fitted,
         )
 
     def render(r: dict[str, Any]) -> None:
@@ -183,6 +199,14 @@ def simulate(
             for line in render_comparison(r):
                 out.print(line, soft_wrap=True)
             return
+        if r.get("fitted"):
+            f, b = r["fitted"], r["fitted"]["batching"]
+            prefill = f"{b['prefill_tps']:g} tok/s" if b["prefill_tps"] else "free"
+            out.print(
+                f"{f['group']}: the server fitted by {f['from']} (step {b['step_base_s']:g} s + "
+                f"{b['step_per_seq_s']:g} s/seq, prefill {prefill}, start-up {f['startup_s']:g} s)",
+                soft_wrap=True,
+            )
         if r.get("mode") == "fleet":
             render_fleet(r)
             if "routed" in r:
@@ -317,6 +341,39 @@ def render_routed(r: dict[str, Any]) -> None:
         refused = ", ".join(f"{k} {v}" for k, v in o["refused"].items()) or "-"
         tenants.add_row(name, refused, *numbers(o))
     out.print(tenants)
+
+
+def _fit(
+    value: str, group: str | None, home: str | None, control: str | None
+) -> tuple[dict[str, Any], str]:
+    """The load test report whose fitted server `--fit` names, and where it came from: a
+    JSON file (`sluice loadtest --fit --json`, or a stored run, whose `report` it is), or
+    `latest`: the group's newest stored load test with a fit, from the control API."""
+    from sluice.core.errors import NotFound, SpecError, SpecIssue
+
+    if value == "latest":
+        if group is None:
+            raise SpecError([SpecIssue("--fit", "`latest` of which group? add --group GROUP")])
+        _, client = client_for(home, control)
+        runs = client.get(f"/v1/groups/{group}/capacity", kind="loadtest", limit=50, reports="true")
+        for stored in runs:
+            report = stored.get("report") or {}
+            if isinstance(report.get("fit"), dict) and report["fit"].get("params"):
+                return report, f"load test #{stored['id']} ({stored['version']})"
+        raise NotFound(
+            f"no stored load test of {group} has a fit; run `sluice loadtest {group} --fit`",
+            group=group,
+        )
+    try:
+        doc = json.loads(Path(value).read_text())
+    except OSError as exc:
+        raise NotFound(f"--fit {value}: {exc.strerror or exc}", file=value) from None
+    except ValueError as exc:
+        raise SpecError([SpecIssue("--fit", f"{value} is not JSON: {exc}")]) from None
+    report = doc.get("report", doc) if isinstance(doc, dict) else None
+    if not isinstance(report, dict):
+        raise SpecError([SpecIssue("--fit", f"{value}: a JSON object, a load test's report")])
+    return report, value
 
 
 def _rollouts(values: list[str]) -> dict[str, tuple[float, float]]:

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +32,7 @@ import numpy.typing as npt
 from sluice.core.errors import SpecError, SpecIssue
 from sluice.sim.batching import BatchingParams
 from sluice.spec.autoscaling import SloSpec
-from sluice.spec.models import GroupSpec, PlatformSpec
+from sluice.spec.models import GroupSpec, ModelSpec, PlatformSpec
 from sluice.spec.runtimes import (
     BatchingSpec,
     FixedServiceTime,
@@ -51,6 +53,7 @@ __all__ = [
     "group_batching",
     "nominal_seconds",
     "pick_group",
+    "with_fitted_batching",
 ]
 
 SERVICE_MIN_S = 0.01
@@ -98,8 +101,9 @@ class InstanceModel:
                     [
                         SpecIssue(
                             f"groups.{group.name}.models.{mid}.runtime",
-                            f"runtime {m.runtime!r} cannot be simulated; use runtime: sim with a "
-                            "service_time model",
+                            f"runtime {m.runtime!r} cannot be simulated as written; simulate it as "
+                            "the server `sluice loadtest GROUP --fit` measured (`sluice "
+                            "simulate --fit`), or use runtime: sim with a service_time model",
                         )
                     ]
                 )
@@ -302,6 +306,60 @@ def nominal_seconds(st: ServiceTime, output_tokens: int) -> float:
             return med
         case LinearServiceTime(a=a, b=b, c=c):
             return a + b + c * output_tokens
+
+
+def with_fitted_batching(
+    spec: PlatformSpec, report: Mapping[str, Any], source: str
+) -> tuple[PlatformSpec, dict[str, Any]]:
+    """The spec with the load-tested group's instances as the batching server `sluice
+    loadtest --fit` measured (`report`: that load test's report, `fit.params` under
+    `BatchingParams`' names): each of the group's models becomes a `sim` model with that
+    `batching:` block, so a `command` or `external` group is simulated on what its real
+    server did. What the fit does not measure: `max_seqs` is the group's `max_concurrency`
+    (the gateway never sends more), the KV cache is unbounded, a prompt's prefill is free
+    where the fit could not tell its rate; new instances take the start-up the load test saw
+    (`fit.startup_s`), else the group's declared one. Returns the spec and what was used."""
+
+    def refuse(why: str) -> SpecError:
+        return SpecError([SpecIssue("--fit", f"{source}: {why}")])
+
+    fit, name = report.get("fit"), report.get("group")
+    if not (isinstance(fit, Mapping) and isinstance(fit.get("params"), Mapping)) or not isinstance(
+        name, str
+    ):
+        fix = "give the JSON of `sluice loadtest GROUP --fit --json` or of its stored run"
+        raise refuse(f"no fitted batching model in it; {fix}")
+    g, params = spec.group(name), fit["params"]
+    if g is None:
+        raise refuse(f"it fits group {name!r}, which this spec does not have")
+    if params.get("step_base_s") is None:
+        raise refuse(f"the fit has no step time ({fit.get('error', 'not fitted')})")
+    batching = BatchingSpec(
+        max_seqs=g.max_concurrency,
+        prefill_tps=params.get("prefill_tps"),
+        step_base_s=params["step_base_s"],
+        step_per_seq_s=params.get("step_per_seq_s") or 0.0,
+        step_per_kv_token_s=params.get("step_per_kv_token_s") or 0.0,
+    )
+    startup = fit.get("startup_s") or g.declared_startup_s()
+    models = {
+        mid: ModelSpec(
+            runtime="sim",
+            version=m.version,
+            sim=SimParams(startup_s=startup, batching=batching),
+        )
+        for mid, m in g.models.items()
+    }
+    fitted = g.model_copy(update={"models": models})
+    groups = [fitted if x.name == name else x for x in spec.groups]
+    used = {
+        "group": name,
+        "from": source,
+        "version": report.get("version"),
+        "startup_s": startup,
+        "batching": batching.model_dump(mode="json"),
+    }
+    return spec.model_copy(update={"groups": groups}), used
 
 
 def pick_group(spec: PlatformSpec, name: str | None, source: str = "<spec>") -> GroupSpec:

@@ -24,7 +24,7 @@ from sluice.sim.causal import HINDSIGHT_NOTE, causal
 from sluice.sim.families import FAMILY_PREFIX, load_trace_or_family
 from sluice.sim.fleet import FleetOptions, run_fleet
 from sluice.sim.fleet_report import FleetResult, write_fleet_report
-from sluice.sim.model import InstanceModel, group_batching, pick_group
+from sluice.sim.model import InstanceModel, group_batching, pick_group, with_fitted_batching
 from sluice.sim.oracle import oracle
 from sluice.sim.report import write_report
 from sluice.sim.result import SimResult
@@ -73,6 +73,11 @@ class TraceShape:
         )
 
 
+Fit = tuple[Mapping[str, Any], str]
+"""A load test's report with a fitted batching model (`sluice loadtest --fit`), and where it
+was read from (a file, a stored run)."""
+
+
 def simulate_spec(
     spec_path: str | Path,
     trace_path: str | Path,
@@ -84,13 +89,15 @@ def simulate_spec(
     options: SimOptions | None = None,
     report_dir: str | Path | None = None,
     warm: bool = False,
+    fit: Fit | None = None,
 ) -> dict[str, Any]:
     """Run one simulation and return its summary (the `--json` document). `policy` is a live
     policy name (see `make_policy`), 'oracle' or 'causal' (`sluice.sim.causal`); `warm`
-    starts it with the oracle's t = 0 count ready (`start: warm`, `initial_instances`)."""
-    loaded = load_spec_file(spec_path)
-    g = pick_group(loaded.spec, group, str(spec_path))
-    model = InstanceModel.from_spec(loaded.spec, g, slo_ms)
+    starts it with the oracle's t = 0 count ready (`start: warm`, `initial_instances`);
+    `fit`: a load test's fitted server for its group (`with_fitted_batching`)."""
+    spec, fitted = _load(spec_path, fit)
+    g = pick_group(spec, group if group or fitted is None else fitted["group"], str(spec_path))
+    model = InstanceModel.from_spec(spec, g, slo_ms)
     sh = shape or TraceShape()
     o = options or SimOptions()
     _check_rollouts(o.rollouts, {g.name})
@@ -101,7 +108,7 @@ def simulate_spec(
     scaler = None
     if policy not in ("oracle", "causal"):
         try:
-            scaler = make_policy(model, policy, loaded.spec.schedule_templates)
+            scaler = make_policy(model, policy, spec.schedule_templates)
         except ValueError as exc:
             raise SpecError([SpecIssue("--policy", f"{exc}; or 'oracle', 'causal'")]) from None
     ws = warm_start(work, o) if warm else None
@@ -139,6 +146,7 @@ def simulate_spec(
     summary["policy"] = policy or (g.autoscaling.policy if g.autoscaling else "fixed")
     summary["group"] = g.name
     summary["instance_model"] = model.describe()
+    summary["fitted"] = fitted
     if report_dir is not None:
         summary["report"] = str(write_report(result, report_dir, summary))
     return summary
@@ -213,11 +221,12 @@ def simulate_routed_spec(
     pools: Mapping[str, int] | None = None,
     options: FleetOptions | None = None,
     report_dir: str | Path | None = None,
+    fit: Fit | None = None,
 ) -> dict[str, Any]:
     """One trace of callers (tenant, model, priority per request) through the spec's own
     rate limits and route choice (`sluice.sim.routed`), then the whole fleet; the summary
-    adds `routed`: outcomes per route and per tenant."""
-    spec = load_spec_file(spec_path).spec
+    adds `routed`: outcomes per route and per tenant (`fit`: as `simulate_fleet_spec`)."""
+    spec, fitted = _load(spec_path, fit)
     o = options or FleetOptions()
     routed = route_trace(
         spec, (shape or TraceShape()).of(load_trace_or_family(ref), o.seed), o.seed
@@ -227,9 +236,8 @@ def simulate_routed_spec(
         name: prepare(InstanceModel.from_spec(spec, groups[name], slo_ms), part)
         for name, part in routed.groups.items()
     }
-    return _fleet_run(
-        spec, works, o, policy, pools, report_dir, lambda r: {"routed": routed_outcomes(routed, r)}
-    )
+    extra = lambda r: {"routed": routed_outcomes(routed, r), "fitted": fitted}  # noqa: E731
+    return _fleet_run(spec, works, o, policy, pools, report_dir, extra)
 
 
 def simulate_prefix_spec(
@@ -304,11 +312,13 @@ def simulate_fleet_spec(
     pools: Mapping[str, int] | None = None,
     options: FleetOptions | None = None,
     report_dir: str | Path | None = None,
+    fit: Fit | None = None,
 ) -> dict[str, Any]:
     """Run the whole spec on its traces (`fleet_traces`), each windowed and scaled by
-    `shape`; `policy` replaces every autoscaled group's, `pools` the pools' counts. Returns
-    `FleetResult.summary()` (the `--json` document)."""
-    spec = load_spec_file(spec_path).spec
+    `shape`; `policy` replaces every autoscaled group's, `pools` the pools' counts; `fit` a
+    load test's fitted server for its group. Returns `FleetResult.summary()` (the `--json`
+    document)."""
+    spec, fitted = _load(spec_path, fit)
     sh = shape or TraceShape()
     o = options or FleetOptions()
     groups = {g.name: g for g in spec.groups}
@@ -316,7 +326,13 @@ def simulate_fleet_spec(
         name: prepare(InstanceModel.from_spec(spec, groups[name], slo_ms), sh.of(trace, o.seed))
         for name, trace in fleet_traces(spec, refs, group, str(spec_path)).items()
     }
-    return _fleet_run(spec, works, o, policy, pools, report_dir)
+    return {**_fleet_run(spec, works, o, policy, pools, report_dir), "fitted": fitted}
+
+
+def _load(spec_path: str | Path, fit: Fit | None) -> tuple[PlatformSpec, dict[str, Any] | None]:
+    """The spec, with `fit`'s group as the server the load test fitted (and what was used)."""
+    spec = load_spec_file(spec_path).spec
+    return (spec, None) if fit is None else with_fitted_batching(spec, *fit)
 
 
 def _fleet_run(

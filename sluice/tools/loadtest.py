@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -167,6 +168,7 @@ def loadtest(
         if fit is not None:
             model = next(iter(info["models"]))
             fitted = measure_fit(target, model, info["max_concurrency"], fit, say)
+            fitted["startup_s"] = _startup_s(control, group)
         if opts is not None:
             service_s = _probe(target, profile, opts)
             search = _search(opts, info, service_s)
@@ -220,6 +222,17 @@ def _search(opts: LoadtestOptions, info: dict[str, Any], service_s: float) -> Ra
         slo_ms=opts.slo_ms,
         quantile=opts.quantile,
     )
+
+
+def _startup_s(control: Control, group: str) -> float | None:
+    """The median launch-to-ready time of the group's ready instances (what a simulation
+    of the fitted server starts new ones in); None when none says."""
+    took = [
+        i["ready_at"] - i["created_at"]
+        for i in control.get("/v1/instances", group=group)
+        if i.get("ready_at") is not None and i.get("created_at") is not None
+    ]
+    return round(float(statistics.median(took)), 3) if took else None
 
 
 def _why_no_knee(steps: list[dict[str, Any]], fit_only: bool = False) -> str:
