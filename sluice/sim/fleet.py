@@ -7,8 +7,8 @@ drill's dry run, bench/autoscale.py) is this same loop on a fleet of one.
 
 Events sit in one heap of `(t, kind, request)` tuples on float seconds; arrivals come from
 the merged, sorted traces beside it (no heap push per arrival). `kind >= 0` is the
-completion of `request` on instance `kind` (request -1: a batching instance's next event,
-below); negative kinds are control events (ready, crash, drain deadline, tick). At equal
+completion of `request` on instance `kind`; negative kinds are control events (ready,
+crash, drain deadline, tick), and -1 a batching instance's next event (below). At equal
 times control events run first, so a tick sees an instance that became ready at that
 instant.
 
@@ -48,7 +48,7 @@ counts; a dispatched request is offered to its instance with its trace tokens
 and ends. Where max_concurrency > max_seqs (or the KV cache is full) a server's own
 waiting queue forms behind its batch, as with vLLM: those requests count as in flight at
 the gateway and as `server_waiting` in the `GroupLoad`. Each instance keeps one live heap
-entry `(next_event_at(), k, -1)`; `ev_at[k]` is its time, and an entry at another time is
+entry `(next_event_at(), -1, k)`; `ev_at[k]` is its time, and an entry at another time is
 stale (superseded by an offer or an event) and skipped. At an event the instance advances
 and each `Finished` is a completion: latency = gateway wait + its latency at the
 instance, TTFT = gateway wait + the instance's TTFT, TPOT the instance's, served time =
@@ -141,7 +141,8 @@ __all__ = [
 ]
 
 
-_READY, _CRASH, _DRAIN_DEADLINE, _TICK = -4, -3, -2, -1
+_READY, _CRASH, _DRAIN_DEADLINE, _TICK, _SERVER = -5, -4, -3, -2, -1
+"""control events first at equal times, then batching servers' events, then completions"""
 _REASONS = 5
 """distinct refusal texts kept per group"""
 _SAMPLE_EVERY, _SAMPLES = 300, 100
@@ -496,7 +497,7 @@ def run_fleet(
         if due_at != ev_at[k]:
             ev_at[k] = due_at
             if due_at < inf:
-                push(heap, (due_at, k, -1))
+                push(heap, (due_at, _SERVER, k))
 
     def server_event(k: int, now: float) -> None:
         """Instance `k`'s server reaches its next event (its live heap entry: one at
@@ -538,7 +539,7 @@ def run_fleet(
         if due_at != ev_at[k]:
             ev_at[k] = due_at
             if due_at < inf:
-                push(heap, (due_at, k, -1))
+                push(heap, (due_at, _SERVER, k))
 
     def stop(k: int, now: float, how: int = STOPPED) -> None:
         L = lane_of[k]
@@ -812,10 +813,6 @@ def run_fleet(
         if heap[0][0] <= ta:
             now, k, r = pop(heap)
             if k >= 0:  # a request finished
-                if r < 0:  # a batching server's event (unless superseded since)
-                    if now == ev_at[k]:
-                        server_event(k, now)
-                    continue
                 st = state[k]
                 if st == DEAD:
                     done[r] = FAILED
@@ -839,6 +836,9 @@ def run_fleet(
                 if woken:
                     for w in woken:
                         start(L, w, now)
+            elif k == _SERVER:  # a batching server's event (unless superseded since)
+                if now == ev_at[r]:
+                    server_event(r, now)
             elif k == _TICK:
                 if tick(now, i):
                     break
