@@ -70,3 +70,13 @@ def test_without_targets_the_readings_are_shown_but_ask_for_nothing() -> None:
     assert set(w.counts) == {4}
     assert dec.signals["ttft_p95_ms"] == 5000.0 and dec.signals["kv_cache_usage"] == 0.99
     assert not {"ttft", "tpot", "kv_cache"} & set(dec.proposals)
+
+
+def test_instances_still_starting_do_not_compound_the_ttft_proposal() -> None:
+    """TTFT stays over target until new instances are ready (30 s here): sized from the ready
+    ones, the proposal stays at 2x them instead of doubling every tick."""
+    pol = SluicePolicy(spec(targets={"ttft_p95_ms": 500}, **CALM))
+    w = World(pol, current=4, startup_s=30.0)
+    w.run(20, 30, ttft_p95_s=3.0)  # 6x over target, a queue: as many as the load asks
+    assert max(w.counts) == max(d.proposals["concurrency"] for d in w.decisions), w.counts
+    assert all(d.proposals["ttft"] <= 8 for d in w.decisions)  # 2 x the 4 ready, no more

@@ -30,7 +30,7 @@ Signals (each proposes an instance count; `lead` = `lead_time_s`, else the measu
 - latency: p95 against `targets.latency_p95_ms` (else the group's `slo.latency_ms`);
 - ttft, tpot (generative groups, issue 36): the p95 of streamed answers' time to first token
   (the gateway's, queue included) and time per output token against `targets.ttft_p95_ms`
-  and `targets.tpot_p95_ms`, weighed exactly as latency is (below);
+  and `targets.tpot_p95_ms`, weighed as latency is (below), sized from the ready instances;
 - kv_cache: the servers' mean KV-cache use against `targets.kv_cache_usage` (vLLM, SGLang,
   llama.cpp export it): a leading signal, a load proposal of its own once over target;
 - panic: arrivals over `panic.window_s` x service; at `threshold` x current capacity it
@@ -424,9 +424,12 @@ class SluicePolicy:
         latency does, `ceil(current x min(p95 / target, 2))`; and the servers' KV-cache use
         against its target, a leading signal (a full cache preempts sequences before any
         queue or TTFT shows it): `ceil(current x use / target)`, more instances spreading
-        the same sequences thinner. Shown without a target; proposing only with one."""
+        the same sequences thinner. Shown without a target; proposing only with one. Each
+        sizes from the ready instances, the ones whose answers and caches were read: counting
+        those still starting would compound the proposal every tick until they are ready
+        (1 -> 1000 in 10 s on a 20x burst with 30 s start-ups, found in simulation)."""
         t = self.spec.targets
-        current = max(load.current, 1)
+        ready = max(load.ready, 1)
         for name, seen_s, target_ms in (
             ("ttft", load.ttft_p95_s, t.ttft_p95_ms),
             ("tpot", load.tpot_p95_s, t.tpot_p95_ms),
@@ -437,9 +440,7 @@ class SluicePolicy:
             if target_ms is not None:
                 signals[f"{name}_target_ms"] = target_ms
                 ratio = seen_s * 1000 / target_ms
-                proposals[name] = (
-                    math.ceil(current * min(ratio, 2.0)) if ratio > 1 else load.current
-                )
+                proposals[name] = math.ceil(ready * min(ratio, 2.0)) if ratio > 1 else load.current
         use = load.kv_cache_usage
         if use is not None:
             signals["kv_cache_usage"] = round(use, 3)
@@ -447,7 +448,7 @@ class SluicePolicy:
                 signals["kv_cache_target"] = t.kv_cache_usage
                 over = use > t.kv_cache_usage
                 proposals["kv_cache"] = (
-                    math.ceil(current * use / t.kv_cache_usage) if over else load.current
+                    math.ceil(ready * use / t.kv_cache_usage) if over else load.current
                 )
 
     def _size_from_model(
