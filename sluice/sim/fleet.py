@@ -285,28 +285,17 @@ class _Lane:
         p95 = _p95(self.lat_log, self.marks[0])
         auto = self.g.autoscaling
         lead = auto.lead_time_s if auto is not None else None
+        # a batching group's servers say what the live scrape and gateway would: their
+        # queue, KV-cache use, and the p95 time to first and per output token
+        ttft = tpot = kv = None
+        waiting = 0
         if self.batch is not None:
             self.tmarks.append((len(self.ttft_log), len(self.tpot_log)))
+            ttft = _p95(self.ttft_log, self.tmarks[0][0])
+            tpot = _p95(self.tpot_log, self.tmarks[0][1])
             kv = self.kv_usage(now)
-            return GroupLoad(
-                at=at,
-                current=self.count,
-                ready=len(self.active) + len(self.spare),
-                slots_per_instance=self.c,
-                in_flight=self.adm.in_use,
-                queued=self.adm.queue_length,
-                arrivals=arrivals,
-                completions=len(self.lat_log),
-                served_s=self.served,
-                served_sq_s=self.served_sq,
-                latency_p95_s=p95,
-                startup_s=self.work.model.startup_s if lead is None else lead,
-                draining=self.draining,
-                server_waiting=self.server_waiting(),
-                ttft_p95_s=_p95(self.ttft_log, self.tmarks[0][0]),
-                tpot_p95_s=_p95(self.tpot_log, self.tmarks[0][1]),
-                kv_cache_usage=None if kv != kv else kv,
-            )
+            kv = None if kv != kv else kv  # NaN: an unbounded cache has no share in use
+            waiting = self.server_waiting()
         return GroupLoad(
             at=at,
             current=self.count,
@@ -321,6 +310,10 @@ class _Lane:
             latency_p95_s=p95,
             startup_s=self.work.model.startup_s if lead is None else lead,
             draining=self.draining,
+            server_waiting=waiting,
+            ttft_p95_s=ttft,
+            tpot_p95_s=tpot,
+            kv_cache_usage=kv,
         )
 
 
