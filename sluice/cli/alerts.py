@@ -54,6 +54,11 @@ def alerts(
                     f"{_value(a['value'])} ({a['series']} {a['op']} {a['threshold']:g})",
                 )
             out.print(t)
+        for h in x.get("starting", ()):
+            until = ts(h["until"]) if h.get("until") is not None else "-"
+            out.print(
+                f"{h['group']}: starting since {ts(h['since'])}, held until {until} ({h['held']})"
+            )
         if x["undelivered"]:
             u = Table("ID", "GROUP", "RULE", "STATE", "CREATED", "ATTEMPTS", "STATUS", "LAST ERROR")
             for d in x["undelivered"]:

@@ -34,6 +34,7 @@ from sluice.policy.alerts import (
     states_from_json,
     states_to_json,
 )
+from sluice.policy.startup import StartupState
 from sluice.spec import GroupSpec, PlatformSpec
 from sluice.spec.observability import AlertRule, AlertsSpec
 from sluice.store import AlertDelivery
@@ -93,6 +94,7 @@ class Alerting:
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         self._rules_of: tuple[PlatformSpec, dict[str, list[AlertRule]]] | None = None
         self._last_spec: PlatformSpec | None = None
+        self._starting: dict[str, StartupState] = {}
 
     async def load(self) -> None:
         """Take up the states stored before a restart (firing alerts stay firing)."""
@@ -111,11 +113,14 @@ class Alerting:
         spec: PlatformSpec,
         values_by_group: Mapping[str, Mapping[str, float | None]],
         now: float,
+        starting: Mapping[str, StartupState] | None = None,
     ) -> list[Transition]:
         """One evaluation (the observer's, about once a second): events and outbox rows
         for what fired or resolved, and the states stored when they changed. Nothing is
         written when nothing changed. A store that refuses writes loses nothing: rows
-        and states wait in memory until it takes them."""
+        and states wait in memory until it takes them. `starting`: the groups in their
+        start-up grace (`sluice.policy.startup`), shown by `report`."""
+        self._starting = dict(starting or {})
         new, transitions = evaluate(self._rules(spec), self._states, values_by_group, now)
         for t in transitions:
             group = spec.group(t.group) or self._group_before(t.group)
@@ -348,6 +353,16 @@ class Alerting:
             "pending": [a for a in current if a["phase"] == "pending"],
             "recent": list(reversed(recent))[:50],
             "undelivered": [{**r.to_json(), "dead": r.dead_at is not None} for r in rows],
+            "starting": [
+                {
+                    "group": name,
+                    "since": s.since,
+                    "until": s.until,
+                    "held": "no-ready-instance: its first instances are still starting",
+                }
+                for name, s in sorted(self._starting.items())
+                if group is None or name == group
+            ],
         }
 
     def prometheus_text(self) -> bytes:

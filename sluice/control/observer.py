@@ -17,7 +17,7 @@ import asyncio
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,6 +41,12 @@ from sluice.policy.history import (
 from sluice.policy.quota import Allocation
 from sluice.policy.quota.budget import budget_shares
 from sluice.policy.quota.metering import Meter
+from sluice.policy.startup import (
+    StartupReading,
+    StartupState,
+    follow_startups,
+    starting_groups,
+)
 from sluice.spec import GroupSpec, PlatformSpec
 from sluice.store import RollupRow
 from sluice.store.ports import RollupRecords, StateRecords
@@ -50,6 +56,7 @@ __all__ = [
     "Observer",
     "group_gauges",
     "series_context",
+    "startup_readings",
     "stored_history",
     "stored_rollups",
 ]
@@ -86,6 +93,7 @@ class AlertSink(Protocol):
         spec: PlatformSpec,
         values_by_group: Mapping[str, Mapping[str, float | None]],
         now: float,
+        starting: Mapping[str, StartupState] = ...,
     ) -> object: ...
 
 
@@ -99,9 +107,13 @@ def series_context(g: GroupSpec | None) -> SeriesContext:
 
 
 def group_gauges(
-    obs: Observation, traffic: Mapping[str, TrafficSample], now: float
+    obs: Observation,
+    traffic: Mapping[str, TrafficSample],
+    now: float,
+    starting: Collection[str] = (),
 ) -> dict[str, dict[str, float]]:
-    """Each group's gauges now (`sluice.policy.history.GAUGES`)."""
+    """Each group's gauges now (`sluice.policy.history.GAUGES`). `starting`: groups in
+    their start-up grace (`sluice.policy.startup`), whose `no_ready_instance` reads 0."""
     spec, alloc, meter = obs.spec, obs.allocation, obs.meter
     by_state = Counter((i.group, i.state) for i in obs.instances)
     alive = Counter(i.group for i in obs.instances if i.state in ALIVE_STATES)
@@ -126,7 +138,9 @@ def group_gauges(
             "instances": float(alive[name]),
             "starting_instances": float(sum(by_state[name, st] for st in _STARTING)),
             "draining_instances": float(by_state[name, InstanceState.DRAINING]),
-            "no_ready_instance": float(obs.counts.get(name, 0) > 0 and not ready.get(name)),
+            "no_ready_instance": float(
+                obs.counts.get(name, 0) > 0 and not ready.get(name) and name not in starting
+            ),
             "held_units": held,
             "guaranteed_units": float(g.quota.guaranteed),
             "busy_units": busy * g.resources.accelerators,
@@ -142,6 +156,27 @@ def group_gauges(
         if name in shares:
             gauges["budget_used"] = shares[name]
         out[name] = gauges
+    return out
+
+
+def startup_readings(obs: Observation) -> dict[str, StartupReading]:
+    """Each group's start-up reading (`sluice.policy.startup`): the count in force, the
+    ready instances, the launch time of the newest failed one, and the time its spec allows
+    a start (launch to ready, plus the warm-up when it warms up)."""
+    ready = Counter(i.group for i in obs.instances if i.state is InstanceState.READY)
+    failed: dict[str, float] = {}
+    for i in obs.instances:
+        if i.state is InstanceState.FAILED:
+            failed[i.group] = max(failed.get(i.group, i.created_at), i.created_at)
+    out = {}
+    for g in obs.spec.groups:
+        warmup = g.warmup.timeout_s if g.warmup.requests > 0 else 0.0
+        out[g.name] = StartupReading(
+            wanted=obs.counts.get(g.name, 0),
+            ready=ready[g.name],
+            allowance_s=g.health.startup_timeout_s + warmup,
+            newest_failed_at=failed.get(g.name),
+        )
     return out
 
 
@@ -182,6 +217,8 @@ class Observer:
         self._hours_done: float | None = None
         """start of the newest hour already merged into an hour row"""
         self._unstored: list[tuple[str, float, Rollup]] = []
+        self._startups: dict[str, StartupState] = {}
+        """each group's start-up: while one is `starting`, no alert reads it as down"""
 
     async def load(self) -> None:
         await self.followups.load()
@@ -217,7 +254,8 @@ class Observer:
         closed, values = await asyncio.to_thread(self._gather, obs, traffic, now)
         await self._keep(closed, now)
         if self._alerts is not None:
-            await self._alerts.evaluate(spec, values, now)
+            starting = {g: s for g, s in self._startups.items() if s.phase == "starting"}
+            await self._alerts.evaluate(spec, values, now, starting)
 
         def window(group: str, window_s: float) -> Mapping[str, float | None]:
             return self.values(spec.group(group), now, window_s, name=group)
@@ -239,7 +277,9 @@ class Observer:
         self._acc.keep_s = max(o.alerts.window_s, o.followup.window_s) + 2 * READ_S
         shortest = min(o.alerts.window_s, o.followup.window_s)
         self._acc.slice_s = min(SLICE_MAX_S, max(READ_S, shortest / 12))
-        for name, gauges in group_gauges(obs, traffic, now).items():
+        self._startups = follow_startups(self._startups, startup_readings(obs), now)
+        starting = starting_groups(self._startups)
+        for name, gauges in group_gauges(obs, traffic, now, starting).items():
             self._acc.observe(name, traffic.get(name), gauges, now)
         self._acc.forget(g.name for g in spec.groups)
         values = {}
