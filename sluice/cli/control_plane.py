@@ -47,6 +47,19 @@ HealthPortOpt = Annotated[
     ),
 ]
 HealthHostOpt = Annotated[str, typer.Option(help="address of the health port")]
+ControlPortOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--control-port",
+        envvar="SLUICE_CONTROL_PORT",
+        min=0,
+        max=65535,
+        help="control API and console port (overrides the spec's control.port; 0: any free "
+        "one). Unset, with no control.port, the first free port picked is remembered in the "
+        "state directory and kept across restarts",
+        show_default=False,
+    ),
+]
 
 STOPPING = """Stopping: SIGTERM hands over (the lease is released at once and every instance
 keeps running for the next leader: a standby, or the next start, adopts them); Ctrl-C
@@ -62,6 +75,7 @@ def up(
     log_level: LogLevelOpt = "info",
     health_port: HealthPortOpt = None,
     health_host: HealthHostOpt = "127.0.0.1",
+    control_port: ControlPortOpt = None,
 ) -> None:
     """Run controller, gateway and control API in one process until stopped.
 
@@ -75,6 +89,7 @@ def up(
         insecure=insecure,
         health_port=health_port,
         health_host=health_host,
+        control_port=control_port,
     )
     _serve(home, log_level, file, args)
 
@@ -97,6 +112,7 @@ def controller(
     log_level: LogLevelOpt = "info",
     health_port: HealthPortOpt = None,
     health_host: HealthHostOpt = "127.0.0.1",
+    control_port: ControlPortOpt = None,
 ) -> None:
     """Run the controller and control API without a gateway, until stopped: the data plane
     is `sluice gateway --control URL` processes (any number, on any host) that sync with it.
@@ -111,6 +127,7 @@ def controller(
         endpoint=endpoint,
         health_port=health_port,
         health_host=health_host,
+        control_port=control_port,
     )
     _serve(home, log_level, file, args)
 
@@ -130,6 +147,7 @@ class UpArgs:
     endpoint: str | None = None
     health_port: int | None = None
     health_host: str = "127.0.0.1"
+    control_port: int | None = None
 
 
 def down(

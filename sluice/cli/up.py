@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import getpass
 import json
 import logging
@@ -27,6 +26,7 @@ import uvicorn
 from fastapi import APIRouter
 
 from sluice.cli.common import state_store
+from sluice.cli.control_port import PortInUse, bind_control, control_socket
 from sluice.cli.serving import QuietServer, keep_serving, quiet_store_outages, until_stopped
 from sluice.config import Settings
 from sluice.control import (
@@ -50,7 +50,6 @@ from sluice.control.leadership import FencedRuntime, Leadership, new_holder
 from sluice.control.secrets_key import installation_sealer
 from sluice.control.spec_work import warm_up
 from sluice.core import Conflict, InstanceState, NotFound, SystemClock, collector
-from sluice.core.urls import is_loopback_host
 from sluice.gateway import Gateway
 from sluice.gateway.metrics import CONTENT_TYPE, DURATION_BUCKETS_S
 from sluice.policy.lease import LeaseTiming, takeover_bound_s
@@ -89,6 +88,8 @@ class UpOptions:
     endpoint: str | None = None
     health_port: int | None = None
     health_host: str = "127.0.0.1"
+    control_port: int | None = None
+    """--control-port: overrides the spec's control.port (0: any free port now)"""
 
 
 async def serve(settings: Settings, options: UpOptions) -> None:
@@ -292,26 +293,31 @@ class _Up:
         )
         return None
 
-    def _bind_control(self, control: ControlSpec) -> socket.socket | None:
-        """The control API's socket; None when `sluice controller` finds its port held (by
-        a deposed controller on this host not yet gone): the API binds it once free."""
+    def _bind_control(self, control: ControlSpec) -> tuple[socket.socket | None, int]:
+        """The control API's socket and port (`sluice.cli.control_port`: configured, else
+        remembered from the first start); no socket when `sluice controller` finds its
+        configured port held (by a deposed controller on this host not yet gone): the API
+        binds it once free."""
+        flag = self.options.control_port
         try:
-            return _control_socket(control, self.options.insecure)
-        except _PortInUse:
+            bound = bind_control(control, self.settings.home, flag, self.options.insecure)
+        except PortInUse:
             if self.options.gateway:
                 raise
+            port = flag or control.port
             print(
-                f"the control port {control.host}:{control.port} is in use (a controller on "
+                f"the control port {control.host}:{port} is in use (a controller on "
                 "this host that has not exited yet?): leading meanwhile, the control API "
                 "listens once it is free",
                 flush=True,
             )
-            return None
+            return None, port
+        return bound.sock, bound.port
 
     async def _wait_for_port(self, control: ControlSpec) -> socket.socket:
         while True:
-            with contextlib.suppress(_PortInUse):
-                return _control_socket(control, self.options.insecure)
+            with contextlib.suppress(PortInUse):
+                return control_socket(control, self.options.insecure)
             await asyncio.sleep(self.leadership.timing.retry_period_s)
 
     async def _lead(self) -> bool:
@@ -360,7 +366,7 @@ class _Up:
         leading = asyncio.create_task(self._keep_leading(), name="leadership")
         loaded = await self._file_to_apply()
         first = loaded.spec if loaded else await _latest_spec(store, self.sealer)
-        control_sock = self._bind_control(first.control)
+        control_sock, control_port = self._bind_control(first.control)
         gateway = None
         if options.gateway:
             gateway = Gateway(
@@ -422,7 +428,6 @@ class _Up:
                     f"the gateway cannot listen on {gateway.host}:{gateway.port}: "
                     f"{exc.strerror}; free the port or pick another with --port"
                 ) from None
-        control_port = first.control.port if control_sock is None else control_sock.getsockname()[1]
         tls = spec.control.tls
         scheme = "https" if tls else "http"
         control_url = f"{scheme}://{_url_host(spec.control.host)}:{control_port}"
@@ -633,35 +638,6 @@ async def _latest_spec(store: Store, sealer: Sealer) -> PlatformSpec:
     if latest is None:
         raise NotFound("no spec in this state directory yet: start with `sluice up -f FILE`")
     return open_revision(latest.yaml_text, f"revision {latest.number}", sealer).spec
-
-
-class _PortInUse(Conflict):
-    """The control API's address is held by another process."""
-
-
-def _control_socket(control: ControlSpec, insecure: bool) -> socket.socket:
-    """The control API's listening socket: loopback, or TLS, or explicitly `--insecure`."""
-    if not is_loopback_host(control.host) and control.tls is None:
-        if not insecure:
-            raise Conflict(
-                f"the control API would listen on {control.host} without TLS: tokens would "
-                "cross the network in clear. Set control.tls {cert_file, key_file}, bind "
-                "127.0.0.1, or pass --insecure (a trusted network only)",
-                host=control.host,
-            )
-        log.warning(
-            "INSECURE: the control API listens on %s without TLS (--insecure): anyone on "
-            "the path can read tokens",
-            control.host,
-        )
-    family = socket.AF_INET6 if ":" in control.host else socket.AF_INET
-    try:
-        return socket.create_server((control.host, control.port), family=family)
-    except OSError as exc:
-        kind = _PortInUse if exc.errno == errno.EADDRINUSE else Conflict
-        raise kind(
-            f"the control API cannot listen on {control.host}:{control.port}: {exc.strerror}"
-        ) from None
 
 
 def _allowed_hosts(control: ControlSpec) -> list[str]:
