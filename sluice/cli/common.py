@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from sluice.cli.client import ControlClient
+from sluice.cli.terminal import FittedConsole
 from sluice.config import Settings
 from sluice.core import SluiceError, SpecError, SpecIssue, StoreUnavailable
 from sluice.spec import load_spec_file
@@ -48,8 +48,8 @@ __all__ = [
     "ts",
 ]
 
-out = Console()
-err = Console(stderr=True)
+out = FittedConsole()
+err = FittedConsole(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document")]
 HomeOpt = Annotated[str | None, typer.Option("--home", help="state directory ($SLUICE_HOME)")]
