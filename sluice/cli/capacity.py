@@ -24,7 +24,7 @@ from sluice.cli.common import (
     run,
     ts,
 )
-from sluice.core import SpecError, SpecIssue
+from sluice.core import SpecError, SpecIssue, verdict_exit
 
 __all__ = ["capacity", "drill", "loadtest"]
 
@@ -46,6 +46,16 @@ ProfileOpt = Annotated[
     typer.Option("--profile", help="request bodies: a trace CSV (token counts) or JSONL samples"),
 ]
 ReportOpt = Annotated[Path | None, typer.Option("--report", help="write the plot(s) here")]
+MaxLagOpt = Annotated[
+    float,
+    typer.Option(
+        "--max-lag-ms",
+        min=0,
+        help="the generator's p99 lag behind its schedule past which the run is inconclusive",
+    ),
+]
+DEFAULT_MAX_LAG_MS = 50.0
+"""`sluice.policy.generator.BEHIND_LAG_S`, in ms (not imported: the CLI starts light)"""
 
 
 def _target(
@@ -113,6 +123,7 @@ def loadtest(
     fit_prompts: Annotated[
         str, typer.Option("--fit-prompts", help="--fit: prompt lengths (words) at concurrency 1")
     ] = "128,1024,4096",
+    max_lag_ms: MaxLagOpt = DEFAULT_MAX_LAG_MS,
     report: ReportOpt = None,
     endpoint: EndpointOpt = None,
     api_key: ApiKeyOpt = None,
@@ -122,7 +133,9 @@ def loadtest(
     as_json: JsonOpt = False,
 ) -> None:
     """Find the rate one instance holds under the SLO (the knee) and the targets it implies;
-    with --fit, fit the batching model's time parameters too (--fit alone: only those)."""
+    with --fit, fit the batching model's time parameters too (--fit alone: only those).
+    Exits 8 when no rate held the SLO, 9 when the run is inconclusive (the generator fell
+    behind its schedule: no knee, no targets, no proposal)."""
 
     def do() -> dict[str, Any]:
         from sluice.spec.edit import spec_with_targets
@@ -160,6 +173,7 @@ def loadtest(
                 start_rps=start_rps,
                 max_rps=max_rps,
                 max_steps=max_steps,
+                max_lag_s=max_lag_ms / 1000.0,
             )
             if slo_ms is not None
             else None
@@ -188,7 +202,13 @@ def loadtest(
             )
         return result
 
-    run(as_json, do, _render_loadtest)
+    run(as_json, do, _render_loadtest, _loadtest_exit)
+
+
+def _loadtest_exit(result: dict[str, Any]) -> int:
+    from sluice.tools.loadtest import run_verdict
+
+    return verdict_exit(run_verdict(result))
 
 
 def _ints(option: str, text: str) -> tuple[int, ...]:
@@ -235,6 +255,7 @@ def drill(
         float, typer.Option("--max-shed", min=0, max=1, help="criterion: shed share")
     ] = 0.05,
     seed: Annotated[int, typer.Option("--seed", help="the arrivals' random seed")] = 0,
+    max_lag_ms: MaxLagOpt = DEFAULT_MAX_LAG_MS,
     profile: ProfileOpt = None,
     report: ReportOpt = None,
     endpoint: EndpointOpt = None,
@@ -244,7 +265,9 @@ def drill(
     control: ControlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Send a synthetic peak (or simulate it) and judge how autoscaling reacted."""
+    """Send a synthetic peak (or simulate it) and judge how autoscaling reacted; a live
+    drill then hands the group back to its autoscaler. Exits 8 when the verdict fails, 9
+    when it is inconclusive (the generator fell behind its schedule)."""
 
     def do() -> dict[str, Any]:
         from sluice.policy.drills import DrillCriteria
@@ -276,6 +299,7 @@ def drill(
             start_instances=instances,
             seed=seed,
             criteria=criteria,
+            max_lag_s=max_lag_ms / 1000.0,
         )
         if simulate and file is not None:  # no fleet: the spec file alone
             spec = load_spec_file(file).spec
@@ -304,7 +328,7 @@ def drill(
             result["plot"] = str(write_drill_plot(result, report))
         return result
 
-    run(as_json, do, _render_drill)
+    run(as_json, do, _render_drill, lambda r: verdict_exit(r["judgement"]["verdict"]))
 
 
 def capacity(
@@ -410,6 +434,9 @@ def _render_loadtest(r: dict[str, Any]) -> None:
         )
     out.print(table)
     knee, rec = r.get("knee"), r.get("recommendation")
+    if r.get("inconclusive"):
+        out.print(f"[yellow]inconclusive: {escape(r['inconclusive'])}[/yellow]", soft_wrap=True)
+        return
     if knee is None:
         out.print(f"[red]{escape(r.get('no_knee') or 'no rate held the SLO')}[/red]")
         return
@@ -527,6 +554,12 @@ def _render_drill(r: dict[str, Any]) -> None:
         out.print(f"  {key.replace('_', ' ')}? {mark}: {section['detail']}", soft_wrap=True)
     for why in j["reasons"]:
         out.print(f"  - {why}", soft_wrap=True)
+    handed = r.get("handed_back")
+    if handed is not None:
+        done = handed["done"]
+        color = "green" if done else "red"
+        text = f"handed back: {handed['why']}" if done else handed["why"]
+        out.print(f"[{color}]{escape(text)}[/{color}]", soft_wrap=True)
     if r.get("plot"):
         out.print(f"plot: {r['plot']}")
 

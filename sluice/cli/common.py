@@ -2,8 +2,9 @@
 result or error is printed (--json: exactly one JSON document; errors: one line and their
 exit code, listed in the README: 1 internal, 2 invalid spec, 3 conflict, 4 not found, 5
 unauthorized or forbidden, 6 unavailable (the control API does not answer), 7 the state
-store does not answer or take writes). A store that fails under a command that reads it
-directly is an error too, not a traceback."""
+store does not answer or take writes); a command whose report carries a verdict prints it
+and exits by it (`sluice.core.verdicts`: 8 failed, 9 inconclusive). A store that fails under
+a command that reads it directly is an error too, not a traceback."""
 
 from __future__ import annotations
 
@@ -58,8 +59,15 @@ FileOpt = Annotated[Path, typer.Option("-f", "--file", help="spec YAML")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="why; recorded in the audit log")]
 
 
-def run(as_json: bool, fn: Callable[[], Any], render: Callable[[Any], None]) -> None:
-    """Run a command; print its result as JSON or via `render`; map errors to exit codes."""
+def run(
+    as_json: bool,
+    fn: Callable[[], Any],
+    render: Callable[[Any], None],
+    exit_code: Callable[[Any], int] | None = None,
+) -> None:
+    """Run a command; print its result as JSON or via `render`; map errors to exit codes.
+    `exit_code`: the code the command ends with once its result is printed (a verdict's:
+    `sluice.core.verdicts.verdict_exit`)."""
     try:
         result = fn()
     except Exception as exc:
@@ -75,6 +83,9 @@ def run(as_json: bool, fn: Callable[[], Any], render: Callable[[Any], None]) -> 
         print(json.dumps(result, default=str))
     else:
         render(result)
+    code = exit_code(result) if exit_code is not None else 0
+    if code:
+        raise typer.Exit(code)
 
 
 def print_error(exc: SluiceError) -> None:

@@ -1,5 +1,7 @@
 """`sluice compare`: the same fixed suite to two versions, and how their answers differ (C5).
-The engine is `sluice.tools.compare`; this module only reads options and prints."""
+The engine is `sluice.tools.compare`; this module only reads options and prints. Given a
+threshold (`--min-exact-match`, `--min-similarity`, `--min-cosine`, `--max-error-rate`), the
+report carries a verdict (`sluice.policy.compare_gate`) and a failed one exits 8."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from sluice.cli.common import gateway_endpoint, out, run
+from sluice.core import verdict_exit
 
 __all__ = ["compare"]
 
@@ -38,12 +41,32 @@ def compare(
         float, typer.Option("--timeout", min=0.1, help="seconds per request")
     ] = 120.0,
     worst: Annotated[int, typer.Option("--worst", min=0, help="how many worst items")] = 10,
+    min_exact_match: Annotated[
+        float | None,
+        typer.Option("--min-exact-match", min=0, max=1, help="gate: share of equal outputs"),
+    ] = None,
+    min_similarity: Annotated[
+        float | None,
+        typer.Option("--min-similarity", min=0, max=1, help="gate: mean text similarity"),
+    ] = None,
+    min_cosine: Annotated[
+        float | None,
+        typer.Option("--min-cosine", min=0, max=1, help="gate: mean embedding cosine"),
+    ] = None,
+    max_error_rate: Annotated[
+        float | None,
+        typer.Option("--max-error-rate", min=0, max=1, help="gate: share of items not compared"),
+    ] = None,
     home: Annotated[str | None, typer.Option("--home", help="state directory")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
-    """Send one suite to two targets and report exact matches, similarity, lengths, latency."""
+    """Send one suite to two targets and report exact matches, similarity, lengths, latency;
+    with thresholds, a verdict too (exit 8 when one is not met)."""
+    from sluice.policy.compare_gate import CompareThresholds, judge_compare
     from sluice.tools import CompareOptions, parse_target, write_compare_report
     from sluice.tools import compare as run_compare
+
+    thresholds = CompareThresholds(min_exact_match, min_similarity, min_cosine, max_error_rate)
 
     def do() -> dict[str, Any]:
         gateway = endpoint
@@ -58,6 +81,8 @@ def compare(
         target_a = parse_target(a, "--a", gateway)
         target_b = parse_target(b, "--b", gateway)
         result = asyncio.run(run_compare(suite, target_a, target_b, options))
+        if thresholds.any:
+            result["gate"] = judge_compare(result["summary"], thresholds).to_json()
         if report is not None:
             result["report"] = str(write_compare_report(result, report))
         return result
@@ -95,8 +120,18 @@ def compare(
             )
         if "report" in r:
             out.print(f"report: {r['report']}")
+        gate = r.get("gate")
+        if gate is not None:
+            color = "green" if gate["verdict"] == "pass" else "red"
+            out.print(f"verdict: [{color}]{gate['verdict']}[/{color}]")
+            for why in gate["reasons"]:
+                out.print(f"  - {why}", soft_wrap=True, highlight=False)
 
-    run(as_json, do, render)
+    def exit_code(r: dict[str, Any]) -> int:
+        gate = r.get("gate")
+        return 0 if gate is None else verdict_exit(gate["verdict"])
+
+    run(as_json, do, render, exit_code)
 
 
 def _num(x: float | None) -> str:

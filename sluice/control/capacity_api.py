@@ -42,6 +42,12 @@ class UnpinRequest(TextBody):
     reason: str = Field(min_length=1)
 
 
+class HandBackRequest(TextBody):
+    model_config = ConfigDict(str_max_length=4096)
+    replicas: int = Field(ge=0, le=1000, description="the count the test found the group at")
+    reason: str = Field(min_length=1)
+
+
 class RunReport(TextBody):
     model_config = ConfigDict(str_max_length=1 << 20)
     kind: Literal["loadtest", "drill"]
@@ -77,6 +83,14 @@ def capacity_routes(
         controller.group(group)
         lifted = await controller.pins.lift(group, me.name, body.reason)
         return {"group": group, "lifted": lifted.to_json() if lifted else None}
+
+    @api.post("/v1/groups/{group}/hand-back")
+    @guarded(Role.OPERATOR)
+    async def hand_back(group: str, body: HandBackRequest, me: Me) -> dict[str, Any]:
+        """After a drill: the group's autoscaler starts afresh from `replicas` (the count
+        the drill found it at), so the drill's peak no longer holds instances."""
+        me.require(Role.OPERATOR, f"handing {group} back", groups=(group,))
+        return await controller.hand_back(group, body.replicas, me.name, body.reason)
 
     @api.post("/v1/groups/{group}/capacity")
     @guarded(Role.OPERATOR, MAX_REPORT_BYTES)

@@ -52,6 +52,7 @@ from sluice.policy.kernel import (
     compile_spec,
     count_in_force,
     due,
+    handed_back,
     step,
 )
 from sluice.policy.tick import TickDecision, is_advisory, standby
@@ -439,6 +440,30 @@ class Controller:
         """Hold `group` at `replicas` for `for_s` seconds (`sluice.control.pins`)."""
         self._check_count(self.group(group), replicas)
         return await self.pins.hold(group, replicas, for_s, actor, reason, self._clock.now())
+
+    async def hand_back(self, group: str, replicas: int, actor: str, reason: str) -> dict[str, Any]:
+        """After a test that moved `group` (a peak drill): its autoscaler starts afresh from
+        `replicas` (`sluice.policy.kernel.handed_back`), so the test's load no longer holds
+        instances through its cooldown. A pin is not the test's to lift: the answer names
+        one in force. Conflict for a group not actively autoscaled."""
+        before = self.desired_replicas(group)  # NotFound for an unknown group
+        try:
+            compiled = self._compiled or self._compiled_for(self.spec)  # the last tick's
+            to, self._memory = handed_back(self._memory, compiled, group, replicas)
+        except KeyError:
+            raise Conflict(
+                f"group {group!r} is not actively autoscaled: its count is its replicas or an "
+                "operator's override, and nothing of a test stays in it",
+                group=group,
+            ) from None
+        detail = {"from": before, "to": to}
+        await self.audit(actor, "hand-back", f"group/{group}", reason, detail)
+        message = f"autoscaler restarted at {to} (was {before}) by {actor}: {reason}"
+        await self._events.emit(group, None, "hand-back", message, **detail)
+        self._wake.set()
+        pin = self.pins.get(group)
+        held = pin is not None and self._clock.now() < pin.until
+        return {"group": group, **detail, "pin": pin.to_json() if pin and held else None}
 
     def _check_count(self, spec: GroupSpec, replicas: int) -> None:
         """Refuse a count the group's servers or its pool cannot have."""

@@ -14,9 +14,12 @@ from sluice.core.errors import (
     UpstreamError,
 )
 from sluice.core.instances import ALIVE_STATES, InstanceState, InstanceStatus
+from sluice.core.verdicts import EXIT_FAILED, EXIT_INCONCLUSIVE, Verdict, verdict_exit
 
 __all__ = [
     "ALIVE_STATES",
+    "EXIT_FAILED",
+    "EXIT_INCONCLUSIVE",
     "Clock",
     "Conflict",
     "Forbidden",
@@ -32,4 +35,6 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "UpstreamError",
+    "Verdict",
+    "verdict_exit",
 ]

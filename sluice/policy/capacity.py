@@ -309,6 +309,24 @@ class RateSearch:
             step.offered_rps, concurrency, latency, limited_by, None if fail is None else fail[1]
         )
 
+    def inconclusive(self) -> str | None:
+        """Why the run says nothing of the group, or None when it does: the lowest failing
+        step failed because the load generator fell behind its schedule (criterion
+        "generator"), so every rate the search could still call the knee lies below a
+        limit of the generator's, not the group's (a knee of 10 rps on an instance that
+        holds 40, measured from a machine too busy to send 14 on time). A generator that
+        fell behind only above a failure of the group's own does not matter: the knee is
+        bracketed by that failure."""
+        _, fail = self._bracket()
+        if fail is None or fail[1].criterion != "generator":
+            return None
+        return (
+            f"the load generator fell behind its schedule at {fail[0].offered_rps:.3g} rps, "
+            "below any rate the group was seen to fail at: the result is the generator's "
+            "limit, not the group's, so no knee and no targets come from it "
+            "(rerun with more CPU or in-flight room, or from another machine)"
+        )
+
     def _bracket(
         self,
     ) -> tuple[tuple[StepMeasure, StepVerdict] | None, tuple[StepMeasure, StepVerdict] | None]:

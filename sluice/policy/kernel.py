@@ -48,6 +48,7 @@ __all__ = [
     "compile_spec",
     "count_in_force",
     "due",
+    "handed_back",
     "policy_key",
     "step",
 ]
@@ -160,6 +161,24 @@ def _counts_in_force(
         else:
             out[name] = overrides.get(name, n)
     return out
+
+
+def handed_back(memory: Memory, compiled: Compiled, group: str, count: int) -> tuple[int, Memory]:
+    """`memory` with the actively autoscaled `group` handed back after a test that moved it
+    (a peak drill): its autoscaler starts afresh (its windows, cooldowns and stabilization
+    forget the test's load, which no caller sent) from `count` instances, kept within
+    [max(min, stable), max], and decides again at the next tick. Returns (the count set,
+    the memory). Raises KeyError for a group not actively autoscaled (its count is its
+    `replicas` or an operator's override: nothing of a test's stays in it)."""
+    if group not in compiled.index.autoscaled:
+        raise KeyError(group)
+    key = compiled.keys[group]
+    auto = compiled.index.groups[group].autoscaling
+    assert auto is not None  # it has a key
+    kept = min(max(count, auto.min, auto.stable), auto.max)
+    fresh = GroupMemory(key, compiled.policies[group].initial())
+    counts = {**memory.counts, group: kept}
+    return kept, replace(memory, counts=counts, groups={**memory.groups, group: fresh})
 
 
 def due(memory: Memory, compiled: Compiled, now: float) -> frozenset[str]:

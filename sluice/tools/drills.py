@@ -7,6 +7,11 @@ on the simulator with the group's measured start-up and service times (`simulate
 Both end in the same judge (`sluice.policy.drills.judge_drill`), whose three sections are
 seed 004's lines of troubleshooting: did the metric trigger, did the instances come up, did
 traffic reach them.
+
+A live drill ends by handing the group back (`POST /v1/groups/G/hand-back`): its autoscaler
+starts afresh from the count the drill found, so the peak nobody sent does not hold
+instances through the cooldown; the report's `handed_back` says what was done, or plainly
+that it was not, and why. A drill sets no pin and no override, so it lifts none.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from rich.console import Console
 
-from sluice.core import SpecError, SpecIssue
+from sluice.core import SluiceError, SpecError, SpecIssue
 from sluice.policy.arrivals import RateShape, peak_shape, poisson_times
 from sluice.policy.capacity import HEADROOM
 from sluice.policy.drills import (
@@ -35,6 +40,7 @@ from sluice.policy.drills import (
     ScaleEvent,
     judge_drill,
 )
+from sluice.policy.generator import BEHIND_LAG_S, ScheduleBounds
 from sluice.spec import GroupSpec, PlatformSpec
 from sluice.spec.drills import drill_refusal
 from sluice.tools.loadgen import Arrival, LoadLimits, LoadRun, LoadTarget, run_load
@@ -45,6 +51,7 @@ __all__ = [
     "SCHEMA",
     "DrillOptions",
     "DrillSetup",
+    "hand_back",
     "live_drill",
     "parse_peak",
     "plan_drill",
@@ -76,6 +83,8 @@ class DrillOptions:
     max_in_flight: int = 1024
     timeout_s: float = 60.0
     criteria: DrillCriteria = field(default_factory=DrillCriteria)
+    max_lag_s: float = BEHIND_LAG_S
+    """the generator's p99 schedule lag past which the drill is inconclusive"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,9 +218,12 @@ def live_drill(
             await reader
         return run, readings
 
-    run, readings = asyncio.run(both())
+    try:
+        run, readings = asyncio.run(both())
+        explain = control.get(f"/v1/groups/{group}/explain", limit=500)
+    finally:  # a drill stopped half-way hands the group back too
+        handed = hand_back(control, group, setup.plan.start_instances)
     t0 = run.started_at
-    explain = control.get(f"/v1/groups/{group}/explain", limit=500)
     decisions = [d for d in explain["decisions"] if d["at"] >= t0 - 1.0]
     events = [
         ScaleEvent(
@@ -236,8 +248,38 @@ def live_drill(
     ]
     samples = _samples(run, readings, setup.slo_ms)
     report = setup.report("live")
-    report["load"] = run.summary()
-    return _judged(report, setup, samples, events, instances, run.summary())
+    report["load"] = run.summary(bounds=ScheduleBounds(max_p99_lag_s=o.max_lag_s))
+    report["handed_back"] = handed
+    return _judged(report, setup, samples, events, instances, report["load"])
+
+
+def hand_back(control: Control, group: str, count: int) -> dict[str, Any]:
+    """Hand `group` back after its drill: its autoscaler starts afresh from `count` (the
+    drill's starting count). The answer says what was done; `done` False says plainly what
+    was left and why (the drill's report and output show it)."""
+    reason = f"sluice drill ended: back to its autoscaler from {count}, the count it started at"
+    try:
+        answer = control.post(
+            f"/v1/groups/{group}/hand-back", {"replicas": count, "reason": reason}
+        )
+    except SluiceError as exc:
+        return {
+            "done": False,
+            "to": count,
+            "why": (
+                f"{group} was NOT handed back: {exc.message}; its autoscaler still holds the "
+                "drill's peak until its cooldown ends (`sluice explain "
+                f"{group}` shows its count)"
+            ),
+        }
+    pin = answer.get("pin")
+    note = f"autoscaler restarted at {answer['to']} (was {answer['from']})"
+    if pin:
+        note += (
+            f"; a pin set by {pin.get('actor')} holds it at {pin.get('replicas')} (not the "
+            "drill's: left in place)"
+        )
+    return {"done": True, "from": answer["from"], "to": answer["to"], "pin": pin, "why": note}
 
 
 def simulated_drill(spec: PlatformSpec, setup: DrillSetup) -> dict[str, Any]:

@@ -17,14 +17,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BEHIND_LAG_S", "MIN_SPAN_S", "LoadRun", "Outcome"]
+from sluice.policy.generator import BEHIND_LAG_S, ScheduleBounds, judge_schedule
 
-BEHIND_LAG_S = 0.050
-"""A p99 schedule lag above this marks the generator *behind*: its sends no longer follow
-the schedule it was given, so the offered rate is lower (and burstier) than asked. 50 ms is
-well above asyncio's timer and scheduling jitter on a loaded host (a few ms) and well below
-the latencies a capacity test judges (hundreds of ms), so crossing it means the generator,
-not the target, is shaping the load."""
+__all__ = ["BEHIND_LAG_S", "MIN_SPAN_S", "LoadRun", "Outcome", "ScheduleBounds"]
 
 MIN_SPAN_S = 1.0
 """The shortest span a whole-run rate is computed over: a schedule that is one burst (every
@@ -87,32 +82,38 @@ class LoadRun:
     started_at: float  # unix time (time.time()) of offset 0
     duration_s: float  # offset of the last event
 
-    def summary(self, since_s: float = 0.0, until_s: float | None = None) -> dict[str, Any]:
-        """A JSON-safe summary of the arrivals scheduled in [since_s, until_s)."""
+    def summary(
+        self,
+        since_s: float = 0.0,
+        until_s: float | None = None,
+        bounds: ScheduleBounds | None = None,
+    ) -> dict[str, Any]:
+        """A JSON-safe summary of the arrivals scheduled in [since_s, until_s); `behind`
+        (with `behind_reason`) says whether the generator kept its schedule there
+        (`sluice.policy.generator.judge_schedule` under `bounds`, None: the defaults)."""
         window = [
             o for o in self.outcomes if o.at_s >= since_s and (until_s is None or o.at_s < until_s)
         ]
+        first = min((o.at_s for o in window), default=0.0)
+        last = max((o.at_s for o in window), default=0.0)
         if until_s is not None:
             span = max(until_s - since_s, 1e-9)
+            start, end = since_s, since_s + span
         else:
-            first = min((o.at_s for o in window), default=0.0)
-            last = max((o.at_s for o in window), default=0.0)
             span = max(last - first, MIN_SPAN_S)
+            start, end = first, first + span
         sent = [o for o in window if o.sent_s is not None]
         ok = [o for o in sent if o.ok]
         unsent = len(window) - len(sent)
-        lags = [o.sent_s - o.at_s for o in sent if o.sent_s is not None]
-        lag = _ms(lags, 50, 99)
-        lag["max"] = float(max(lags) * 1000) if lags else None
-        behind_reasons = []
-        if unsent:
-            behind_reasons.append(
-                f"{unsent} of {len(window)} arrivals unsent (in-flight cap reached)"
-            )
-        if lag["p99"] is not None and lag["p99"] > BEHIND_LAG_S * 1000:
-            behind_reasons.append(
-                f"p99 schedule lag {lag['p99']:.0f} ms > {BEHIND_LAG_S * 1000:.0f} ms"
-            )
+        sends_in = sum(1 for o in self.outcomes if o.sent_s is not None and start <= o.sent_s < end)
+        keeping = judge_schedule(
+            [o.at_s for o in window],
+            [o.sent_s for o in window],
+            window=(start, end),
+            sends_in_window=sends_in,
+            bounds=bounds,
+        )
+        lag = {"p50": keeping.lag_p50_ms, "p99": keeping.lag_p99_ms, "max": keeping.lag_max_ms}
         busy = sum(_done(o) - o.sent_s for o in sent if o.sent_s is not None)
         return {
             "requests": len(window),
@@ -132,8 +133,9 @@ class LoadRun:
             "output_tokens": sum(o.output_tokens or 0 for o in ok),
             "mean_in_flight": busy / span,
             "lag_ms": lag,
-            "behind": bool(behind_reasons),
-            "behind_reason": "; ".join(behind_reasons) or None,
+            "send_share": keeping.send_share,
+            "behind": not keeping.kept,
+            "behind_reason": keeping.reason,
             "served_by": dict(sorted(Counter(o.served_by for o in sent if o.served_by).items())),
         }
 

@@ -41,6 +41,7 @@ from sluice.policy.capacity import (
     compare_capacity,
     recommend,
 )
+from sluice.policy.generator import BEHIND_LAG_S, ScheduleBounds
 from sluice.tools.batchfit import FitOptions, fit_budget_s, measure_fit
 from sluice.tools.loadgen import (
     Arrival,
@@ -60,6 +61,7 @@ __all__ = [
     "Profile",
     "loadtest",
     "read_profile",
+    "run_verdict",
 ]
 
 SCHEMA = "sluice.loadtest/1"
@@ -102,6 +104,8 @@ class LoadtestOptions:
     max_in_flight: int = 512
     timeout_s: float = 60.0
     seed: int = 0
+    max_lag_s: float = BEHIND_LAG_S
+    """the p99 schedule lag past which a step's generator counts as behind (inconclusive)"""
 
 
 def read_profile(path: Path | None, model: str, stream: bool = False) -> Profile:
@@ -179,7 +183,8 @@ def loadtest(
                 say(f"{rate:8.2f} rps: {'holds' if verdict.holds else 'fails'} ({verdict.why})")
     finally:
         control.post(f"/v1/groups/{group}/unpin", {"reason": "sluice loadtest finished"})
-    knee = search.knee() if search is not None else None
+    inconclusive = search.inconclusive() if search is not None else None
+    knee = search.knee() if search is not None and inconclusive is None else None
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "group": group,
@@ -192,7 +197,8 @@ def loadtest(
         "probe_service_ms": round(service_s * 1000.0, 3) if service_s is not None else None,
         "steps": steps,
         "knee": knee.to_json() if knee else None,
-        "no_knee": None if knee else _why_no_knee(steps, opts is None),
+        "no_knee": None if knee else inconclusive or _why_no_knee(steps, opts is None),
+        "inconclusive": inconclusive,
         "recommendation": None,
         "compared_with": None,
         "fit": fitted,
@@ -243,6 +249,20 @@ def _why_no_knee(steps: list[dict[str, Any]], fit_only: bool = False) -> str:
         return "no step was run"
     lowest = min(steps, key=lambda s: s["offered_rps"])
     return f"no rate held, down to {lowest['offered_rps']:.3g} rps: {lowest['verdict']['why']}"
+
+
+def run_verdict(report: dict[str, Any]) -> Literal["pass", "fail", "inconclusive"]:
+    """What the run says, for its exit code: inconclusive when its generator fell behind
+    below any failure of the group's (`RateSearch.inconclusive`); fail when an SLO was given
+    and no rate held it, or a fit was asked for and could not be made; else pass."""
+    if report.get("inconclusive"):
+        return "inconclusive"
+    if report.get("slo_ms") is not None and not report.get("knee"):
+        return "fail"
+    fit = report.get("fit")
+    if fit is not None and fit.get("error"):
+        return "fail"
+    return "pass"
 
 
 def stored_verdict(report: dict[str, Any]) -> str:
@@ -318,16 +338,25 @@ def _step(
         timeout_s=opts.timeout_s,
     )
     run = asyncio.run(run_load(target, arrivals, limits, console, f"{rate:.1f} rps"))
-    return measure_step(run, rate, since_s=min(1.0, opts.step_s / 4), until_s=opts.step_s)
+    bounds = ScheduleBounds(max_p99_lag_s=opts.max_lag_s)
+    since_s = min(1.0, opts.step_s / 4)
+    return measure_step(run, rate, since_s=since_s, until_s=opts.step_s, bounds=bounds)
 
 
-def measure_step(run: LoadRun, rate: float, since_s: float, until_s: float) -> StepMeasure:
+def measure_step(
+    run: LoadRun,
+    rate: float,
+    since_s: float,
+    until_s: float,
+    bounds: ScheduleBounds | None = None,
+) -> StepMeasure:
     """The step's measure over [since_s, until_s) of its schedule. Throughput is what
     finished in that window against what arrived in it: an instance past its capacity
     finishes fewer than arrive long before its latency shows it in a short step (the queue
     grows by the excess each second), and the ratio is free of the Poisson noise of the
-    count. It is reported at the offered `rate` (`achieved = rate x finished / arrived`)."""
-    s = run.summary(since_s=since_s, until_s=until_s)
+    count. It is reported at the offered `rate` (`achieved = rate x finished / arrived`).
+    `bounds`: what keeping the schedule means (`sluice.policy.generator`; None: defaults)."""
+    s = run.summary(since_s=since_s, until_s=until_s, bounds=bounds)
     finished = sum(
         1 for o in run.outcomes if o.ok and o.done_s is not None and since_s <= o.done_s < until_s
     )
