@@ -5,11 +5,16 @@ due. A due firing runs as its own `python -m sluice drill ...` process: the peak
 its per-second readings stay off the control plane's event loop, and the run is the same
 code, judged the same way and stored through the same API as one an operator starts. The
 process gets a token minted for that run alone (role operator, scoped to the one group,
-expiring soon after the drill's planned end, revoked when it ends) and the tenant key the
+expiring soon after the drill's planned end, deleted when it ends) and the tenant key the
 entry names, read on this machine when it fires; neither is stored or logged. Each firing
 is a `drill_fires` row: running, then passed/failed/error, or missed/skipped with why. A
 firing found running at start (the control plane stopped mid-drill) is closed as an error
-and its token revoked.
+and its token deleted.
+
+The token goes once the firing's row is finished (the run's report is stored by then, and
+the row keeps the token's name): deleted rather than revoked, so that a drill on a minute's
+cron leaves no token behind in `sluice token list`. Retention deletes the token of any
+finished firing that a stop kept from it (`RetentionStore.prune_tokens`).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import orjson
 from sluice.control.auth import Role
 from sluice.control.events import EventLog
 from sluice.control.keysources import read_secret_file
-from sluice.control.tokens import TokenAdmin
+from sluice.control.tokens import DRILL_PREFIX, TokenAdmin
 from sluice.core import Clock, Conflict, NotFound
 from sluice.policy.drills import due_firing, next_firing
 from sluice.spec import PlatformSpec
@@ -159,7 +164,7 @@ class DrillScheduler:
             return (await self._fire_row(fire_id)).to_json()
         now = self._clock.now()
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-        token_name = f"drill.{d.name}.{stamp}.{secrets.token_hex(2)}"
+        token_name = f"{DRILL_PREFIX}{d.name}.{stamp}.{secrets.token_hex(2)}"
         token, _ = await self._tokens.create(
             token_name, Role.OPERATOR, [d.group], d.duration_s + SLACK_S + 60.0, by=actor
         )
@@ -187,7 +192,7 @@ class DrillScheduler:
         return (await self._fire_row(fire_id)).to_json()
 
     async def close(self) -> None:
-        """Stop running drills (their firings close as errors, their tokens revoked)."""
+        """Stop running drills (their firings close as errors, their tokens deleted)."""
         tasks = [task for _, task in self._running.values()]
         for task in tasks:
             task.cancel()
@@ -311,7 +316,9 @@ class DrillScheduler:
         detail: dict[str, Any],
         actor: str,
     ) -> None:
-        """Finish the firing's row, then revoke its token (the drill is over either way)."""
+        """Finish the firing's row (the run is archived), then delete its token: the drill
+        is over either way, and a kept token would pile up (one a minute on a minute's
+        cron)."""
         now = self._clock.now()
         await asyncio.to_thread(
             self._store.finish_drill_fire,
@@ -322,8 +329,8 @@ class DrillScheduler:
             now=now,
         )
         if token_name is not None:
-            with contextlib.suppress(NotFound):
-                await self._tokens.revoke(token_name, by=actor)
+            why = f"drill firing {fire_id} is over ({status}): its token has no use left"
+            await self._tokens.delete(token_name, by=actor, reason=why)
 
     async def _record(
         self,

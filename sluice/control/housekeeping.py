@@ -1,5 +1,7 @@
 """Bounded history: rotate the access log and instance logs by size, drop the logs of
-instances long gone, and expire old store rows, every `retention.interval_s` and on
+instances long gone, and expire old store rows (every table that grows with time: events,
+decisions, loans, audit, metrics rollups, alert messages, console sessions, drill firings,
+capacity runs, proposals, rollouts, tokens), every `retention.interval_s` and on
 `sluice gc`.
 
 Logs rotate by rename, and their writer moves to a fresh file under the old name: a worker
@@ -24,6 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sluice.control.capacity_watch import LOOK_BACK
 from sluice.core import Clock
 from sluice.policy.history import HOUR_S, MINUTE_S
 from sluice.spec import PlatformSpec, RetentionSpec
@@ -67,7 +70,8 @@ class Housekeeper:
     ) -> dict[str, Any]:
         """One pass; returns what it did (rotated files, removed logs, pruned rows: with
         `history`, metrics rollups past their age and finished alert messages too; console
-        sessions that ended or expired)."""
+        sessions that ended or expired; drill firings, capacity runs, proposals, rollouts
+        and tokens past their age)."""
         running = self._running()
         copied = self._copy_truncate()
         files = await asyncio.to_thread(self._logs, retention, running, copied)
@@ -83,6 +87,7 @@ class Housekeeper:
         )
         done = asdict(pruned)
         done["console_sessions"] = await asyncio.to_thread(self._store.prune_sessions, before=now)
+        done.update(await asyncio.to_thread(self._records, retention, now))
         if history is not None:
             done["minute_rollups"] = await asyncio.to_thread(
                 self._store.prune_rollups, MINUTE_S, now - history.minute_days * _DAY
@@ -110,6 +115,22 @@ class Housekeeper:
             except Exception:
                 log.exception("housekeeping pass failed; next try in %gs", spec.interval_s)
             await asyncio.sleep(spec.interval_s)
+
+    def _records(self, retention: RetentionSpec, now: float) -> dict[str, int]:
+        """The tables that grow with the platform's own work: drill firings, capacity
+        runs, decided proposals, ended rollouts, and tokens (revoked or expired, and those
+        of scheduled drills whose runs are archived); what each still needs stays (see
+        `sluice.store.retention`)."""
+        store = self._store
+        return {
+            "drill_fires": store.prune_drill_fires(now - retention.drill_fires_days * _DAY),
+            "capacity_runs": store.prune_capacity_runs(
+                now - retention.capacity_runs_days * _DAY, keep_loadtests=LOOK_BACK
+            ),
+            "proposals": store.prune_proposals(now - retention.proposals_days * _DAY),
+            "rollouts": store.prune_rollouts(now - retention.rollouts_days * _DAY),
+            "tokens": store.prune_tokens(now - retention.tokens_kept_days * _DAY),
+        }
 
     def _logs(
         self, retention: RetentionSpec, running: set[str], copied: set[str]

@@ -26,7 +26,9 @@ fake person enrolled ahead of time, is in the audit: each `token-create` row nam
 minting token's person (`person`) and the new token's (`owner`).
 
 Tokens the platform mints for itself (a scheduled drill's) belong to a person named like
-the token: nobody's second identity.
+the token: nobody's second identity. They are named `drill.<schedule>.<time>.<hex>`, a
+prefix nobody else may mint (`DRILL_PREFIX`), and deleted, not kept revoked, once their
+drill's run is archived: a minute's cron would otherwise keep 525,600 revoked tokens a year.
 """
 
 from __future__ import annotations
@@ -41,7 +43,14 @@ from sluice.core import Clock, Conflict, Forbidden, NotFound
 from sluice.store import TokenRecord
 from sluice.store.ports import AuditRecords, TokenRecords
 
-__all__ = ["ADMIN_TOKEN_FILE", "BOOTSTRAP_ADMIN", "INSTALLATION", "TokenAdmin", "owner_for"]
+__all__ = [
+    "ADMIN_TOKEN_FILE",
+    "BOOTSTRAP_ADMIN",
+    "DRILL_PREFIX",
+    "INSTALLATION",
+    "TokenAdmin",
+    "owner_for",
+]
 
 
 class _TokenStore(TokenRecords, AuditRecords, Protocol):
@@ -52,6 +61,9 @@ ADMIN_TOKEN_FILE = "admin.token"
 BOOTSTRAP_ADMIN = "admin"
 INSTALLATION = BOOTSTRAP_ADMIN
 """The person of the bootstrap admin token: the installation, which enrolls people."""
+DRILL_PREFIX = "drill."
+"""Names of the tokens scheduled drills get (`sluice.control.drills`): the platform's alone,
+so the name of a deleted one is never anybody else's."""
 
 
 def owner_for(minter: Principal, name: str, owner: str | None) -> str:
@@ -89,6 +101,12 @@ class TokenAdmin:
         """A token minted by the caller `by` for `owner` (see `owner_for`): the control
         API's `POST /v1/tokens`."""
         person = owner_for(by, name, owner)
+        if name.startswith(DRILL_PREFIX):
+            raise Conflict(
+                f"token names starting with {DRILL_PREFIX!r} are the scheduled drills' "
+                f"(deleted when their run ends): pick another name than {name!r}",
+                token=name,
+            )
         return await self.create(
             name, role, groups, expires_in_s, by=by.name, person=person, by_person=by.person
         )
@@ -170,6 +188,22 @@ class TokenAdmin:
             detail={"owner": record.person, "person": by_person},
             now=now,
         )
+        return record
+
+    async def delete(self, name: str, *, by: str, reason: str) -> TokenRecord | None:
+        """Delete token `name` (a scheduled drill's, its run archived), audited; None if
+        there was no such token."""
+        record = await asyncio.to_thread(self._store.delete_token, name)
+        if record is not None:
+            await asyncio.to_thread(
+                self._store.append_audit,
+                actor=by,
+                action="token-delete",
+                target=f"token/{name}",
+                reason=reason,
+                detail={"owner": record.person, "person": None},
+                now=self.clock.now(),
+            )
         return record
 
     async def _person_of(self, actor: str) -> str | None:

@@ -560,7 +560,11 @@ class GatewaySpec(_Strict):
 class RetentionSpec(_Strict):
     """How much history is kept: logs rotate by size (renamed, and their writer, the
     gateway or an instance's worker, moves to a fresh file: no line is lost), store rows
-    expire by age; the audit log is kept longest.
+    expire by age; the audit log is kept longest, and revoked or expired tokens as long as
+    it (its rows name them). Nothing still in use goes, whatever its age: a running drill
+    or rollout, a pending proposal, a live token, and the latest drill firing of each
+    schedule, capacity run of each group/kind/model version (and a group's latest load
+    tests), and run of each rollout. A scheduled drill's token is deleted as its run ends.
     Applied every `interval_s` and by `sluice gc`."""
 
     access_log_max_mb: float = Field(default=100.0, gt=0, le=100_000)
@@ -572,7 +576,29 @@ class RetentionSpec(_Strict):
     decisions_days: float = Field(default=30.0, gt=0, le=3650)
     loans_days: float = Field(default=90.0, gt=0, le=3650, description="ended loans")
     audit_days: float = Field(default=400.0, gt=0, le=36_500)
+    drill_fires_days: float = Field(
+        default=90.0, gt=0, le=3650, description="finished scheduled-drill firings"
+    )
+    capacity_runs_days: float = Field(
+        default=365.0, gt=0, le=3650, description="load test and drill reports"
+    )
+    proposals_days: float = Field(
+        default=180.0, gt=0, le=3650, description="approved or rejected proposals"
+    )
+    rollouts_days: float = Field(default=365.0, gt=0, le=3650, description="ended rollout runs")
+    tokens_days: float | None = Field(
+        default=None,
+        gt=0,
+        le=36_500,
+        description="revoked or expired tokens, from when they ended; default: audit_days, "
+        "and never less (the audit log's rows name tokens)",
+    )
     interval_s: float = Field(default=300.0, ge=10, le=86_400)
+
+    @property
+    def tokens_kept_days(self) -> float:
+        """How long a revoked or expired token is kept: `tokens_days`, else `audit_days`."""
+        return self.audit_days if self.tokens_days is None else self.tokens_days
 
     @model_validator(mode="after")
     def _audit_kept_longest(self) -> RetentionSpec:
@@ -581,6 +607,12 @@ class RetentionSpec(_Strict):
             raise ValueError(
                 f"audit_days = {self.audit_days:g} must be >= every other retention "
                 f"({longest:g}): the audit log is kept longest"
+            )
+        if self.tokens_days is not None and self.tokens_days < self.audit_days:
+            raise ValueError(
+                f"tokens_days = {self.tokens_days:g} must be >= audit_days "
+                f"({self.audit_days:g}): audit rows name tokens, so a token is kept as long "
+                "as the audit log"
             )
         return self
 

@@ -1,13 +1,14 @@
-"""API tokens in the store: created with their digest, looked up by digest, revoked (never
-deleted, so the audit log's actors stay resolvable); and the console sessions made from
-them, also kept as digests."""
+"""API tokens in the store: created with their digest, looked up by digest, revoked (kept,
+so the audit log's actors stay resolvable, until retention drops them with the audit rows
+that name them: `RetentionStore.prune_tokens`), deleted only when a scheduled drill's run is
+over; and the console sessions made from them, also kept as digests."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from sqlalchemy import Row, delete, select, update
+from sqlalchemy import Connection, Row, delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from sluice.core import Conflict, NotFound
@@ -85,6 +86,20 @@ class TokenStore(StoreBase):
             )
         )
         return self.get_token(name)
+
+    def delete_token(self, name: str) -> TokenRecord | None:
+        """Delete token `name` (a scheduled drill's, its run archived): unusable at once, as
+        a revoked one, and gone from `sluice token list`. Its record, or None if there was
+        none."""
+        t = schema.tokens
+
+        def run(conn: Connection) -> TokenRecord | None:
+            row = conn.execute(select(t).where(t.c.name == name)).one_or_none()
+            if row is not None:
+                conn.execute(delete(t).where(t.c.id == row.id))
+            return None if row is None else _token(row)
+
+        return self._write(run)
 
     def add_session(self, *, digest: str, token_name: str, now: float, expires_at: float) -> None:
         values = {"digest": digest, "token_name": token_name, "created_at": now}

@@ -1,5 +1,6 @@
 """Scheduled drills (O5) through the real `sluice up`: the spec's `drills:` fire on their
-cron as `sluice drill` processes with a token of their own, and every firing is recorded.
+cron as `sluice drill` processes with a token of their own (deleted when the drill ends),
+and every firing is recorded.
 
 `nightly` autoscales `sim` instances (0.2 s on 2 slots: 10 requests a second each). The
 `every-minute` drill fires at each minute's start with the key in a file; `no-key` names an
@@ -128,16 +129,19 @@ def test_a_drill_fires_on_its_cron_with_its_own_short_lived_token(platform: Slui
     assert run["actor"] == token and run["mode"] == "live"
     assert run["verdict"] == fire["detail"]["verdict"]
 
-    # the token was scoped to the group, and is revoked now the drill is over
-    [record] = [t for t in platform.cli("token", "list") if t["name"] == token]
-    assert record["role"] == "operator" and record["groups"] == ["nightly"]
-    assert record["revoked_at"] is not None and record["expires_at"] is not None
-    actions = {
-        (a["action"], a["actor"]) for a in platform.cli("audit", "--since", "10m", "--limit", "500")
-    }
+    # the token was scoped to the group, and is deleted now the drill is over: a drill on a
+    # minute's cron leaves no token behind in `sluice token list`
+    assert token not in {t["name"] for t in platform.cli("token", "list")}
+    audit = platform.cli("audit", "--since", "10m", "--limit", "500")
+    actions = {(a["action"], a["actor"]) for a in audit}
     assert ("drill-start", "schedule/every-minute") in actions
     assert ("token-create", "schedule/every-minute") in actions
-    assert ("token-revoke", "schedule/every-minute") in actions
+    assert ("token-delete", "schedule/every-minute") in actions
+    [created] = [
+        a for a in audit if a["action"] == "token-create" and a["target"] == f"token/{token}"
+    ]
+    assert created["detail"]["groups"] == ["nightly"] and created["detail"]["role"] == "operator"
+    assert created["detail"]["expires_at"] is not None
 
     listed = {d["name"]: d for d in platform.cli("drills")}
     assert listed["every-minute"]["next_at"] > time.time() - 60

@@ -110,6 +110,11 @@ def test_a_pass_rotates_prunes_and_keeps_the_audit_longest(store: Store, tmp_pat
         "loans": 0,
         "audit": 1,
         "console_sessions": 2,
+        "drill_fires": 0,  # (each kind of row: tests/integration/test_retention.py)
+        "capacity_runs": 0,
+        "proposals": 0,
+        "rollouts": 0,
+        "tokens": 0,
     }
     kept = store.session_by_digest("a" * 64)  # live: kept
     assert kept is not None and kept[0].token_name == "t" and kept[1] is None  # no such token
