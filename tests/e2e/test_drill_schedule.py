@@ -87,8 +87,9 @@ def ran(platform: Sluice, schedule: str, trigger: str, timeout: float) -> dict[s
     raise AssertionError(f"no {trigger} firing of {schedule} ended: {fires(platform, schedule)}")
 
 
-def run_now(platform: Sluice, schedule: str) -> dict[str, Any]:
-    """Fire `schedule` once no drill runs (a cron firing may be running: wait it out)."""
+def run_now(platform: Sluice, schedule: str) -> tuple[int, dict[str, Any]]:
+    """Fire `schedule` once no drill runs (a cron firing may be running: wait it out): the
+    exit code of `sluice drills run` (0 started, 1 recorded as not run) and the firing."""
     for _ in range(5):
         platform.wait_for(
             "no drill running",
@@ -96,8 +97,8 @@ def run_now(platform: Sluice, schedule: str) -> dict[str, Any]:
             timeout=90,
         )
         code, doc = platform.as_user("ops-admin", "drills", "run", schedule)
-        if code == 0:
-            return dict(doc)
+        if "error" not in doc:  # a firing: started, or recorded as one that could not run
+            return code, dict(doc)
         assert "still runs" in doc["error"]["message"], doc  # a cron firing won the race
     raise AssertionError(f"{schedule} never started")
 
@@ -152,16 +153,16 @@ def test_a_drill_fires_on_its_cron_with_its_own_short_lived_token(platform: Slui
 def test_run_now_starts_one_drill_per_group_and_records_what_could_not_run(
     platform: Sluice,
 ) -> None:
-    started = run_now(platform, "every-minute")
-    assert started["status"] == "running" and started["trigger"] == "manual"
+    code, started = run_now(platform, "every-minute")
+    assert code == 0 and started["status"] == "running" and started["trigger"] == "manual"
     # a second drill on the group while one runs: refused and recorded as skipped
     code, doc = platform.as_user("ops-admin", "drills", "run", "every-minute")
     assert code != 0 and "still runs on group 'nightly'" in doc["error"]["message"], doc
     assert any(f["status"] == "skipped" for f in fires(platform, "every-minute"))
 
     # a missing key is an error that names where it looked, never a key
-    failed = run_now(platform, "no-key")
-    assert failed["status"] == "error"
+    code, failed = run_now(platform, "no-key")
+    assert code == 1 and failed["status"] == "error"  # a firing that could not run exits 1
     assert "$SLUICE_TEST_DRILL_KEY_NOT_SET" in failed["detail"]["error"]
     assert failed["token"] is None  # no token was minted for a drill that could not run
 
