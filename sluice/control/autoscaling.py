@@ -153,4 +153,5 @@ class LiveAutoscaling:
             server_waiting=server_waiting,
             served_s=src.served_s,
             served_sq_s=src.served_sq_s,
+            standby_in_rotation=sample.standby_in_rotation if sample else 0,
         )

@@ -24,7 +24,7 @@ from sluice.policy.latency import LatencyOutliers
 from sluice.policy.outlier import Ejection, OutlierDetector
 from sluice.policy.prefix import PrefixIndex, pick_prefix, prompt_blocks
 from sluice.policy.reachability import Reachability
-from sluice.policy.routing import Endpoint, GroupTraffic, PrefixRouting
+from sluice.policy.routing import STANDBY_HOLD_S, Endpoint, GroupTraffic, PrefixRouting
 
 if TYPE_CHECKING:
     from sluice.core.errors import SluiceError
@@ -90,9 +90,11 @@ class GroupRuntime:
         "prefix",
         "prefix_index",
         "prefix_min_bytes",
+        "promoted_until",
         "ramp",
         "ramping",
         "reach",
+        "rotation",
         "samples",
         "settle_at",
         "slow_start_s",
@@ -118,9 +120,13 @@ class GroupRuntime:
         self.ramp = RampHold()
         """Ramp seconds each new instance's failures took back (slow start that listens)."""
         self.endpoints: tuple[Endpoint, ...] = ()
-        """Its instances in rotation."""
+        """Its instances in rotation: the snapshot's, and its standby while promoted."""
+        self.rotation: tuple[Endpoint, ...] = ()
+        """The snapshot's instances in rotation."""
         self.standby: tuple[Endpoint, ...] = ()
-        """The snapshot's warm standby, out of rotation (the fast tier, issue 36)."""
+        """The snapshot's warm standby, out of rotation until requests wait (`promote`)."""
+        self.promoted_until = 0.0
+        """Monotonic time the promoted standby may leave rotation again; 0.0: not promoted."""
         self.candidates: tuple[Endpoint, ...] = ()
         """What the balancer picks from: endpoints reachable and not ejected (all reachable
         ones in panic mode); none when every instance refused a connection."""
@@ -163,8 +169,8 @@ class GroupRuntime:
         now: float,
         standby: tuple[Endpoint, ...] = (),
     ) -> list[Waiter]:
-        """Apply a snapshot's settings, instances in rotation and warm standby; returns
-        waiters admitted by new slots."""
+        """Apply a snapshot's settings, instances in rotation and warm standby (promoted ones
+        stay in while their hold lasts); returns waiters admitted by new slots."""
         if _outlier_settings(self.traffic) != _outlier_settings(traffic):
             self.outlier = self._detector(traffic)
         if _latency_settings(self.traffic) != _latency_settings(traffic):
@@ -185,7 +191,10 @@ class GroupRuntime:
             self.prefix_index = PrefixIndex(traffic.prefix.index_blocks)
         self.prefix = traffic.prefix
         self.prefix_min_bytes = NO_PREFIX if traffic.prefix is None else traffic.prefix.block_bytes
-        self.endpoints, self.standby = endpoints, standby
+        self.rotation, self.standby = endpoints, standby
+        if not standby:
+            self.promoted_until = 0.0
+        self.endpoints = endpoints + standby if self.promoted_until else endpoints
         keep = {ep.instance_id for ep in endpoints + standby}  # (standby's kept for its turn)
         self.reach.forget(keep)
         self.ramp.forget(keep)
@@ -198,6 +207,33 @@ class GroupRuntime:
         if self.prefix_index is not None:
             self.prefix_index.forget(keep)
         return self.refresh(now)
+
+    def promote(self, now: float) -> list[Waiter]:
+        """Requests wait: the warm standby joins the rotation at once, before the controller
+        has seen the burst (the fast tier: loaded instances, no start-up), and stays in for
+        `STANDBY_HOLD_S` after the last request that had to wait. Returns the waiters its
+        slots admit."""
+        if not self.standby:
+            return []
+        promoted = bool(self.promoted_until)
+        self.promoted_until = now + STANDBY_HOLD_S
+        if promoted:
+            return []
+        self.metrics.standby_promotions += 1
+        self.endpoints = self.rotation + self.standby
+        return self.refresh(now)
+
+    def demote(self, now: float) -> bool:
+        """The standby leaves the rotation again once its hold is over and nothing waits
+        (requests it holds run to their end). Whether it is still promoted."""
+        if not self.promoted_until:
+            return False
+        if now < self.promoted_until or self.admission.queue_length:
+            return True
+        self.promoted_until = 0.0
+        self.endpoints = self.rotation
+        self.refresh(now)  # (fewer slots: admits nobody)
+        return False
 
     def refresh(self, now: float) -> list[Waiter]:
         """Recompute candidates and slots from the ejections in force at `now`; returns the
@@ -419,6 +455,7 @@ class GroupRuntime:
             tpot_counts=tuple(m.tpot.counts),
             prompt_tokens=sum(t[0] for t in m.tokens.values()),
             completion_tokens=sum(t[1] for t in m.tokens.values()),
+            standby_in_rotation=len(self.endpoints) if self.promoted_until else 0,
         )
 
     def status(self, now: float) -> dict[str, object]:
@@ -429,6 +466,9 @@ class GroupRuntime:
             "queued": stats.queued,
             "instances": len(self.endpoints),
             "standby": len(self.standby),
+            "standby_promoted_s": round(max(0.0, self.promoted_until - now), 3)
+            if self.promoted_until
+            else None,
             "unreachable": sorted(self.reach.unreachable(now)),
             "ejected": [
                 {

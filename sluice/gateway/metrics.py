@@ -168,6 +168,7 @@ class GroupMetrics:
         "served_s",
         "served_sq_s",
         "shed",
+        "standby_promotions",
         "tokens",
         "tpot",
         "ttfb",
@@ -183,7 +184,8 @@ class GroupMetrics:
         """Prompt blocks of requests chosen by prefix (`policy.prefix`)..."""
         self.prefix_cached_blocks = 0
         """...and those the chosen instance was expected to hold: the gateway's hit rate."""
-
+        self.standby_promotions = 0
+        """Times this gateway put the group's warm standby in rotation (requests waited)."""
         self.queue_wait = Histogram(QUEUE_BUCKETS_S)
         self.ttfb = Histogram(DURATION_BUCKETS_S)
         """Time from a streamed request's first byte to its answer's first body byte."""
@@ -370,6 +372,12 @@ class _Collector(Collector):
             "Prompt blocks of requests sent by prefix-cache-aware choice, by group.",
             labels=("group",),
         )
+        promotions = CounterMetricFamily(
+            "sluice_gateway_standby_promotions",
+            "Times this gateway put a group's warm standby in rotation because requests "
+            "waited, before the controller's next decision.",
+            labels=("group",),
+        )
         prefix_cached = CounterMetricFamily(
             "sluice_gateway_prefix_cached_blocks",
             "Of those, the blocks this gateway expected the chosen instance to hold in its "
@@ -439,6 +447,8 @@ class _Collector(Collector):
                 if gm.prefix_blocks:
                     prefix_blocks.add_metric((name,), gm.prefix_blocks)
                     prefix_cached.add_metric((name,), gm.prefix_cached_blocks)
+                if gm.standby_promotions:
+                    promotions.add_metric((name,), gm.standby_promotions)
                 queue_wait.add_metric((name,), gm.queue_wait.buckets(), gm.queue_wait.sum)
                 ttfb.add_metric((name,), gm.ttfb.buckets(), gm.ttfb.sum)
                 if gm.tokens:
@@ -456,6 +466,7 @@ class _Collector(Collector):
             refused.add_metric((reason,), count)
         yield from (requests, duration, shed, mirrored, queue_wait, ttfb, refused)
         yield from (prefix_blocks, prefix_cached, prompt_tokens, completion_tokens, tpot)
+        yield promotions
         yield from (per_instance, instance_duration)
 
         queue_length = GaugeMetricFamily(

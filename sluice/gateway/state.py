@@ -61,6 +61,7 @@ class GatewayState:
 
     __slots__ = (
         "_plans",
+        "_promoted",
         "_queue_timer",
         "_rate_caps",
         "_rate_split",
@@ -138,6 +139,8 @@ class GatewayState:
         self._plans: dict[tuple[str, str, str | None, int], RoutePlan] = {}
         self._uses_headers = False
         self._waiting: set[GroupRuntime] = set()
+        self._promoted: set[GroupRuntime] = set()
+        """groups whose warm standby this gateway put in rotation (`watch_queue`)"""
         self._queue_timer: asyncio.TimerHandle | None = None
 
     # -- snapshots ------------------------------------------------------------------------------
@@ -162,6 +165,7 @@ class GatewayState:
         for name in [n for n in groups if n not in names]:
             gone = groups.pop(name)
             self._waiting.discard(gone)
+            self._promoted.discard(gone)
             orphans += gone.admission.expire(math.inf)  # every waiter: the group is no more
         for name in sorted(names):
             runtime = groups.get(name)
@@ -342,8 +346,16 @@ class GatewayState:
                 self.wake(group, woken, now)
 
     def watch_queue(self, group: GroupRuntime) -> None:
-        """`group` has waiters: make sure the queue timer runs."""
+        """`group` has waiters: its warm standby, if any, joins the rotation now (their slots
+        admit the waiters on the next loop iteration); make sure the queue timer runs (it
+        also takes promoted standby out again, `GroupRuntime.demote`)."""
         self._waiting.add(group)
+        if group.standby:
+            now = time.monotonic()
+            woken = group.promote(now)
+            self._promoted.add(group)
+            if woken:
+                self.wake(group, woken, now)
         if self._queue_timer is None:
             self._queue_timer = asyncio.get_running_loop().call_later(QUEUE_TICK_S, self._tick)
 
@@ -359,7 +371,9 @@ class GatewayState:
                 )
             if not group.admission.queue_length:
                 self._waiting.discard(group)
-        if self._waiting:
+        for group in [g for g in self._promoted if not g.demote(now)]:
+            self._promoted.discard(group)
+        if self._waiting or self._promoted:
             self._queue_timer = asyncio.get_running_loop().call_later(QUEUE_TICK_S, self._tick)
 
     def close(self) -> None:

@@ -92,12 +92,15 @@ def share_snapshot(snapshot: RoutingSnapshot, share: Share) -> RoutingSnapshot:
 
 
 _BOUNDS = frozenset(f for f in TrafficSample.__dataclass_fields__ if f.endswith("_bounds"))
+_GAUGES = ("in_flight", "queued", "standby_in_rotation")
+"""what a sample says of now, not since the start"""
 
 
 def add_samples(samples: Sequence[TrafficSample], at: float) -> TrafficSample:
     """One sample of a group from several gateways': every count is a sum (in flight and
     queued now, the rest cumulative), histograms bucket by bucket; the buckets' bounds are
-    the first sample's (every gateway runs the same code)."""
+    the first sample's (every gateway runs the same code). The warm standby in rotation is
+    the most any gateway routes to: they share the same instances."""
     if not samples:
         return TrafficSample(at, 0, 0, 0, 0, (), ())
     first, values = samples[0], {}
@@ -105,6 +108,9 @@ def add_samples(samples: Sequence[TrafficSample], at: float) -> TrafficSample:
         if f.name == "at" or f.name in _BOUNDS:
             continue
         total = getattr(first, f.name)
+        if f.name == "standby_in_rotation":
+            values[f.name] = max(getattr(s, f.name) for s in samples)
+            continue
         for s in samples[1:]:
             more = getattr(s, f.name)
             total = _add(total, more) if isinstance(total, tuple) else total + more
@@ -129,7 +135,7 @@ def _since(now: TrafficSample, base: TrafficSample | None) -> TrafficSample:
         return now
     values: dict[str, Any] = {}
     for f in dataclasses.fields(TrafficSample):
-        if f.name in ("at", "in_flight", "queued") or f.name in _BOUNDS:
+        if f.name == "at" or f.name in _GAUGES or f.name in _BOUNDS:
             continue
         a, b = getattr(now, f.name), getattr(base, f.name)
         if isinstance(a, tuple):
@@ -143,7 +149,7 @@ def _since(now: TrafficSample, base: TrafficSample | None) -> TrafficSample:
 
 def _without_gauges(s: TrafficSample) -> TrafficSample:
     """What a gone gateway leaves in the fleet's cumulative counts: nothing in flight."""
-    return dataclasses.replace(s, in_flight=0, queued=0)
+    return dataclasses.replace(s, in_flight=0, queued=0, standby_in_rotation=0)
 
 
 @dataclass
@@ -223,10 +229,10 @@ class GatewayBook:
 def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The data plane of several gateways as one (`GET /v1/dataplane`): per group, slots,
     in use and queued add up, `instances` is what the most up-to-date gateway routes to
-    (`standby`: the warm standby it keeps out), unreachable and ejected instances are each
-    gateway's, named; served and per-route
-    counts add up, and so do the requests in flight per instance. `gateways[id]` is the
-    snapshot version each one serves."""
+    (`standby` the warm standby it keeps out; `promoted` the gateways that put theirs in
+    because requests waited), unreachable and ejected instances are each gateway's, named;
+    served and per-route counts add up, and so do the requests in flight per instance.
+    `gateways[id]` is the snapshot version each one serves."""
     groups: dict[str, dict[str, Any]] = {}
     served: dict[str, int] = {}
     in_flight: dict[str, int] = {}
@@ -241,6 +247,7 @@ def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                     "queued": {},
                     "instances": 0,
                     "standby": 0,
+                    "promoted": [],
                     "unreachable": [],
                     "ejected": [],
                 },
@@ -251,6 +258,8 @@ def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 into["queued"][prio] = into["queued"].get(prio, 0) + int(n)
             into["instances"] = max(into["instances"], int(g.get("instances", 0)))
             into["standby"] = max(into["standby"], int(g.get("standby", 0)))
+            if g.get("standby_promoted_s") is not None:
+                into["promoted"].append(gw)
             into["unreachable"] = sorted(set(into["unreachable"]) | set(g.get("unreachable", ())))
             into["ejected"] += [{**e, "gateway": gw} for e in g.get("ejected", ())]
         for instance, n in (part.get("served") or {}).items():

@@ -42,6 +42,10 @@ __all__ = [
 
 ANY = "*"
 PRIORITIES = ("high", "normal", "low")
+STANDBY_HOLD_S = 30.0
+"""How long a group's warm standby that a gateway put in rotation (requests waited) stays
+there after the last request that waited, unless the controller's count in force takes it
+in first (its next decision does): about one start-up."""
 """Highest first: admission serves `high` first and sheds `low` first (R6)."""
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 

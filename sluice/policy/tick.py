@@ -194,7 +194,7 @@ def decide(inp: TickInput) -> TickDecision:
         policy = inp.scalers[name]
         memory = inp.memories[name] if name in inp.memories else policy.initial()
         d, memories[name] = policy.step(memory, load, inp.now)
-        decisions[name] = _held(d, load, inp.holds.get(name))
+        decisions[name] = _promoted(_held(d, load, inp.holds.get(name)), load)
     standbys = index.standby
     wanted = {name: inp.counts.get(name, n) + standbys[name] for name, n in index.counts.items()}
     for name, d in decisions.items():
@@ -276,6 +276,23 @@ def _held(d: Decision, load: GroupLoad, hold: NoGainHold | None) -> Decision:
         clipped_by=(*d.clipped_by, "no_gain"),
         reason=f"{d.reason}; held at {cap}: {hold.reason}",
         unclipped=d.unclipped if d.unclipped is not None else d.desired,
+    )
+
+
+def _promoted(d: Decision, load: GroupLoad) -> Decision:
+    """The fast tier, made lasting: a gateway put the group's warm standby in rotation
+    because requests waited (`GroupLoad.standby_in_rotation`), so the count in force takes
+    those instances in, and the standby is launched anew (`decide` adds it to every
+    active group's want). Never lowers the count; the autoscaler scales down as usual."""
+    n = load.standby_in_rotation
+    if n <= d.desired:
+        return d
+    return dataclasses.replace(
+        d,
+        desired=n,
+        winner="standby",
+        reason=f"{d.reason}; {n} in rotation: a gateway promoted the warm standby "
+        "(requests waited), a new one is launched",
     )
 
 

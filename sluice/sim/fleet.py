@@ -100,7 +100,7 @@ from sluice.policy.autoscale import GroupLoad, ScalingPolicy
 from sluice.policy.kernel import Memory, World, due, step
 from sluice.policy.plan import Drain, Launch
 from sluice.policy.quota import Allocation, Loan
-from sluice.policy.routing import PRIORITIES
+from sluice.policy.routing import PRIORITIES, STANDBY_HOLD_S
 from sluice.policy.tick import BURST, STABLE, TICK_S, is_advisory, spec_count, standby
 from sluice.sim.batching import BatchingInstance, BatchingParams
 from sluice.sim.codes import (
@@ -229,6 +229,9 @@ class _Lane:
     units_now: int = 0
     warm: bool = False
     """keeps warm standby out of rotation (an active autoscaler's `warm_standby`)"""
+    promoted_until: float = 0.0
+    """the gateway's promotion of the warm standby (requests waited) lasts until then; 0.0:
+    not promoted (`GroupRuntime.promote`)"""
     sampled: int = 0
     before: int = 0
     """instances starting or ready when the tick began"""
@@ -311,6 +314,7 @@ class _Lane:
             startup_s=self.work.model.startup_s if lead is None else lead,
             draining=self.draining,
             server_waiting=waiting,
+            standby_in_rotation=len(self.active) if self.promoted_until else 0,
             ttft_p95_s=ttft,
             tpot_p95_s=tpot,
             kv_cache_usage=kv,
@@ -563,18 +567,22 @@ def run_fleet(
 
     def rotate(L: _Lane, now: float) -> None:
         """A warm-standby group serves from its oldest ready instances, as many as its count
-        in force; the newest stay out of rotation (what the live routing publishes). Then
-        the gateway's slots follow the instances in rotation."""
+        in force; the newest stay out of rotation (what the live routing publishes), unless
+        the gateway promoted them (requests waited). Then the gateway's slots follow the
+        instances in rotation."""
         if L.warm:
             active, spare, buckets = L.active, L.spare, L.buckets
-            while len(active) > L.count:
+            if L.promoted_until and len(active) + len(spare) <= L.count:
+                L.promoted_until = 0.0  # the count in force took the standby in
+            target = len(active) + len(spare) if L.promoted_until else L.count
+            while len(active) > target:
                 k = active.pop()  # the newest in rotation becomes the oldest spare
                 lvl = inflight[k]
                 if lvl < L.c:
                     buckets[lvl].discard(k)
                 rotating[k] = False
                 spare.insert(0, k)
-            while len(active) < L.count and spare:
+            while len(active) < target and spare:
                 k = spare.pop(0)
                 active.append(k)
                 rotating[k] = True
@@ -584,6 +592,21 @@ def run_fleet(
         go = start if L.batch is None else start_batch
         for r in L.adm.set_slots(len(L.active) * L.c):
             go(L, r, now)
+
+    def promote(L: _Lane, now: float) -> None:
+        """A request waits in a warm-standby group: the gateway puts the standby in rotation
+        at once and holds it there (as `GroupRuntime.promote`)."""
+        promoted = bool(L.promoted_until)
+        L.promoted_until = now + STANDBY_HOLD_S
+        if not promoted:
+            rotate(L, now)
+
+    def demote(L: _Lane, now: float) -> None:
+        """The hold is over and nothing waits: the standby leaves the rotation again (as
+        `GroupRuntime.demote`, which the gateway's queue timer calls)."""
+        if L.promoted_until and now >= L.promoted_until and not L.adm.queue_length:
+            L.promoted_until = 0.0
+            rotate(L, now)
 
     def kill(k: int, now: float) -> None:
         """Stop at once; in-flight requests fail (their completions are void; a batching
@@ -704,6 +727,8 @@ def run_fleet(
                 done[x] = REJECTED
                 L.expired += 1
             L.unit_s += L.units_now * dt
+            if L.promoted_until:
+                demote(L, now)
         for loan in loans:
             by_name[loan.borrower].borrowed_s += loan.units * dt
             if loan.lender is not None:
@@ -868,6 +893,10 @@ def run_fleet(
             if res is shed_offer:
                 done[r] = REJECTED
                 lanes[gi].shed += 1
+            else:
+                L = lanes[gi]
+                if L.warm and len(L.active) + len(L.spare) > L.count:
+                    promote(L, ta)
             if evicted is not None:
                 done[evicted] = REJECTED
 

@@ -260,6 +260,7 @@ def snapshot(
     traffic: Mapping[str, GroupTraffic] | None = None,
     redirects: Mapping[str, str] | None = None,
     max_concurrency: int = 8,
+    standby: Mapping[str, Iterable[tuple[str, int] | FakeUpstream]] | None = None,
 ) -> RoutingSnapshot:
     """`groups[name]`: its instances, as upstreams or (instance id, port) pairs; every group
     serves m1 unless `models` says; `tenants` by plain API key (default:
@@ -278,6 +279,10 @@ def snapshot(
         all_models=frozenset(m for ms in served.values() for m in ms),
         redirects=dict(redirects or {}),
         traffic=dict(traffic or {}),
+        standby={
+            g: tuple(Endpoint(iid, "127.0.0.1", port, max_concurrency) for iid, port in on(*eps))
+            for g, eps in (standby or {}).items()
+        },
     )
 
 

@@ -639,6 +639,43 @@ async def test_overload_sheds_low_then_normal_then_high() -> None:
 
 
 @pytest.mark.asyncio
+async def test_warm_standby_joins_at_once_when_requests_wait_and_leaves_after_its_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast tier: one instance in rotation (1 slot), one warm standby out of it. A
+    second request that would wait is served by the standby at once, not after the first
+    answer; once the hold is over and nothing waits, the standby is out again."""
+    monkeypatch.setattr("sluice.gateway.groups.STANDBY_HOLD_S", 1.5)
+    busy, spare = FakeUpstream("busy", latency=0.5), FakeUpstream("spare", latency=0.5)
+    snap = lambda: snapshot(  # noqa: E731
+        1, {"g1": [busy]}, [RouteRule("r1", (("g1", 1),))], max_concurrency=1,
+        standby={"g1": [spare]},
+    )  # fmt: skip
+    async with running(busy, spare, snapshot=snap) as (gw, client, log):
+        assert (await chat(client)).headers["x-sluice-instance"] == "busy"  # alone: no wait
+        assert spare.accepted == 0 and gw.status()["groups"]["g1"]["standby"] == 1
+        start = time.perf_counter()
+        first = asyncio.create_task(chat(client))
+        await asyncio.sleep(0.05)
+        second = await chat(client)
+        assert second.headers["x-sluice-instance"] == "spare"
+        assert time.perf_counter() - start < 0.8  # served beside the first, not after it
+        assert (await first).headers["x-sluice-instance"] == "busy"
+        assert log_lines(log)[-1]["queue_ms"] < 100
+        value = metric_values(gw.metrics_text()[0].decode())
+        assert value("sluice_gateway_standby_promotions_total", group="g1") == 1
+        assert gw.status()["groups"]["g1"]["instances"] == 2
+        assert gw.traffic()["g1"].standby_in_rotation == 2  # the controller takes it in
+        async with asyncio.timeout(3):
+            while gw.status()["groups"]["g1"]["instances"] == 2:
+                await asyncio.sleep(0.05)
+        assert gw.status()["groups"]["g1"]["standby_promoted_s"] is None
+        assert gw.traffic()["g1"].standby_in_rotation == 0
+        for _ in range(3):  # out of rotation again: one at a time goes to the busy one
+            assert (await chat(client)).headers["x-sluice-instance"] == "busy"
+
+
+@pytest.mark.asyncio
 async def test_queue_timeout_is_503_and_a_removed_group_frees_its_waiters() -> None:
     up = FakeUpstream("i1", latency=1.0)
     snap = g1(up, traffic={"g1": q(max_wait_s=0.2)}, max_concurrency=1)

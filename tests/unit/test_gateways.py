@@ -102,9 +102,9 @@ def test_a_restarted_gateway_counting_from_zero_does_not_take_the_totals_down() 
 
 
 def test_the_data_plane_of_several_gateways_reads_as_one() -> None:
-    def part(version: int, in_use: int, standby: int = 1) -> dict:
+    def part(version: int, in_use: int, promoted: float | None = None) -> dict:
         group = {"slots": 4, "in_use": in_use, "queued": {"normal": 1}, "instances": 2,
-                 "standby": standby}  # fmt: skip
+                 "standby": 1, "standby_promoted_s": promoted}  # fmt: skip
         return {
             "version": version,
             "groups": {"chat": {**group, "unreachable": [], "ejected": []}},
@@ -112,7 +112,7 @@ def test_the_data_plane_of_several_gateways_reads_as_one() -> None:
             "routes": {"main": {"chat": 3}},
         }
 
-    merged = merge_status({"local": part(7, 1), "gw-a": part(6, 2, standby=0)})
+    merged = merge_status({"local": part(7, 1), "gw-a": part(6, 2, promoted=12.5)})
     chat = merged["groups"]["chat"]
     assert (chat["slots"], chat["in_use"], chat["queued"], chat["instances"]) == (
         8,
@@ -120,7 +120,7 @@ def test_the_data_plane_of_several_gateways_reads_as_one() -> None:
         {"normal": 2},
         2,
     )
-    assert chat["standby"] == 1  # the warm standby one of them keeps out of rotation
+    assert (chat["standby"], chat["promoted"]) == (1, ["gw-a"])  # its standby is in there
     assert merged["served"] == {"i-0": 6} and merged["routes"] == {"main": {"chat": 6}}
     assert merged["gateways"] == {"local": 7, "gw-a": 6} and merged["version"] == 7
 
@@ -168,6 +168,22 @@ def test_the_fleets_tokens_are_every_gateways_added_up() -> None:
     book.push("gw-b", "boot-1", {"chat": counted(8, 590, 62)}, now=1.0)
     t = book.traffic(now=1.0)["chat"]  # since first seen: 40 + 90 and 10 + 12
     assert (t.prompt_tokens, t.completion_tokens) == (130, 22)
+
+
+def test_warm_standby_in_rotation_is_the_most_any_gateway_routes_to_now() -> None:
+    # both gateways route to the same instances: their promotions are not added up, and a
+    # gauge is what it is now, not since the gateway was first seen (nor kept when it goes)
+    def promoted(arrivals: int, in_rotation: int) -> TrafficSample:
+        return dataclasses.replace(sample(arrivals), standby_in_rotation=in_rotation)
+
+    book = GatewayBook(ttl_s=5.0)
+    book.push("gw-a", "boot-1", {"chat": promoted(10, 3)}, now=0.0)
+    book.push("gw-b", "boot-1", {"chat": promoted(5, 3)}, now=0.0)
+    assert book.traffic(now=0.0)["chat"].standby_in_rotation == 3
+    book.push("gw-b", "boot-1", {"chat": promoted(9, 0)}, now=1.0)
+    assert book.traffic(now=1.0)["chat"].standby_in_rotation == 3
+    book.push("gw-b", "boot-1", {"chat": promoted(12, 0)}, now=6.5)  # gw-a gone
+    assert book.traffic(now=6.5)["chat"].standby_in_rotation == 0
 
 
 def test_a_groups_sample_adds_up_its_tenants_tokens() -> None:

@@ -269,6 +269,30 @@ def test_warm_standby_is_launched_beside_the_count() -> None:
     assert res.column("desired")[-1] == 3 and res.column("alive")[-1] == 4
 
 
+def test_a_burst_puts_the_warm_standby_in_rotation_at_once_and_the_next_decision_keeps_it() -> None:
+    # 2 req/s for a minute (one instance, 4 slots, never a queue), then 20 req/s: the first
+    # request that waits brings the standby in (as the gateway's `promote`), the tick after
+    # takes it into the count in force and launches a new standby, before any signal of
+    # the autoscaler's own asked for more
+    rows = [(i / 2, 100, 10) for i in range(120)] + [(60 + i / 20, 100, 10) for i in range(1200)]
+    results = {}
+    for spare in (1, 0):
+        model = fixed_service(0.5, autoscaling={"min": 1, "max": 8, "warm_standby": spare})
+        results[spare] = run(prepare(model, trace_from_rows(rows)), make_policy(model, "sluice"))
+    warm, cold = results[1], results[0]
+    first = next(d for d in warm.decisions if d["t"] >= 60)
+    assert first["t"] <= 61 and (first["from"], first["to"]) == (1, 2)
+    assert "promoted the warm standby" in first["reason"], first["reason"]
+    t = warm.column("t")
+    after = (t > 61) & (t < 65)
+    assert np.all(warm.column("ready")[after] >= 2)  # the standby serves...
+    assert np.all(warm.column("alive")[after] >= 3)  # ...and a new one is on its way
+    assert not any("promoted" in d["reason"] for d in cold.decisions)
+    burst = warm.workload.trace.t >= 60
+    waited = {k: float(np.mean((r.done - r.workload.trace.t)[burst])) for k, r in results.items()}
+    assert waited[1] < 0.5 * waited[0], waited
+
+
 def test_a_crash_loop_waits_before_each_replacement() -> None:
     # crashes every few seconds, 10 s start-up: replacements crash before any is ready,
     # so the kernel's backoff (1 s, 2 s, 4 s ...) holds launches back

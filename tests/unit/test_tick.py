@@ -4,6 +4,8 @@ and a budget cut that takes the burst part first."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from sluice.core import InstanceState, InstanceStatus
 from sluice.policy import Drain, Launch, Remove
 from sluice.policy.autoscale import FixedPolicy, GroupLoad
@@ -174,3 +176,40 @@ def test_a_no_gain_hold_stops_scale_up_at_its_count_but_never_scale_down() -> No
         )
     )
     assert down.counts == {"bursty": 1} and "no_gain" not in down.scaled[0].guards
+
+
+def test_warm_standby_a_gateway_put_in_rotation_joins_the_count_and_is_launched_anew() -> None:
+    s = load_spec_text(SPEC.replace("MODE", "warm_standby: 1")).spec
+    b = s.group("bursty")
+    assert b
+    fleet = fleet_of(s, 3)  # 2 in force and their warm standby, all ready
+    promoted = dataclasses.replace(load(2), standby_in_rotation=3)
+    tick = decide(
+        TickInput(
+            s,
+            fleet,
+            counts={"core": 2, "bursty": 2},
+            now=T0,
+            loads={"bursty": promoted},
+            scalers={"bursty": FixedPolicy(2)},
+        )
+    )
+    (scaled,) = tick.scaled
+    assert scaled.count == 3 and scaled.decision.winner == "standby"
+    assert "a gateway promoted the warm standby" in scaled.reason
+    assert tick.counts == {"bursty": 3}
+    assert [(type(a), a.group) for a in tick.actions] == [(Launch, "bursty")]  # the new spare
+    # the autoscaler still scales down as it likes once the gateway has no standby in
+    # rotation (the count in force took it in), and a count as large is its own
+    for in_rotation, want, count in ((0, 1, 1), (3, 3, 3)):
+        later = decide(
+            TickInput(
+                s,
+                fleet,
+                counts={"core": 2, "bursty": 3},
+                now=T0 + 1,
+                loads={"bursty": dataclasses.replace(load(3), standby_in_rotation=in_rotation)},
+                scalers={"bursty": FixedPolicy(want)},
+            )
+        )
+        assert later.scaled[0].count == count and later.scaled[0].decision.winner != "standby"

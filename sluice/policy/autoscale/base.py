@@ -81,6 +81,9 @@ class GroupLoad:
     """p95 of streamed answers' time per output token over the last few seconds"""
     kv_cache_usage: float | None = None
     """the servers' mean KV-cache use, 0..1, where they export it (vLLM, SGLang, llama.cpp)"""
+    standby_in_rotation: int = 0
+    """instances a gateway routes to while it has put the group's warm standby in rotation
+    (requests waited: the fast tier, before any decision); 0 when no gateway has"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +191,9 @@ class TrafficSample:
     """cumulative prompt tokens of the group's answers, every tenant's (their usage)"""
     completion_tokens: int = 0
     """cumulative completion tokens of those answers"""
+    standby_in_rotation: int = 0
+    """now: the instances this gateway routes to, if it has put the group's warm standby in
+    rotation because requests waited (`GroupRuntime.promote`); else 0"""
 
 
 def window_quantile(
