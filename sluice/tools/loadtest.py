@@ -7,7 +7,10 @@ then open-loop load at a constant rate is offered in steps: up by a factor until
 breaks the SLO, then bisection between the last rate that held and the first that did not
 (`sluice.policy.capacity.RateSearch`); while nothing holds, it steps down. The knee is
 the highest rate that held (`no_knee` says why there is none); the
-recommendation runs each instance a headroom below it. The report is stored under the
+recommendation runs each instance a headroom below it. A run whose own generator fell
+behind its schedule (`sluice.policy.generator`) below any rate the group failed at is
+`inconclusive`: it keeps no knee, so it recommends and proposes nothing, and the control
+plane has no knee of it to compare the next one with. The report is stored under the
 group's model version, and set beside the newest one of another version.
 
 `--fit` measures the batching model's time parameters under the same pin, before any knee
