@@ -156,3 +156,134 @@ def test_every_quickstart_command_works_as_shown(
             if " -i" in command:
                 assert r.stdout.startswith("HTTP/1.1 200"), r.stdout
     assert up.stop() == 0
+
+
+def marked_block(name: str) -> str:
+    """The bash block after the README's `<!-- NAME: ... -->` marker."""
+    return bash_blocks(README[README.index(f"<!-- {name}:") :])[0]
+
+
+def comment_of(line: str) -> str:
+    return line[len(without_comment(line)) :].strip().lstrip("#").strip()
+
+
+EXPORT = re.compile(r"export ([A-Z_][A-Z0-9_]*)=(\S+)$")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="`sluice drill elastic --simulate` (after the live drill, from its measurements) "
+    "exits 8 today: verdict fail, 'the queue recovered 292.0 s after the peak started, over "
+    "the 120 s limit' at 99.5% SLO; every other line runs as shown. Remove this mark once the "
+    "simulated drill passes (or the block says it fails)",
+)
+def test_the_capacity_block_runs_as_shown_on_its_own_state_directory(tmp_path: Path) -> None:
+    """The capacity block as a newcomer runs it: its first line gives the fleet a state
+    directory of its own (here a fresh one in place of ~/.sluice-capacity, as the quickstart
+    test puts a free port in place of 8080), its `sluice up` runs as the other terminal,
+    and every other command succeeds, except the one its comment says fails: that one
+    exits 8, a failed verdict."""
+    block = marked_block("capacity")
+    lines = [ln for ln in re.sub(r"\\\n\s*", " ", block).splitlines() if without_comment(ln)]
+    first = EXPORT.match(without_comment(lines[0]))
+    assert first is not None and first.group(1) == "SLUICE_HOME", lines[0]
+    assert "own state directory" in comment_of(lines[0])
+    up_line = without_comment(lines[1])
+    assert "sluice up -f examples/capacity.yaml" in up_line
+    assert "other terminal" in comment_of(lines[1])
+    home = tmp_path / "capacity-home"
+    bin_dir = str(Path(sys.executable).parent)
+    env = {
+        **os.environ,
+        "SLUICE_HOME": str(home),
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+    }
+    env.pop("SLUICE_API_KEY", None)
+    up = subprocess.Popen(
+        ["bash", "-c", f"exec env {up_line} --port 0"],  # env: the line starts VAR=value
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert up.stdout is not None
+        for line in up.stdout:
+            output.append(line)
+            if line.startswith("ready: "):
+                ready.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 180
+        while not ready.wait(1) and up.poll() is None and time.monotonic() < deadline:
+            pass
+        assert ready.is_set(), "no `ready:` line:\n" + "".join(output)
+        for line in lines[2:]:
+            command, comment = without_comment(line), comment_of(line)
+            export = EXPORT.match(command)
+            if export is not None:
+                env[export.group(1)] = export.group(2)
+                continue
+            r = subprocess.run(
+                ["bash", "-c", command],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            shown = f"{command}\n-> {r.returncode}\n{r.stdout}{r.stderr}"
+            if comment.startswith("fails"):
+                assert r.returncode == 8, shown  # a failed verdict, not an error
+            else:
+                assert r.returncode == 0, shown
+        up.send_signal(signal.SIGINT)
+        assert up.wait(60) == 0, "".join(output)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(10)
+        reader.join(10)
+        assert up.stdout is not None
+        up.stdout.close()
+        kill_workers_of(home)
+
+
+def test_the_simulate_examples_say_why_they_miss_their_slo(tmp_path: Path) -> None:
+    """The README's reason for the reference runs' SLO misses is measured: each run's SLO
+    attainment, and the oracle's and fixed:7's on the same traces, are the numbers it gives."""
+    runs = [c for c in commands(quickstart_block()) if "examples/reference-sim.yaml" in c]
+    assert len(runs) == 2
+    assert all("/tmp/sim" not in c for c in runs)  # a fresh `mktemp -d`, not a shared folder
+    env = {**os.environ, "SLUICE_HOME": str(tmp_path / "home")}
+    marker = README.index("runs miss their 0.99 SLO target")
+    why = " ".join(README[marker : README.index("\n\n", marker)].split())
+
+    def slo(command: str) -> str:
+        r = subprocess.run(
+            ["bash", "-c", command],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        found = re.search(r"SLO (\d\.\d+) \(target 0\.99\)", r.stdout)
+        assert found is not None, r.stdout
+        return f"{float(found.group(1)):.3f}"
+
+    missed = [slo(c) for c in runs]
+    assert all(float(m) < 0.99 for m in missed)
+    oracle = [slo(f"{c} --policy oracle") for c in runs]
+    assert all(float(o) >= 0.99 for o in oracle)
+    fixed = slo(f"{runs[0]} --policy fixed:7")
+    assert f"({missed[0]} and {missed[1]})" in why, why
+    assert f"({oracle[0]} and {oracle[1]})" in why, why
+    assert f"({fixed}," in why, why
