@@ -50,7 +50,8 @@ rates and shares over the window; latency quantiles merged from histograms; gaug
 averaged. `error_rate`: 5xx answers (shed included) per finished request; `shed_rate`:
 the part refused by admission; `no_ready_instance`: 1 while the group should serve but no
 instance is ready, past its start-up grace (a first start, or one from zero, reads 0 until
-the spec's start-up and warm-up timeouts ran out: `sluice.policy.startup`); `slo_attainment`: the share within the group's `slo.latency_ms`;
+the spec's start-up and warm-up timeouts ran out: `sluice.policy.startup`);
+`slo_attainment`: the share within the group's `slo.latency_ms`;
 `slo_burn`: its misses over the misses the SLO allows (1 - target); `budget_used`: the
 share of the tightest budget cap in force (group or platform); `quota_refused`: 1 while
 quota refuses the group a start."""
