@@ -278,7 +278,9 @@ def get_instances(
     them, first to go), address and the reason for their last change."""
 
     def render(items: list[dict[str, Any]]) -> None:
-        t = Table("INSTANCE", "GROUP", "STATE", "TIER", "URL", "PID", "SINCE", "REASON")
+        accel = any(i.get("accelerator") for i in items)  # a pool lists devices
+        extra = ("ACCEL MEM / EST", "UTIL") if accel else ()
+        t = Table("INSTANCE", "GROUP", "STATE", "TIER", "URL", "PID", *extra, "SINCE", "REASON")
         for i in items:
             t.add_row(
                 i["id"],
@@ -287,12 +289,23 @@ def get_instances(
                 i.get("tier") or "-",
                 i["url"] or "-",
                 str(i["pid"] or "-"),
+                *(accelerator_cells(i.get("accelerator")) if accel else ()),
                 ts(i["created_at"]),
                 i["reason"],
             )
         out.print(t)
 
     run(as_json, lambda: client_for(home, control)[1].get("/v1/instances", group=group), render)
+
+
+def accelerator_cells(a: dict[str, Any] | None) -> tuple[str, str]:
+    """'3.0 / 1.0 GiB !' (measured / estimate, '!' far above it), 'unknown / 1.0 GiB'."""
+    if not a:
+        return "-", "-"
+    used = "unknown" if a.get("memory_used_gib") is None else f"{a['memory_used_gib']:.1f}"
+    est = "-" if a.get("estimate_gib") is None else f"{a['estimate_gib']:.1f}"
+    util = "-" if a.get("utilization") is None else f"{a['utilization']:.0f}%"
+    return f"{used} / {est} GiB" + (" !" if a.get("over_estimate") else ""), util
 
 
 @app.command()

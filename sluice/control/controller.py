@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sluice.control.accelerators import AcceleratorWatch
 from sluice.control.advisory import scaling_metrics, switched_modes
 from sluice.control.autoscaling import LiveAutoscaling, TrafficSource
 from sluice.control.decisions import DecisionJournal
@@ -105,6 +106,8 @@ class Controller:
         self._failovers: dict[str, str] = {}
         self._wake = supervisor.changed
         self._servers = ServerScraper(clock.now)
+        self.accelerators = AcceleratorWatch()
+        """NVML's devices of pools that list them, attributed to instances"""
         self._autoscaling = LiveAutoscaling(traffic, self._servers.load)
         self._tiers: Mapping[str, str] = {}
         self._cluster_pools = ClusterPools(inventory, events)
@@ -188,6 +191,7 @@ class Controller:
         finally:
             await self._rollouts.aclose()
             await self._servers.aclose()
+            await self.accelerators.aclose()
 
     async def rollout(self, name: str, action: str, actor: str, reason: str) -> dict[str, Any]:
         """`sluice rollout start|pause|resume|promote|abort NAME`, audited; the new split is
@@ -240,7 +244,10 @@ class Controller:
                 self._rollouts.phases(),
             )  # fmt: skip
             groups += fleet_metrics(view)
-        return self._servers.prometheus_text() + groups + self._loop.prometheus_text()
+        return (
+            self._servers.prometheus_text() + groups + self.accelerators.prometheus_text()
+            + self._loop.prometheus_text()
+        )  # fmt: skip
 
     def observation(self) -> Observation | None:
         """The fleet as the observer reads it (None before any spec)."""
@@ -249,7 +256,7 @@ class Controller:
         counts = {g.name: self._instances_wanted(g) for g in self._spec.groups}
         return Observation(
             self._spec, self._supervisor.statuses(), self._quota.last, self._quota.metered,
-            counts, self._failovers,
+            counts, self._failovers, self.accelerators.view,
         )  # fmt: skip
 
     def hold_scale_up(self, holds: Callable[[], Mapping[str, NoGainHold]]) -> None:
@@ -559,6 +566,7 @@ class Controller:
             "store": self._events.health.to_json(),
             "samples": self._rollouts.sampling_status(),
             "servers": self._servers.status(),
+            "accelerators": self.accelerators.status(),
         }
 
     def store_refused(self, exc: Exception) -> None:
@@ -603,6 +611,7 @@ class Controller:
         due_now = due(self._memory, compiled, now)
         loads = self._autoscaling.read(spec, observed, due_now, now, self.desired_replicas)
         self._servers.watch(scrape_targets(spec, observed))  # read in their own task
+        self.accelerators.watch(spec, observed)  # NVML too
         world = World(
             compiled=compiled,
             observed=observed,

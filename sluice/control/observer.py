@@ -18,7 +18,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sluice.control.autoscaling import TrafficSource
@@ -26,6 +26,7 @@ from sluice.control.events import EventLog
 from sluice.control.followups import Followups
 from sluice.core import Clock, InstanceState, InstanceStatus
 from sluice.core.instances import ALIVE_STATES
+from sluice.policy.accelerators import GIB, AcceleratorView
 from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.gain import NoGainHold
 from sluice.policy.history import (
@@ -83,6 +84,8 @@ class Observation:
     meter: Meter
     counts: Mapping[str, int]
     failovers: Mapping[str, str]
+    accelerators: AcceleratorView = field(default_factory=AcceleratorView)
+    """NVML's devices attributed to instances (empty: no pool lists devices)"""
 
 
 class AlertSink(Protocol):
@@ -155,6 +158,12 @@ def group_gauges(
             gauges["in_flight"] = in_flight
         if name in shares:
             gauges["budget_used"] = shares[name]
+        accel = (obs.accelerators.groups or {}).get(name)
+        if accel is not None:  # a pool with devices, read by NVML
+            gauges["accelerator_memory_used_gb"] = accel.used_bytes / GIB
+            gauges["instances_over_estimate"] = float(accel.over_estimate)
+            if accel.utilization is not None:
+                gauges["accelerator_utilization"] = accel.utilization
         out[name] = gauges
     return out
 

@@ -81,6 +81,15 @@ DEFAULT_RULES: tuple[AlertRule, ...] = (
         severity="warning",
         description="over 90% of the tightest budget cap in force is spent",
     ),
+    AlertRule(
+        name="memory-over-estimate",
+        series="instances_over_estimate",
+        threshold=0.5,
+        for_s=120,
+        severity="warning",
+        description="an instance holds over 1.5x its memory estimate (sluice estimate, else "
+        "resources.memory_gb) and over 1 GiB more (pools with devices, read by NVML)",
+    ),
 )
 """What a platform team wants on every group unless `observability.alerts.defaults` is off;
 a spec rule with the same name (for the group or for '*') replaces one."""
@@ -348,6 +357,8 @@ _GAUGES = {
     "spend_per_hour": ("sluice_group_spend_per_hour", ""),
     "budget_used": ("sluice_group_budget_used", ""),
     "quota_refused": ("sluice_group_quota_refused", ""),
+    "accelerator_utilization": ("sluice_group_accelerator_utilization_percent", ""),
+    "instances_over_estimate": ("sluice_group_accelerator_over_estimate_instances", ""),
 }
 """Gauges the history averages over the window: avg_over_time, summed over the other
 labels (priorities, pools, gateways)."""
@@ -388,6 +399,9 @@ def _value_expr(
         metric, q = _HIST[series]
         buckets = f"sum by (le) (rate({metric}_bucket{{{sel}}}[{window}]))"
         return f"histogram_quantile({q}, {buckets}) * 1000", ""
+    if series == "accelerator_memory_used_gb":
+        metric = "sluice_group_accelerator_memory_bytes"
+        return f"sum(avg_over_time({metric}{{{sel}}}[{window}])) / {2**30}", ""
     if series in _GAUGES:
         metric, extra = _GAUGES[series]
         return f"sum(avg_over_time({metric}{{{sel}{extra}}}[{window}]))", ""

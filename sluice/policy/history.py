@@ -52,11 +52,18 @@ GAUGES = (
     "spend_per_hour",
     "budget_used",
     "quota_refused",
+    "accelerator_memory_used_gb",
+    "accelerator_utilization",
+    "instances_over_estimate",
 )
 """Sampled values (mean and max over a span): `instances` counts every running instance
 (`starting_instances`: pending, starting or warming; `draining_instances`: draining),
 `busy_units` the units the requests in flight keep busy (in_flight / max_concurrency x
-accelerators per instance), `memory_gb` the accelerator memory the held units carry."""
+accelerators per instance), `memory_gb` the accelerator memory the held units carry;
+where a pool lists devices, NVML's: `accelerator_memory_used_gb` what the group's
+instances are known to hold,
+`accelerator_utilization` the mean percent of their devices, `instances_over_estimate`
+how many hold far more than their estimate (`sluice.policy.accelerators`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,9 @@ Series = Literal[
     "spend_per_hour",
     "budget_used",
     "quota_refused",
+    "accelerator_memory_used_gb",
+    "accelerator_utilization",
+    "instances_over_estimate",
 ]
 """What a group's history keeps and an alert rule may watch (`sluice.policy.history`):
 rates and shares over the window; latency quantiles merged from histograms; gauges
@@ -54,7 +57,10 @@ the spec's start-up and warm-up timeouts ran out: `sluice.policy.startup`);
 `slo_attainment`: the share within the group's `slo.latency_ms`;
 `slo_burn`: its misses over the misses the SLO allows (1 - target); `budget_used`: the
 share of the tightest budget cap in force (group or platform); `quota_refused`: 1 while
-quota refuses the group a start."""
+quota refuses the group a start; where a pool lists devices (NVML),
+`accelerator_memory_used_gb`, `accelerator_utilization` (percent) and
+`instances_over_estimate` (instances holding over 1.5x their memory estimate and over
+1 GiB more: `sluice.policy.accelerators`)."""
 SERIES: tuple[str, ...] = get_args(Series)
 
 Severity = Literal["page", "warning", "info"]

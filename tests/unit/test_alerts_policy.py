@@ -115,6 +115,7 @@ def test_defaults_apply_to_every_group_and_a_rule_with_their_name_replaces_them(
         "no-ready-instance",
         "quota-refused",
         "budget-near-cap",
+        "memory-over-estimate",
     ]
     assert [r.name for r in by_group["chat"]] == [*names, "slow"]
     chat = {r.name: r for r in by_group["chat"]}

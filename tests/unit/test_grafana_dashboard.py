@@ -13,10 +13,12 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from sluice.control.accelerators import accelerator_metrics
 from sluice.control.advisory import scaling_metrics
 from sluice.control.fleet_metrics import FleetView, fleet_metrics
 from sluice.gateway.groups import GroupRuntime
 from sluice.gateway.metrics import DURATION_BUCKETS_S, GatewayMetrics
+from sluice.policy.accelerators import DeviceReading, InstanceDevices, attribute
 from sluice.policy.alerts import prometheus_rules
 from sluice.policy.quota.metering import Meter
 from sluice.policy.routing import Endpoint, GroupTraffic
@@ -51,8 +53,13 @@ def exported() -> dict[str, set[str]]:
     rollouts = {"r1": (spec.groups[0].name, "running", 10.0)}
     fleet = fleet_metrics(FleetView(spec, (), {}, None, Meter(), rollouts))
     scaling = scaling_metrics(spec, lambda g: 1, {}, lambda g: None)
+    gib = 2**30
+    device = DeviceReading("0", "GPU-0", gib, 16 * gib, 50.0, {1: gib})
+    accel = accelerator_metrics(
+        attribute([device], [InstanceDevices("i1", "chat", ("0",), frozenset({1}), gib)])
+    )
     names: dict[str, set[str]] = {}
-    for text in (gateway.render(), fleet, scaling):
+    for text in (gateway.render(), fleet, scaling, accel):
         for family in text_string_to_metric_families(text.decode()):
             for s in family.samples:
                 names.setdefault(s.name, set()).update(s.labels)
@@ -127,6 +134,8 @@ def test_every_query_names_only_what_sluice_exports() -> None:
         "sluice_group_quota_units",
         "sluice_group_spend_per_hour",
         "sluice_rollout_canary_percent",
+        "sluice_instance_accelerator_memory_bytes",
+        "sluice_group_accelerator_utilization_percent",
     } <= used
 
 

@@ -37,6 +37,11 @@ CHARTS: tuple[tuple[str, str, str], ...] = (
     ("queue_length", "Queue", "waiting"),
     ("ready_instances", "Ready instances (minute mean)", "instances"),
 )
+ACCELERATOR_CHARTS: tuple[tuple[str, str, str], ...] = (
+    ("accelerator_memory_used_gb", "Accelerator memory (NVML)", "GiB"),
+    ("accelerator_utilization", "Accelerator utilization", "%"),
+)
+"""Shown where the group's history has them (its pool lists devices)."""
 
 
 def _latest_minute(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
@@ -90,7 +95,11 @@ def overview_rows(
 def charts(rows: Sequence[Mapping[str, Any]], start: float, end: float) -> list[dict[str, Any]]:
     """The group page's charts: each series over the span, with its latest value."""
     out = []
-    for key, title, unit in CHARTS:
+    shown = [
+        *CHARTS,
+        *(c for c in ACCELERATOR_CHARTS if any(r.get(c[0]) is not None for r in rows)),
+    ]
+    for key, title, unit in shown:
         points = [(r["start"], r.get(key)) for r in rows]
         last = next((v for _, v in reversed(points) if v is not None), None)
 

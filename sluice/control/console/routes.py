@@ -255,6 +255,7 @@ def mount_console(app: FastAPI, authenticator: Authenticator, clock: Clock) -> N
             page="overview",
             g=found[0],
             instances=instances,
+            accel=any(i.get("accelerator") for i in instances),
             explain=explain,
             events=events,
             charts=pages.charts(rows, now - seconds, now),
