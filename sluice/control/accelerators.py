@@ -188,6 +188,7 @@ class AcceleratorWatch:
         self._proc = proc
         self._spec: PlatformSpec | None = None
         self._targets: list[tuple[InstanceDevices, int | None]] = []
+        self._watched: set[str] = set()
         self._wanted: tuple[str, ...] = ()
         self._estimates: dict[str, tuple[int, str]] = {}
         self._estimated_for: PlatformSpec | None = None
@@ -206,7 +207,7 @@ class AcceleratorWatch:
             return
         groups = {g.name: g for g in spec.groups if g.resources.pool in pools}
         self._spec = spec
-        self._targets = [
+        self._targets = targets = [
             (
                 InstanceDevices(i.id, i.group, tuple(i.labels["devices"].split(",")), frozenset()),
                 i.pid,
@@ -214,6 +215,7 @@ class AcceleratorWatch:
             for i in observed
             if i.group in groups and i.state in _WATCHED and i.labels.get("devices")
         ]
+        self._watched = {t.instance_id for t, _ in targets}
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="accelerators")
 
@@ -261,7 +263,7 @@ class AcceleratorWatch:
         """For `sluice get instances`: None where nothing is read (no devices)."""
         insts = self.view.instances
         m = (insts or {}).get(instance_id)
-        if m is None and self.view.error:
+        if m is None and self.view.error and instance_id in self._watched:
             m = InstanceMemory(instance_id, "", (), None, None, None, "", False, self.view.error)
         return m.to_json() if m is not None else None
 
