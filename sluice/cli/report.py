@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from sluice.cli.common import HomeOpt, JsonOpt, out, point_in_time, run
+from sluice.cli.common import ControlOpt, HomeOpt, JsonOpt, out, point_in_time, post, run
 
 __all__ = ["groups_app", "report_app"]
 
@@ -28,11 +28,22 @@ def usage(
     since: Annotated[str, typer.Option("--from", help="from: 30d, 2h or an ISO time")] = "30d",
     until: Annotated[str | None, typer.Option("--to", help="to (default: now)")] = None,
     html_dir: HtmlOpt = None,
+    propose: Annotated[
+        bool,
+        typer.Option(
+            "--propose",
+            help="file a proposal lowering the guarantee of each chronically under-used group",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
     home: HomeOpt = None,
+    control: ControlOpt = None,
 ) -> None:
     """Per group over the span: busiest hours of the week, use against guarantee, idle
-    quota that could return to the shared pool, loans, spend against budget, errors, p95."""
+    quota that could return to the shared pool, loans, spend against budget, errors, p95.
+    Each group's reclaim verdict: with --propose the control plane files, per chronically
+    under-used group, a proposal lowering its guarantee by the returnable units (evidence
+    in its reason; reviewed as any spec change; none while one is pending)."""
 
     def build() -> dict[str, Any]:
         start = point_in_time(since)
@@ -46,6 +57,9 @@ def usage(
             doc = usage_document(store, start, end)
         finally:
             store.close()
+        if propose:  # the control plane judges again and files, one check at a time
+            done = post(home, control, "/v1/reports/usage/propose", {"since": start, "until": end})
+            doc["reclaim"] = done["groups"]
         if html_dir is not None:  # usage.json then holds what --json prints
             doc["html"] = str(html_dir / "index.html")
             write_usage_report(doc, html_dir)
@@ -97,6 +111,8 @@ def usage(
             soft_wrap=True,
         )
         out.print(doc["rule"], highlight=False)
+        for v in doc.get("reclaim", []):
+            out.print(_reclaim_line(v), highlight=False, soft_wrap=True)
         if doc.get("html"):
             out.print(f"report: {doc['html']}")
 
@@ -139,6 +155,22 @@ def doc(
             out.print(f"directory: {d['html']}")
 
     run(as_json, build, render)
+
+
+def _reclaim_line(v: dict[str, Any]) -> str:
+    """`reclaim batch: proposal #4 ...`, `reclaim batch: would propose ...` or why not."""
+    change = (
+        f"guarantee {v['guaranteed']} -> {v['new_guaranteed']} ({v['returnable']} unit(s) "
+        f"back; {v['weeks_observed']} week(s) observed, p99 of hourly peaks "
+        f"{v['hourly_peak_p99']:.2f})"
+        if v["hourly_peak_p99"] is not None
+        else ""
+    )
+    if v.get("proposal"):
+        return f"reclaim {v['group']}: proposal #{v['proposal']}: {change}"
+    if v["propose"]:
+        return f"reclaim {v['group']}: would propose {change} (--propose files it)"
+    return f"reclaim {v['group']}: no proposal: {v['why']}"
 
 
 def _c(value: Any, fmt: str) -> str:

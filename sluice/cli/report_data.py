@@ -1,6 +1,6 @@
-"""What `sluice report usage` and `sluice groups doc` read from the store: imported only
-when one of them runs (it brings the policy code and its numeric libraries, which every
-other command would otherwise pay for at start-up)."""
+"""What `sluice report usage` (with its reclaim verdicts) and `sluice groups doc` read from
+the store: imported only when one of them runs (it brings the policy code and its numeric
+libraries, which every other command would otherwise pay for at start-up)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from sluice.cli.common import state_store
 from sluice.config import Settings
 from sluice.control.observer import stored_rollups
+from sluice.control.reclaim import PROPOSALS_READ, verdicts
 from sluice.core import NotFound
 from sluice.policy.history import HOUR_S, MINUTE_S, merge
 from sluice.policy.usage import usage_report
@@ -50,7 +51,12 @@ def usage_document(store: Store, since: float, until: float) -> dict[str, Any]:
     spec, number = latest_spec(store)
     hours = stored_rollups(store, None, since, until, HOUR_S)
     doc = usage_report(spec, hours, since, until)
-    return {"revision": number, **doc}
+    reclaim = []
+    if spec is not None:  # what `--propose` would file, and why not for the others
+        filed = store.list_proposals(state=None, limit=PROPOSALS_READ)
+        found = verdicts(spec, hours, filed, number or 0, since, until)
+        reclaim = [{**v.to_json(), "proposal": None} for v in found]
+    return {"revision": number, **doc, "reclaim": reclaim}
 
 
 def groups_document(store: Store, now: float) -> dict[str, Any]:

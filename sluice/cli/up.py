@@ -47,6 +47,7 @@ from sluice.control.drills import DrillScheduler
 from sluice.control.gateways import GatewayFleet, LocalGateway, gateway_routes
 from sluice.control.handover import health_app, stop_route
 from sluice.control.leadership import FencedRuntime, Leadership, new_holder
+from sluice.control.reclaim import Reclaimer, reclaim_routes
 from sluice.control.secrets_key import installation_sealer
 from sluice.control.spec_work import warm_up
 from sluice.core import Conflict, InstanceState, NotFound, SystemClock, collector
@@ -436,6 +437,8 @@ class _Up:
             f"{spec.gateway.port if gateway is None else gateway.port}"
         )
         review = ReviewBoard(controller, store, self.clock, access_log=settings.access_log)
+        reclaimer = Reclaimer(store, review, controller.audit, self.clock)
+        await reclaimer.load()
         keeper = Housekeeper(
             store,
             self.clock,
@@ -464,6 +467,7 @@ class _Up:
             stale = StaleTargets(store, alerting, review)
             capacity_routes(api, controller, store, self.clock.now, drills, stale)
             gateway_routes(api, fleet)
+            reclaim_routes(api, reclaimer, lambda: controller.spec, self.clock.now)
 
         api = build_control_api(
             controller,
@@ -526,6 +530,9 @@ class _Up:
         async def scheduled_drills(_attempt: int) -> None:
             await drills.run(lambda: controller.spec)
 
+        async def scheduled_reclaim(_attempt: int) -> None:
+            await reclaimer.run(lambda: controller.spec)
+
         stopping = self.stop
         where = store.location
 
@@ -542,6 +549,7 @@ class _Up:
             part("observer", observing, "observer"),
             part("alert delivery", alert_delivery, "alerts"),
             part("drill schedules", scheduled_drills, "drills"),
+            part("quota reclaim", scheduled_reclaim, "reclaim"),
             leading,
         ]
         if gateway is not None:

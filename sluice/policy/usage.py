@@ -23,6 +23,7 @@ __all__ = [
     "WEEKDAYS",
     "group_usage",
     "hour_name",
+    "nearest_rank",
     "usage_report",
 ]
 
@@ -66,7 +67,7 @@ def _hours_in_month(at: float) -> float:
     return (nxt - first).total_seconds() / 3600.0
 
 
-def _nearest_rank(values: Sequence[float], q: float) -> float | None:
+def nearest_rank(values: Sequence[float], q: float) -> float | None:
     """The `q` quantile by nearest rank (a value that was seen, not an interpolation)."""
     if not values:
         return None
@@ -113,7 +114,7 @@ def group_usage(
     ]
     guaranteed = g.quota.guaranteed if g is not None else None
     peaks = [p for r in hours if (p := r.peak("busy_units")) is not None]
-    need_peak = _nearest_rank(peaks, NEED_QUANTILE)
+    need_peak = nearest_rank(peaks, NEED_QUANTILE)
     busy_mean = total.mean("busy_units")
     judged = coverage >= MIN_COVERAGE and guaranteed is not None and need_peak is not None
     returnable: int | None = None

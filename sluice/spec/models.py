@@ -33,7 +33,7 @@ from sluice.spec.keys import (
 )
 from sluice.spec.names import Name
 from sluice.spec.observability import ObservabilitySpec
-from sluice.spec.quota import BudgetSpec, QuotaSpec
+from sluice.spec.quota import BudgetSpec, QuotaSpec, ReclaimSpec
 from sluice.spec.rollouts import RolloutSpec
 from sluice.spec.runtimes import (
     EmbeddingParams,
@@ -638,6 +638,9 @@ class PlatformSpec(_Strict):
     )
     drills: list[DrillSchedule] = Field(
         default_factory=list, description="peak drills run on a cron (O5)"
+    )
+    reclaim: ReclaimSpec = Field(
+        default=ReclaimSpec(), description="chronic under-use proposed back to the pool (Q3)"
     )
 
     def group(self, name: str) -> GroupSpec | None:

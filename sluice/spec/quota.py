@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["BudgetSpec", "QuotaSpec"]
+__all__ = ["BudgetSpec", "QuotaSpec", "ReclaimSpec"]
 
 
 class _Strict(BaseModel):
@@ -101,3 +101,36 @@ class BudgetSpec(_Strict):
     accelerator_hours_per_month: float | None = Field(
         default=None, gt=0, description="max accelerator-hours per calendar month (UTC)"
     )
+
+
+class ReclaimSpec(_Strict):
+    """Chronic under-use becomes a proposal (Q3, issue 37): every `every_days` the control
+    plane reads the last `lookback_days` of each group's hourly history and, for a group
+    that under-used its guarantee in every one of at least `min_weeks` observed weeks, files
+    a proposal lowering `quota.guaranteed` by the units its peaks never needed (evidence in
+    the proposal's reason; `sluice.policy.reclaim`). The proposal goes through the normal
+    review; `sluice report usage --propose` runs the same check at once. `enabled: false`
+    turns the scheduled check off (the command still works)."""
+
+    enabled: bool = True
+    every_days: float = Field(
+        default=7.0, gt=0, le=366, description="how often the scheduled check runs (7: weekly)"
+    )
+    lookback_days: float = Field(
+        default=28.0, ge=7, le=366, description="the history each check reads"
+    )
+    min_weeks: int = Field(
+        default=3,
+        ge=1,
+        le=52,
+        description="observed weeks needed (each >= 80% covered), all of them under-used",
+    )
+
+    @model_validator(mode="after")
+    def _weeks_fit(self) -> ReclaimSpec:
+        if self.min_weeks * 7 > self.lookback_days:
+            raise ValueError(
+                f"min_weeks = {self.min_weeks} needs lookback_days >= {self.min_weeks * 7} "
+                f"(it is {self.lookback_days:g}): the weeks are read from that span"
+            )
+        return self
