@@ -35,6 +35,7 @@ from croniter import croniter
 
 __all__ = [
     "MAX_COUNTED",
+    "RECOVERY_GRACE_S",
     "THROUGHPUT_ROSE",
     "DrillCriteria",
     "DrillPlan",
@@ -369,16 +370,33 @@ def _intervals(seen: Sequence[DrillSample]) -> list[float]:
     return [gaps[0] if gaps else 1.0, *gaps]
 
 
+RECOVERY_GRACE_S = 5.0
+"""A queue back over target for less than this (from its first reading over to its last) is
+a burst the instances absorb, not a relapse: Poisson arrivals at two-thirds of capacity
+queue a few requests for a second or two now and then (a 5-minute simulated 20 rps peak of
+examples/capacity.yaml's `elastic` on 3 instances has 1-2 s bursts of 5-9 queued about
+once a minute), and without a grace the last such burst, not the scale-up, would set the
+time to recover (292 s there, against 4 s)."""
+
+
 def _recovered(seen: Sequence[DrillSample], start: float, target: float) -> float | None:
     """From the peak's start, when the queue got under `target` per ready instance for
-    good (None: it was over at the last reading)."""
+    good: after the peak's own first excursion over it (however short), no excursion
+    lasted `RECOVERY_GRACE_S` (None: it was over at the last reading for that long, or
+    never back under)."""
     since: float | None = None
+    over_from: float | None = None
+    first_over = True  # until the peak's first excursion has ended
     for s in seen:
         if s.t_s < start:
             continue
         if s.queued <= target * max(s.ready, 1):
+            if over_from is not None:
+                first_over, over_from = False, None
             since = s.t_s if since is None else since
-        else:
+            continue
+        over_from = s.t_s if over_from is None else over_from
+        if first_over or s.t_s - over_from >= RECOVERY_GRACE_S:
             since = None
     return None if since is None else since - start
 

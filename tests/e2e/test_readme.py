@@ -170,13 +170,6 @@ def comment_of(line: str) -> str:
 EXPORT = re.compile(r"export ([A-Z_][A-Z0-9_]*)=(\S+)$")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`sluice drill elastic --simulate` (after the live drill, from its measurements) "
-    "exits 8 today: verdict fail, 'the queue recovered 292.0 s after the peak started, over "
-    "the 120 s limit' at 99.5% SLO; every other line runs as shown. Remove this mark once the "
-    "simulated drill passes (or the block says it fails)",
-)
 def test_the_capacity_block_runs_as_shown_on_its_own_state_directory(tmp_path: Path) -> None:
     """The capacity block as a newcomer runs it: its first line gives the fleet a state
     directory of its own (here a fresh one in place of ~/.sluice-capacity, as the quickstart

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from sluice.policy.drills import (
+    RECOVERY_GRACE_S,
     DrillCriteria,
     DrillPlan,
     DrillReport,
@@ -229,3 +230,37 @@ def test_live_and_simulated_drills_agree_within_ticks_and_samples() -> None:
         time_to_scale_tolerance(0.0)
     with pytest.raises(ValueError, match="startup_s"):
         time_to_ready_tolerance(1.0, -1.0)
+
+
+def _with_queue(samples: list[DrillSample], at: range, queued: float) -> list[DrillSample]:
+    return [replace(s, queued=queued) if s.t_s in at else s for s in samples]
+
+
+def test_a_short_burst_after_the_queue_recovered_does_not_undo_it() -> None:
+    """A 2 s burst late in the hold (Poisson arrivals near capacity) is not a relapse; one
+    lasting the grace is, and recovery then dates from its end."""
+    drill = Drill()
+    samples, events, instances = drill.parts()
+    recovered = judge_drill(drill.plan(), samples, events, instances, DrillCriteria())
+    base = recovered.queue_recovered_s
+    assert base is not None and base < 40
+    late = WARM + 200
+    burst = _with_queue(samples, range(late, late + 2), 50.0)
+    report = judge_drill(drill.plan(), burst, events, instances, DrillCriteria())
+    assert report.queue_recovered_s == base and report.verdict == "pass", report.reasons
+    grace = int(RECOVERY_GRACE_S)
+    relapse = _with_queue(samples, range(late, late + grace + 1), 50.0)
+    report = judge_drill(drill.plan(), relapse, events, instances, DrillCriteria())
+    assert report.queue_recovered_s == 200 + grace + 1
+    assert has(report, "over the 120 s limit")
+
+
+def test_the_peaks_own_first_queue_counts_however_short() -> None:
+    """The queue the peak builds before the scale-up is what recovery is measured from,
+    even when it lasts less than the grace."""
+    drill = Drill(start=3, peak=70, want=4, startup_s=1, decide_s=1)
+    samples, events, instances = drill.parts()
+    quiet = [replace(s, queued=0.0) for s in samples]
+    first = _with_queue(quiet, range(WARM, WARM + 2), 30.0)
+    report = judge_drill(drill.plan(), first, events, instances, DrillCriteria())
+    assert report.queue_recovered_s == 2
