@@ -69,7 +69,7 @@ def simulate_drill(
     t = result.column("t")
     done, arrived = result.done, trace.t
     ok = done >= 0
-    in_slo = ok & (done - arrived <= work.limit + 1e-9)
+    in_slo = result.in_slo_mask()
     edges = np.append(t, t[-1] + TICK_S) if len(t) else np.zeros(1)  # a row per tick
     completed = np.histogram(done[ok], edges)[0]
     within = np.histogram(done[in_slo], edges)[0]

@@ -169,9 +169,7 @@ class FleetGroup:
 
     @property
     def in_slo(self) -> int:
-        w = self.sim.workload
-        ok = self.sim.done >= 0
-        return int(np.count_nonzero(ok & (self.sim.done - w.trace.t <= w.limit + 1e-9)))
+        return int(np.count_nonzero(self.sim.in_slo_mask()))
 
 
 @dataclass

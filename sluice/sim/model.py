@@ -130,6 +130,17 @@ class InstanceModel:
                     )
                 ]
             )
+        if batching is None and not slo.has_latency_bound:
+            raise SpecError(
+                [
+                    SpecIssue(
+                        f"groups.{group.name}.slo",
+                        "ttft_ms / tpot_ms are judged on batching instances only (slots give "
+                        "no first token before the last); add a `sim.batching:` block to the "
+                        "group's models, or give `latency_ms` or `slowdown` too",
+                    )
+                ]
+            )
         pool = spec.pool(group.resources.pool)
         price = (pool.price_per_hour if pool else 0.0) * group.resources.accelerators
         auto = group.autoscaling
@@ -198,6 +209,10 @@ class InstanceModel:
             parts.append(f"latency <= {slo.latency_ms:g} ms")
         if slo.slowdown is not None:
             parts.append(f"latency <= {slo.slowdown:g} x service + {slo.slack_s:g} s")
+        if slo.ttft_ms is not None:
+            parts.append(f"TTFT <= {slo.ttft_ms:g} ms")
+        if slo.tpot_ms is not None:
+            parts.append(f"TPOT <= {slo.tpot_ms:g} ms")
         b = self.batching
         instances = describe_instances(b, self.slots)
         return {

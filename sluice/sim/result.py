@@ -70,12 +70,29 @@ class SimResult:
         ok = self.done >= 0
         return self.done[ok] - self.workload.trace.t[ok]
 
+    def in_slo_mask(self) -> npt.NDArray[np.bool_]:
+        """Per request: completed within every bound of the group's SLO. The latency bound
+        (`Workload.limit`: `latency_ms`, `slowdown`; none: no bound) always; on batching
+        instances also `ttft_ms` (TTFT, the gateway's wait included) and `tpot_ms` (TPOT; a
+        one-token answer has none, so that bound does not apply to it). Slot instances have
+        no TTFT (`InstanceModel.from_spec` refuses a TTFT/TPOT-only SLO for them)."""
+        w = self.workload
+        mask = (self.done >= 0) & (self.done - w.trace.t <= w.limit + 1e-9)
+        slo = w.model.slo
+        if self.ttft_s is not None and slo.ttft_ms is not None:
+            with np.errstate(invalid="ignore"):
+                mask &= self.ttft_s <= slo.ttft_ms / 1000.0 + 1e-9
+        if self.tpot_s is not None and slo.tpot_ms is not None:
+            with np.errstate(invalid="ignore"):
+                mask &= np.isnan(self.tpot_s) | (self.tpot_s <= slo.tpot_ms / 1000.0 + 1e-9)
+        return mask
+
     def summary(self) -> dict[str, Any]:
         w = self.workload
         n = len(w.trace)
         ok_mask = self.done >= 0
         lat = self.done - w.trace.t
-        in_slo = int(np.count_nonzero(ok_mask & (lat <= w.limit + 1e-9)))
+        in_slo = int(np.count_nonzero(self.in_slo_mask()))
         done_lat = lat[ok_mask]
         waits = done_lat - w.service[ok_mask]
         q = self.column("queued") if len(self.timeline) else np.zeros(1)

@@ -143,17 +143,16 @@ def routed_outcomes(routed: RoutedTrace, result: FleetResult) -> dict[str, Any]:
     tenants share by weight), all over completed requests (None without any)."""
     n = len(routed.trace)
     done = np.full(n, np.nan)
-    limit = np.full(n, np.nan)
     service = np.full(n, np.nan)
+    in_slo = np.zeros(n, dtype=np.bool_)
     for gname, idx in routed.positions.items():
         sim = result.groups[gname].sim
         done[idx] = sim.done
-        limit[idx] = sim.workload.limit
         service[idx] = sim.workload.service
+        in_slo[idx] = sim.in_slo_mask()  # its group's bounds: latency, TTFT, TPOT
     latency = done - routed.trace.t
     wait = np.maximum(latency - service, 0.0)
     ok = done >= 0
-    in_slo = ok & (latency <= limit + 1e-9)
     tenant_names = routed.trace.tenants
 
     def outcome(mask: npt.NDArray[np.bool_]) -> dict[str, Any]:

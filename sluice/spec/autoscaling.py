@@ -35,19 +35,43 @@ class _Strict(BaseModel):
 
 
 class SloSpec(_Strict):
-    """Per-request latency objective: a fixed bound, or a slowdown bound
-    (`slowdown` x the request's own service time + `slack_s`), or both (both must hold)."""
+    """Per-request objective: a fixed latency bound, a slowdown bound (`slowdown` x the
+    request's own service time + `slack_s`), and for generative groups the caller's terms:
+    time to first token (`ttft_ms`, the gateway's queue included) and time per output token
+    after the first (`tpot_ms`). A request is in SLO when every bound given holds (a
+    one-token answer has no TPOT: that bound does not apply to it); `target` is the share of
+    requests that must be, so each bound is a `target`-quantile (p99 by default). TTFT and
+    TPOT may replace the latency bounds for a generative group."""
 
     latency_ms: float | None = Field(default=None, gt=0)
     slowdown: float | None = Field(default=None, ge=1)
     slack_s: float = Field(default=0.0, ge=0)
+    ttft_ms: float | None = Field(
+        default=None, gt=0, description="time to first token, arrival at the gateway to it"
+    )
+    tpot_ms: float | None = Field(
+        default=None, gt=0, description="mean time per output token after the first"
+    )
     target: float = Field(default=0.99, gt=0, le=1, description="share of requests in SLO")
 
     @model_validator(mode="after")
     def _one_bound(self) -> SloSpec:
-        if self.latency_ms is None and self.slowdown is None:
-            raise ValueError("give 'latency_ms', 'slowdown' (with 'slack_s'), or both")
+        if (self.latency_ms, self.slowdown, self.ttft_ms, self.tpot_ms) == (None,) * 4:
+            raise ValueError(
+                "give 'latency_ms', 'slowdown' (with 'slack_s'), or for a generative group "
+                "'ttft_ms' and/or 'tpot_ms'; several may be given (all must hold)"
+            )
         return self
+
+    @property
+    def has_latency_bound(self) -> bool:
+        """A bound on the whole answer's latency (`latency_ms` or `slowdown`) is given."""
+        return self.latency_ms is not None or self.slowdown is not None
+
+    @property
+    def has_token_bound(self) -> bool:
+        """A bound in the caller's token terms (`ttft_ms` or `tpot_ms`) is given."""
+        return self.ttft_ms is not None or self.tpot_ms is not None
 
 
 class ScheduleEntry(_Strict):

@@ -11,7 +11,7 @@ from sluice.policy.autoscale.hpa import HpaPolicy
 from sluice.policy.autoscale.kpa import KpaPolicy
 from sluice.policy.autoscale.schedule import ScheduleFloors, resolve_schedules
 from sluice.policy.autoscale.sluice import SluicePolicy
-from sluice.spec.autoscaling import ScheduleEntry
+from sluice.spec.autoscaling import AutoscalingSpec, ScheduleEntry
 from sluice.spec.models import GroupSpec
 
 __all__ = ["POLICY_NAMES", "build_autoscaler", "build_policy"]
@@ -41,7 +41,8 @@ def build_policy(
     'sluice', 'hpa', 'kpa', 'fixed' (the group's `replicas`) or 'fixed:N'.
     A group without an `autoscaling` block gets `FixedPolicy(replicas)` unless told otherwise.
     HPA and KPA take `max(min, stable)` as their minimum and ignore schedules (upstream has
-    neither); Sluice takes the group's `slo.latency_ms` as p95 target when none is set.
+    neither); Sluice takes the group's `slo.latency_ms` as p95 target when none is set, and
+    `slo.ttft_ms` / `slo.tpot_ms` as its TTFT / TPOT targets.
     Raises ValueError for an unknown policy or template name.
     """
     spec = group.autoscaling
@@ -69,4 +70,23 @@ def build_policy(
         return KpaPolicy(spec.kpa, min_scale=floor, max_scale=spec.max, metrics_max_age_s=age)
     schedules = ScheduleFloors(resolve_schedules(spec.schedules, templates))
     slo_ms = group.slo.latency_ms if group.slo is not None else None
-    return SluicePolicy(spec, schedules=schedules, latency_target_ms=slo_ms, slo=group.slo)
+    auto = _slo_token_targets(spec, group)
+    return SluicePolicy(auto, schedules=schedules, latency_target_ms=slo_ms, slo=group.slo)
+
+
+def _slo_token_targets(spec: AutoscalingSpec, group: GroupSpec) -> AutoscalingSpec:
+    """The autoscaling spec with the group's SLO bounds on time to first token and time per
+    output token (`slo.ttft_ms`, `slo.tpot_ms`) as its TTFT and TPOT targets where
+    `targets.ttft_p95_ms` / `tpot_p95_ms` are unset, as `slo.latency_ms` stands in for the
+    latency target: a generative group's SLO in the caller's terms is what it sizes on."""
+    slo, t = group.slo, spec.targets
+    if slo is None:
+        return spec
+    fill = {
+        k: v
+        for k, v in (("ttft_p95_ms", slo.ttft_ms), ("tpot_p95_ms", slo.tpot_ms))
+        if v is not None and getattr(t, k) is None
+    }
+    if not fill:
+        return spec
+    return spec.model_copy(update={"targets": t.model_copy(update=fill)})
