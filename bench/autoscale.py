@@ -5,6 +5,7 @@ causal reference (issue 16).
     python bench/autoscale.py [--json] [--traces DIR] [--spec examples/reference-sim.yaml]
                               [--families all|none|NAME,...] [--seeds 1] [--quick]
                               [--leave-one-out] [--speedup-variants 60]
+                              [--model slots|batching]
 
 Traces: every `*.norm.csv` in `--traces` (default ../shared/traces from the repo root), plus
 a time-compressed row (`NAME @xK`, times divided by K) for each whose mean rate is under
@@ -27,7 +28,10 @@ the group starts at its spec's count. The targets are judged warm:
 policy's free knobs on all traces but one, scores that pick on the one left out, for every
 trace, and reports how far the held-out scores are from the shipped defaults'.
 `--quick` skips the tuned rows and the causal reference. `--json` prints one JSON line.
-See bench/README.md.
+`--model batching` (bench/_autoscale_batching.py, issue 36) replays the same workloads, warm,
+on batching instances (`examples/reference-sim-batching.yaml` unless `--spec` is given),
+with the fast tier on Azure code and flash-crowd, and prints one document with
+`targets_met` and its `rows`. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._autoscale_batching import bench_batching, default_spec, print_rows  # noqa: E402
 from bench._autoscale_loo import Case, leave_one_out  # noqa: E402
 from sluice.policy.autoscale import ScalingPolicy, build_policy  # noqa: E402
 from sluice.sim import (  # noqa: E402
@@ -68,6 +73,7 @@ TUNED_KNOB = {"hpa": "target_per_instance", "kpa": "target_utilization"}
 ORACLE_COST_TARGET = 1.3
 FIXED_COST_TARGET = 0.9
 AZURE = "AzureLLMInferenceTrace_code.norm.csv"
+REFERENCE = ROOT / "examples" / "reference-sim.yaml"
 MOONCAKE = "mooncake_synthetic_trace.norm.csv"
 
 
@@ -190,11 +196,17 @@ def workloads(args: argparse.Namespace) -> list[tuple[str, Trace, str, bool | No
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
+    if args.spec is None:
+        args.spec = default_spec(ROOT) if args.model == "batching" else REFERENCE
     spec = load_spec_file(args.spec).spec
     model = InstanceModel.from_spec(spec, pick_group(spec, args.group))
     todo = workloads(args)
     if not todo:
         raise SystemExit(f"no traces: no *.norm.csv in {args.traces} and no families")
+    if args.model == "batching":
+        if model.batching is None:
+            raise SystemExit(f"--model batching: {args.spec} has no sim.batching block")
+        return {"spec": str(args.spec), **bench_batching(model, todo, args.quick)}
     traces: dict[str, Any] = {}
     cases: list[Case] = []
     for name, tr, kind, stationary in todo:
@@ -254,7 +266,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON line only")
     ap.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
-    ap.add_argument("--spec", type=Path, default=ROOT / "examples" / "reference-sim.yaml")
+    ap.add_argument(
+        "--spec",
+        type=Path,
+        default=None,
+        help="default: examples/reference-sim.yaml (slots), reference-sim-batching.yaml",
+    )
+    ap.add_argument(
+        "--model",
+        choices=("slots", "batching"),
+        default="slots",
+        help="the instance model: the slot reference, or batching servers (issue 36)",
+    )
     ap.add_argument("--group", default=None)
     ap.add_argument("--families", default="all", help="all, none, or NAME,NAME,...")
     ap.add_argument("--seeds", type=int, default=1, help="seeds per family (0..N-1)")
@@ -265,6 +288,8 @@ def main() -> None:
     res = bench(args)
     if args.json:
         print(json.dumps(res), flush=True)
+    elif args.model == "batching":
+        print_rows(res)
     else:
         print_table(res)
 
