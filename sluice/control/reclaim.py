@@ -222,10 +222,25 @@ def earlier_reclaims(
     return pending, stale, rejected
 
 
+MAX_SPAN_DAYS = 366
+"""The most history one check on demand reads (the spec's `lookback_days` allows as much):
+a check reads it hour by hour."""
+_LATEST_S = 2**33
+"""No time is later than this (year 2242): epoch seconds, not milliseconds."""
+
+
 class ProposeRequest(TextBody):
     model_config = ConfigDict(str_max_length=4096)
-    since: float | None = Field(default=None, description="from (default: reclaim.lookback_days)")
-    until: float | None = Field(default=None, description="to (default: now)")
+    since: float | None = Field(
+        default=None,
+        ge=0,
+        le=_LATEST_S,
+        allow_inf_nan=False,
+        description="from, epoch seconds (default: reclaim.lookback_days before until)",
+    )
+    until: float | None = Field(
+        default=None, ge=0, le=_LATEST_S, allow_inf_nan=False, description="to (default: now)"
+    )
 
 
 def reclaim_routes(
@@ -245,4 +260,12 @@ def reclaim_routes(
         since = body.since if body.since is not None else until - back
         if since >= until:
             raise SpecError([SpecIssue("since", f"{since:g} is not before until ({until:g})")])
+        if until - since > MAX_SPAN_DAYS * _DAY:
+            raise SpecError(
+                [
+                    SpecIssue(
+                        "since", f"a check reads at most {MAX_SPAN_DAYS} days; give a later since"
+                    )
+                ]
+            )
         return await reclaimer.check(platform, since, until, me.name, me.person)
