@@ -2,10 +2,12 @@
 
 The model
 ---------
-An instance holds at most `max_seqs` sequences ("running", as vLLM's
-`num_requests_running` counts them) and a KV cache of `kv_tokens` tokens; the rest wait in
-an unbounded FIFO queue (`num_requests_waiting`). A running sequence holds its prompt plus
-the tokens it has generated so far in the KV cache.
+An instance holds at most `max_seqs` admitted sequences and a KV cache of `kv_tokens`
+tokens; the rest wait in an unbounded FIFO queue. An admitted sequence holds its prompt plus
+the tokens it has generated so far in the KV cache. What the server's metrics show follows
+vLLM: `num_requests_running` counts the sequences decoding or being prefilled, and
+`num_requests_waiting` the queue plus the admitted sequences whose prefill has not begun
+(`BatchingInstance.waiting_at`).
 
 - **Admission** is FIFO: the head of the waiting queue is admitted while fewer than
   `max_seqs` sequences run and its tokens fit in the free KV cache with room for one more
@@ -64,13 +66,15 @@ Drive it like the fleet's event loop drives instances:
 Call `advance(now)` before an `offer` at `now` (`offer` refuses a time past a pending
 event); at equal times events run first, then the arrival. `next_event_at` changes after
 every `offer` and `advance`: a caller that keeps it in a heap must re-read it then. `waiting`,
-`running` and `kv_used` are what the server's /metrics would show. Results do not depend on
+`running` and `kv_used` are what the server's /metrics would show (`waiting_at(t)`,
+`running_at(t)` and `kv_used_at(t)` at a time between events). Results do not depend on
 how often `advance` is called between events.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from heapq import heappop, heappush
@@ -217,6 +221,8 @@ class BatchingInstance:
         self._run: dict[_Seq, None] = {}  # running (decoding or prefilling), admission order
         self._wait: deque[_Seq] = deque()
         self._pf: list[_Seq] = []  # admitted, awaiting the end of the prefill pause
+        self._pf_start: list[float] = []  # when each one's prefill starts (nondecreasing)
+        self._seen = 0.0  # the latest time given to offer or advance (the caller's clock)
         self._pf_kv = 0.0
         self._pf_end = 0.0
         self._fin: list[tuple[float, int, _Seq]] = []  # (u at last token, n, seq)
@@ -238,13 +244,50 @@ class BatchingInstance:
 
     @property
     def waiting(self) -> int:
-        """Requests in the waiting queue (vLLM's num_requests_waiting)."""
-        return len(self._wait)
+        """vLLM's num_requests_waiting at the latest time given to `offer` or `advance`
+        (`waiting_at`)."""
+        return self.waiting_at(self._seen)
 
     @property
     def running(self) -> int:
-        """Sequences admitted, prefilling or decoding (vLLM's num_requests_running)."""
+        """vLLM's num_requests_running at the latest time given to `offer` or `advance`
+        (`running_at`)."""
+        return self.running_at(self._seen)
+
+    @property
+    def admitted(self) -> int:
+        """Sequences the model has admitted (KV cache reserved): decoding, prefilling, or
+        queued for their prefill behind others'."""
         return len(self._run)
+
+    def waiting_at(self, t: float) -> int:
+        """Requests vLLM would count in num_requests_waiting at `t` (between `now` and
+        `next_event_at()`): the waiting queue, plus the admitted sequences whose prefill has
+        not begun by `t`.
+
+        The model admits a request (reserves its KV cache) as soon as it fits, and runs the
+        admitted prefills one after the other while the batch pauses. vLLM's scheduler
+        (without chunked prefill: `Scheduler._schedule_prefills`; V1's scheduler alike)
+        moves a request from its `waiting` queue to `running` only in the step that computes
+        its prompt, within that step's token budget; one not yet scheduled stays in
+        `waiting`, and num_requests_waiting is `len(scheduler.waiting)`. So a sequence
+        queued behind other prefills is waiting, as vLLM reports it, and becomes running
+        when its own prefill starts. Counting it as running (this model did, before) hides
+        the server's queue exactly when prefill is the bottleneck: a burst admitted at once
+        into an empty 256-sequence batch showed 1 prefilling and 255 "running"."""
+        return len(self._wait) + self._pf_pending(t)
+
+    def running_at(self, t: float) -> int:
+        """Requests vLLM would count in num_requests_running at `t`: decoding, or with their
+        prefill under way (`waiting_at` for those queued behind a prefill)."""
+        return len(self._run) - self._pf_pending(t)
+
+    def _pf_pending(self, t: float) -> int:
+        """Admitted sequences whose prefill starts after `t` (starts are nondecreasing)."""
+        starts = self._pf_start
+        if not starts:
+            return 0
+        return len(starts) - bisect_right(starts, t)
 
     @property
     def kv_used(self) -> float:
@@ -286,6 +329,7 @@ class BatchingInstance:
                 f"request {req_id}: {prompt_tokens} + {output_tokens} tokens exceed the KV "
                 f"cache ({self._cap:g}); the server would refuse it (max_model_len)"
             )
+        self._seen = max(self._seen, now)
         s = _Seq(req_id, now, float(prompt_tokens), float(output_tokens))
         wait = self._wait
         wait.append(s)
@@ -309,6 +353,7 @@ class BatchingInstance:
 
     def advance(self, now: float) -> list[Finished]:
         """Run every event at or before `now`; the requests that finished, in order."""
+        self._seen = max(self._seen, now)
         out: list[Finished] = []
         while self._next <= now and self._next < _INF:
             if self._pf:
@@ -327,6 +372,7 @@ class BatchingInstance:
         self._run.clear()
         self._wait.clear()
         self._pf.clear()
+        self._pf_start.clear()
         self._fin.clear()
         self._first.clear()
         self._u = self._k = self._pf_kv = 0.0
@@ -397,8 +443,10 @@ class BatchingInstance:
             dur = need / self._rate
             if dur > 0:
                 if self._pf:
+                    self._pf_start.append(self._pf_end)
                     self._pf_end += dur
                 else:
+                    self._pf_start.append(now)
                     self._pf_end = now + dur
                 self._pf.append(s)
                 self._pf_kv += need
@@ -423,6 +471,7 @@ class BatchingInstance:
         for s in self._pf:
             self._join(s)
         self._pf.clear()
+        self._pf_start.clear()
         self._pf_kv = 0.0
 
     def _decode_event(self, out: list[Finished]) -> None:

@@ -47,7 +47,8 @@ counts; a dispatched request is offered to its instance with its trace tokens
 (`batch_tokens`: clipped as the server requires) and the instance decides when it runs
 and ends. Where max_concurrency > max_seqs (or the KV cache is full) a server's own
 waiting queue forms behind its batch, as with vLLM: those requests count as in flight at
-the gateway and as `server_waiting` in the `GroupLoad`. Each instance keeps one live heap
+the gateway and as `server_waiting` in the `GroupLoad` (with the admitted ones whose prefill
+has not begun, as vLLM's num_requests_waiting counts them). Each instance keeps one live heap
 entry `(next_event_at(), -1, k)`; `ev_at[k]` is its time, and an entry at another time is
 stale (superseded by an offer or an event) and skipped. At an event the instance advances
 and each `Finished` is a completion: latency = gateway wait + its latency at the
@@ -271,11 +272,13 @@ class _Lane:
             return math.nan
         return sum(e.kv_usage(now) for k in ks if (e := engines[k]) is not None) / len(ks)
 
-    def server_waiting(self) -> int:
-        """Batching: requests waiting inside the instances' servers (draining ones too)."""
+    def server_waiting(self, now: float) -> int:
+        """Batching: requests waiting inside the instances' servers at `now` (draining ones
+        too), as vLLM's num_requests_waiting counts them (`BatchingInstance.waiting_at`:
+        the servers' queues and the admitted requests whose prefill has not begun)."""
         engines = self.engines
         return sum(
-            e.waiting
+            e.waiting_at(now)
             for k in (*self.active, *self.spare, *self.draining_ks)
             if (e := engines[k]) is not None
         )
@@ -298,7 +301,7 @@ class _Lane:
             tpot = _p95(self.tpot_log, self.tmarks[0][1])
             kv = self.kv_usage(now)
             kv = None if kv != kv else kv  # NaN: an unbounded cache has no share in use
-            waiting = self.server_waiting()
+            waiting = self.server_waiting(now)
         return GroupLoad(
             at=at,
             current=self.count,
@@ -815,7 +818,7 @@ def run_fleet(
             if L.batch is None:
                 row += (0, math.nan)
             else:
-                row += (L.server_waiting(), L.kv_usage(now))
+                row += (L.server_waiting(now), L.kv_usage(now))
             row += (*tiers_after(L, alloc.grants[name].own_units), borrowed.get(name, 0))
             L.rows.append((*row, lent.get(name, 0), L.units_now))
         ticks += 1

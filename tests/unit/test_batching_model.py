@@ -111,19 +111,46 @@ def test_kv_bound_batch_runs_k_at_a_time_at_the_closed_form_throughput() -> None
     np.testing.assert_allclose(r.finish_s, expected, rtol=1e-12)
     assert n / r.finish_s.max() == pytest.approx(k / cycle, rel=1e-12)
     assert r.preemptions.sum() == 0
-    # the same waves observed from outside: k running, the rest waiting, the cache k prompts
+    # the same waves observed from outside: k admitted (the cache holds k prompts), but as
+    # vLLM counts them only the one being prefilled runs, the rest wait (`waiting_at`)
     eng = BatchingInstance(p)
     for i in range(n):
         eng.offer(i, prompt, out, 0.0)
-    assert (eng.running, eng.waiting, eng.kv_used) == (k, n - k, k * prompt)
+    assert (eng.admitted, eng.kv_used) == (k, k * prompt)
+    assert (eng.running, eng.waiting) == (1, n - 1)
     t_pf = k * prompt / p.prefill_tps
     assert eng.next_event_at() == pytest.approx(t_pf)
     assert eng.advance(t_pf) == []
+    assert (eng.running, eng.waiting) == (k, n - k)
     mid = t_pf + (cycle - t_pf) / 2
     assert k * prompt < eng.kv_used_at(mid) < k * (prompt + out)
     done = eng.advance(cycle)
     assert [f.req_id for f in done] == list(range(k))
-    assert eng.running == k and eng.waiting == n - 2 * k
+    assert eng.admitted == k and (eng.running, eng.waiting) == (1, n - k - 1)  # next wave
+
+
+def test_waiting_counts_admitted_sequences_queued_behind_a_prefill_as_vllm_does() -> None:
+    # vLLM moves a request from `waiting` to `running` in the step that prefills it: three
+    # prompts of 1000 tokens at 1000 tokens/s admitted at 0 into an empty batch prefill at
+    # [0, 1), [1, 2), [2, 3); a fourth arriving at 0.5 joins the pause, its prefill at [3, 4)
+    p = BatchingParams(max_seqs=8, kv_tokens=100_000, prefill_tps=1_000, step_base_s=0.01)
+    eng = BatchingInstance(p)
+    for i in range(3):
+        eng.offer(i, 1000, 10, 0.0)
+    assert (eng.admitted, eng.running, eng.waiting) == (3, 1, 2)
+    assert [eng.waiting_at(t) for t in (0.0, 0.99, 1.0, 1.5, 2.0)] == [2, 2, 1, 1, 0]
+    assert [eng.running_at(t) for t in (0.0, 1.0, 2.0)] == [1, 2, 3]
+    eng.offer(3, 1000, 10, 0.5)
+    assert (eng.admitted, eng.running, eng.waiting) == (4, 1, 3)  # at 0.5, the latest seen
+    assert (eng.waiting_at(2.5), eng.waiting_at(3.0)) == (1, 0)
+    assert eng.next_event_at() == pytest.approx(4.0)
+    assert eng.advance(4.0) == []  # the pause ends: all four decode
+    assert (eng.running, eng.waiting) == (4, 0)
+    # with no prefill time (the slot setting) nothing admitted waits: only the queue
+    slots = BatchingInstance(BatchingParams.slots(2, 0.1))
+    for i in range(5):
+        slots.offer(i, 100, 10, 0.0)
+    assert (slots.admitted, slots.running, slots.waiting) == (2, 2, 3)
 
 
 def test_growth_past_the_kv_cache_preempts_the_newest_and_recomputes_it() -> None:
