@@ -38,6 +38,30 @@ def test_ttft_over_target_on_idle_instances_is_a_bottleneck_elsewhere() -> None:
     assert "ttft p95 over target on idle instances" in dec.reason
 
 
+def test_ttft_over_target_with_requests_waiting_inside_the_servers_scales_up() -> None:
+    """A batching server bound by its prefill or KV cache is busy far under its gateway
+    slots: 6 in flight on 16 slots (under the concurrency target), 4 of them waiting inside
+    the servers (vLLM's num_requests_waiting), and the backlog test (4 x 4 slots / 1 s drain
+    16/s against 6/s arriving, 30 s lead) sees no backlog at ready time. The servers' own
+    queue, over `queue_per_instance` (0.5) per ready instance, is the evidence that the
+    instances are busy: TTFT over target scales up."""
+    pol = SluicePolicy(spec(targets={"ttft_p95_ms": 500}, **CALM))
+    w = World(pol, current=4, startup_s=30.0)
+    w.run(60, 6, server_waiting=4)  # the service time known (the backlog test runs)
+    assert set(w.counts) == {4}
+    dec = w.tick(6, ttft_p95_s=3.0, server_waiting=4)
+    assert dec.desired == 8 and dec.winner == "ttft" and dec.proposals["ttft"] == 8  # 4 x 2
+    assert dec.signals["server_queue"] == 4.0 and dec.proposals["queue"] == 0
+    assert dec.signals["backlog_at_ready"] == 0.0
+    assert dec.signals["concurrency"] < 0.95 * 4 * 2.8  # not busy by the gateway's count
+    # the same readings with the servers' queue at the per-instance target (2 for 4
+    # ready): no evidence the instances are busy, the bottleneck is elsewhere (S12)
+    w2 = World(SluicePolicy(spec(targets={"ttft_p95_ms": 500}, **CALM)), 4, startup_s=30.0)
+    w2.run(60, 6, server_waiting=2)
+    dec2 = w2.run(30, 6, ttft_p95_s=3.0, server_waiting=2)
+    assert set(w2.counts) == {4} and "over target on idle instances" in dec2.reason
+
+
 def test_caller_targets_over_block_a_scale_down_and_well_under_veto_a_scale_up() -> None:
     pol = SluicePolicy(spec(targets={"ttft_p95_ms": 500, "tpot_p95_ms": 50}, **CALM))
     w = World(pol, current=6)

@@ -46,7 +46,9 @@ concurrency, queue, and panic while panicking), then
   well under it (< 80 %) and the queue is under its target, no load signal alone scales up
   (instances are busy but serve in time); a queue always counts (people wait);
 - latency over target adds `ceil(current x min(p95/target, 2))` only while instances are
-  busy (concurrency near target, or a queue): high latency on idle instances is a
+  busy (concurrency near target, a queue, or more than `queue_per_instance` requests per
+  ready instance waiting inside the servers: a batching server bound by prefill or its KV
+  cache is busy far under its gateway slots): high latency on idle instances is a
   bottleneck elsewhere (S12), more instances would not help; ttft and tpot are latency
   targets too (any over target is evidence, all well under is the S4 veto);
 - a scale-down needs latency under target (or unknown) and fresh data;
@@ -536,7 +538,14 @@ class SluicePolicy:
         ]
         lat_ok = bool(known) and all(seen < _LATENCY_OK * goal for _, seen, goal in known)
         bad = [name for name, seen, goal in known if seen > goal]
-        if bad and (busy_ratio >= 1 - t.tolerance or queue_fires):
+        # a batching server's own queue is the evidence that its instances are busy: the
+        # gateway's slots (max_concurrency) overstate what it serves when prefill or the KV
+        # cache bounds it, so concurrency stays far under target and the backlog test
+        # (ready x slots / service) sees the queue drained, while requests wait inside
+        server_busy = (
+            signals.get("server_queue", 0.0) > t.queue_per_instance * max(load.ready, 1) + _EPS
+        )
+        if bad and (busy_ratio >= 1 - t.tolerance or queue_fires or server_busy):
             worst = max(bad, key=lambda name: proposals[name])
             if proposals[worst] > rec:
                 winner = top = worst
