@@ -813,7 +813,11 @@ class Exchange:
             ):
                 self._count_tokens(g, now)
         self._end_admission()
-        self._log(now)
+        record = self.record(now)  # `self._log(now)`, inlined: every request
+        state = self.state
+        state.metrics.record(record)
+        if state.access_log is not None:
+            state.access_log.record(record)
         self.client.exchange_done(self)
 
     def _count_tokens(self, g: GroupRuntime, now: float) -> None:
@@ -828,7 +832,12 @@ class Exchange:
             prompt, completion = 0, self.events - 1
         else:
             return
-        g.metrics.count_tokens(self.tenant or "", prompt, completion)
+        tokens = g.metrics.tokens  # `g.metrics.count_tokens(...)`, inlined: every answer
+        counts = tokens.get(self.tenant or "")
+        if counts is None:
+            counts = tokens[self.tenant or ""] = [0, 0]
+        counts[0] += prompt
+        counts[1] += completion
         if self.t_body > 0.0 and completion > 1:
             g.metrics.tpot.observe((now - self.t_body) / (completion - 1))
         if self.queue_ms and usage is not None:

@@ -280,7 +280,8 @@ class GatewayState:
             if len(plans) >= _MEMO_MAX:
                 plans.clear()
             plans[key] = found
-        return found.draw(self.rng)
+        fixed = found.fixed  # (`found.draw`, for a plan that draws nothing: no call)
+        return fixed if fixed is not None else found.draw(self.rng)
 
     def rate_wait(self, tenant: str) -> float:
         """0.0 if `tenant` may send one more request now, else seconds until it may (at

@@ -70,24 +70,44 @@ _TAIL_BYTES = 1024
 """the end of an answer where its usage is looked for (OpenAI, vLLM, SGLang put it last)"""
 
 
+_COMPACT = b'"usage":{"prompt_tokens":'
+_COMPACT_COMPLETION = b',"completion_tokens":'
+"""usage as most servers write it, without spaces: read by byte scans, not `_BOTH`"""
+
+
 def usage_in_tail(last: bytes) -> tuple[int, int] | None:
     """(prompt tokens, completion tokens) from the end of an answer's last body piece: the
     per-request token count of every answer, so it reads no more than `_TAIL_BYTES` and
     only by pattern (a nested `"usage"` inside a message's text could fool it; the canary
-    path, `read_answer`, parses). None when the end says no usage."""
-    tail = last[-_TAIL_BYTES:]
-    at = tail.rfind(b'"usage"')
+    path, `read_answer`, parses). None when the end says no usage.
+
+    The compact form (`"usage":{"prompt_tokens":9,"completion_tokens":7,...`) is read with
+    a few byte scans, with the same result as the patterns: about a microsecond less per
+    answer in the gateway than `_BOTH` (`bench/_gateway_inproc.py`); anything else (spaces,
+    another order, the end of the piece) goes to the patterns."""
+    size = len(last)
+    at = last.rfind(b'"usage"', size - _TAIL_BYTES if size > _TAIL_BYTES else 0)
     if at < 0:
         return None
-    usage = tail[at:]
+    if last.startswith(_COMPACT, at):
+        p = at + len(_COMPACT)
+        comma = last.find(b",", p)
+        prompt = last[p:comma]
+        if prompt.isdigit() and last.startswith(_COMPACT_COMPLETION, comma):
+            p = comma + len(_COMPACT_COMPLETION)
+            end = last.find(b",", p)
+            completion = last[p:end]  # (end -1: all but the last byte, never all digits)
+            if end > 0 and completion.isdigit():
+                return int(prompt), int(completion)
+    usage = last[at:]
     both = _BOTH.match(usage)
     if both is not None:  # the usual order, in one step
         return int(both.group(1)), int(both.group(2))
-    prompt = _PROMPT.search(usage)
-    completion = _USAGE.search(usage)
-    if prompt is None or completion is None:
+    prompt_m = _PROMPT.search(usage)
+    completion_m = _USAGE.search(usage)
+    if prompt_m is None or completion_m is None:
         return None
-    return int(prompt.group(1)), int(completion.group(1))
+    return int(prompt_m.group(1)), int(completion_m.group(1))
 
 
 _ASK_USAGE = b',"stream_options":{"include_usage":true}'

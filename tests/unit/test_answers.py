@@ -5,6 +5,7 @@ and bytes that are neither."""
 from __future__ import annotations
 
 import json
+import re
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -99,6 +100,56 @@ def test_usage_in_tail_reads_the_counts_at_the_end_of_any_answer() -> None:
     assert usage_in_tail(b'{"usage": {"prompt_tokens": 3}}') is None  # half a usage
     big = document("z" * 100_000)
     assert usage_in_tail(big[-300:]) == (12, 7)  # only the last piece is needed
+
+
+def _usage_by_pattern(last: bytes) -> tuple[int, int] | None:
+    """`usage_in_tail` as it was before its byte-scan fast path: the patterns only."""
+    tail = last[-1024:]
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    usage = tail[at:]
+    both = re.match(
+        rb'"usage"\s*:\s*\{\s*"prompt_tokens"\s*:\s*(\d+)\s*,\s*"completion_tokens"\s*:\s*(\d+)',
+        usage,
+    )
+    if both is not None:
+        return int(both.group(1)), int(both.group(2))
+    prompt = re.search(rb'"prompt_tokens"\s*:\s*(\d+)', usage)
+    completion = re.search(rb'"completion_tokens"\s*:\s*(\d+)', usage)
+    if prompt is None or completion is None:
+        return None
+    return int(prompt.group(1)), int(completion.group(1))
+
+
+_PIECES = st.sampled_from(
+    [b'"usage"', b":", b"{", b'"prompt_tokens":', b'"completion_tokens":', b",", b"}", b" ",
+     b"\n", b"0", b"7", b"42", b"\xd9\xa3", b"-1", b"1_0", b"+", b'"total_tokens":16', b"null",
+     b"x" * 700, b'"usage":{"prompt_tokens":', b',"completion_tokens":']
+)  # fmt: skip
+
+
+@given(st.lists(_PIECES, max_size=12).map(b"".join))
+def test_usage_in_tail_reads_what_the_patterns_read(last: bytes) -> None:
+    assert usage_in_tail(last) == _usage_by_pattern(last)
+
+
+def test_usage_in_tail_compact_and_spaced_forms_agree() -> None:
+    for last in (
+        b'{"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}',
+        b'{"usage":{"prompt_tokens":9,"completion_tokens":7}}',  # no comma after it
+        b'{"usage":{"prompt_tokens":9,"completion_tokens":7',  # the end of the piece
+        b'{"usage": {"prompt_tokens": 9, "completion_tokens": 7}}',
+        b'{"usage":{"completion_tokens":7,"prompt_tokens":9}}',
+        b'{"usage":{"prompt_tokens":,"completion_tokens":7,"x":1}',
+        b'{"usage":{"prompt_tokens":9,"completion_tokens":,"x":1}',
+        b'{"usage":{"prompt_tokens":9,"completion_tokens":7 ,"x":1}',
+        b'data: {"usage":{"prompt_tokens":123456,"completion_tokens":98765,"t":1}}\n\n',
+        b"x" * 2000 + b'{"usage":{"prompt_tokens":9,"completion_tokens":7,"t":1}}',
+        b'{"usage":{"prompt_tokens":9,"completion_tokens":7,"t":1}}' + b"x" * 1000,
+    ):
+        assert usage_in_tail(last) == _usage_by_pattern(last), last
+    assert usage_in_tail(b'{"usage":{"prompt_tokens":9,"completion_tokens":7,"t":1}}') == (9, 7)
 
 
 # -- asking for a stream's usage on the caller's behalf ---------------------------------------
