@@ -81,7 +81,14 @@ _TTR_WORDS = 64
 STYLE_FEATURES = ("words_per_sentence", "type_token_ratio", "markup_density", "refusal")
 
 
-@functools.lru_cache(maxsize=1 << 16)
+STYLE_MEMO_TEXTS = 1 << 14
+"""Texts whose features are memoised: a look's window on both sides (5,000 a side by
+default, `control.samples.WINDOW_ROWS`) with room to spare. At up to `TEXT_CHARS` (512) a
+text that is at most ~15 MB; 64 Ki texts held ~50 MB once rollouts had brought that many
+new ones (the soak's RSS slope)."""
+
+
+@functools.lru_cache(maxsize=STYLE_MEMO_TEXTS)
 def style_features(text: str) -> tuple[float, float, float, float]:
     """Cheap, model-agnostic descriptors of how a generation reads, as STYLE_FEATURES:
 
