@@ -455,15 +455,20 @@ def _measured(control: Control, group: str) -> tuple[float | None, float | None]
 def _rate_per_instance(
     control: Control | None, info: dict[str, Any], service_s: float | None, g: Any
 ) -> float | None:
-    """What one instance is planned to carry: the newest load test's recommendation, else
-    its slots over the measured (or declared) service time, at the same headroom."""
+    """What one instance is planned to carry: the newest load test's recommendation (or its
+    knee at the same headroom: a report recorded through the API may carry only the knee
+    and the targets), else its slots over the measured (or declared) service time."""
     if control is not None:
         runs = control.get(
             f"/v1/groups/{info['name']}/capacity", kind="loadtest", limit=1, reports="true"
         )
-        rec = runs[0]["report"].get("recommendation") if runs else None
-        if rec:
-            return float(rec["rate_per_instance"])
+        report = (runs[0].get("report") or {}) if runs else {}
+        rate = (report.get("recommendation") or {}).get("rate_per_instance")
+        knee = (report.get("knee") or {}).get("rate_rps")
+        if isinstance(rate, int | float) and rate > 0:
+            return float(rate)
+        if isinstance(knee, int | float) and knee > 0:
+            return HEADROOM * float(knee)
     service = service_s if service_s is not None else _declared_service(g)
     return HEADROOM * info["max_concurrency"] / service if service else None
 

@@ -160,16 +160,21 @@ def test_a_drill_passes_where_autoscaling_can_follow_and_fails_at_a_low_max(
     peaks = {"elastic": "4x", "capped": "4x"}
     drill = ["--peak", peaks["elastic"], *shape]
     results: dict[str, tuple[int, Any]] = {}
+    failures: dict[str, BaseException] = {}
 
     def one(group: str) -> None:
         args = ["--peak", peaks[group], *shape, "--report", str(tmp_path / group)]
-        results[group] = sluice(platform, "drill", group, *args)
+        try:
+            results[group] = sluice(platform, "drill", group, *args)
+        except BaseException as e:  # noqa: BLE001 - shown by the assert below, with its cause
+            failures[group] = e
 
     threads = [threading.Thread(target=one, args=(g,)) for g in ("elastic", "capped")]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert not failures, failures
     code, elastic = results["elastic"]
     j = elastic["judgement"]
     assert code == 0 and j["verdict"] == "pass", (j["reasons"], j["milestones"])
