@@ -32,6 +32,7 @@ from sluice.control.rollouts import ACTIONS, RolloutRunner
 from sluice.control.routing_publisher import RoutingPublisher
 from sluice.control.samples import GatewaySampleSource, SampleCollector
 from sluice.control.scraper import ServerScraper, scrape_targets
+from sluice.control.sleepers import Sleepers
 from sluice.control.spec_work import offload
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.ticks import TickLoop
@@ -132,6 +133,14 @@ class Controller:
             servers=self._servers,
         )
         self._rollouts.point_at(self._ready_url)
+        self._traffic = traffic
+        self._sleepers = Sleepers(
+            events,
+            lambda iid: self._supervisor.inflight(iid),
+            lambda iid: iid in self._supervisor.adopted,
+            self._wake.set,
+            clock.now,
+        )
         self._loop = TickLoop(self._leader_tick, self._wake, store, events, clock)
         self._deposed = False
         self._refused: str | None = None
@@ -192,6 +201,7 @@ class Controller:
             await self._rollouts.aclose()
             await self._servers.aclose()
             await self.accelerators.aclose()
+            await self._sleepers.close()
 
     async def rollout(self, name: str, action: str, actor: str, reason: str) -> dict[str, Any]:
         """`sluice rollout start|pause|resume|promote|abort NAME`, audited; the new split is
@@ -683,11 +693,30 @@ class Controller:
         )
 
     def _publish_routing(self, spec: PlatformSpec) -> None:
-        self._routing.update(
+        placed = self._routing.update(
             spec,
             self._revision,
             self._failovers,
             self._supervisor.ready_endpoints(),
             self._rollouts.splits(spec),
             self.desired_replicas,
+            self._sleepers.asleep,
+            self._woken_by_gateways(spec),
         )
+        if placed:
+            self._sleepers.act(spec, placed)
+
+    def _woken_by_gateways(self, spec: PlatformSpec) -> frozenset[str]:
+        """The sleeping standby the gateways woke and route to (requests waited): awake now,
+        and not to be put back to sleep while they route to it."""
+        if self._traffic is None or not any(
+            g.autoscaling is not None and g.autoscaling.sleeping_standby for g in spec.groups
+        ):
+            return frozenset()
+        try:
+            samples = self._traffic()
+        except Exception:  # the gateways' counters are unreadable: nothing is known woken
+            return frozenset()
+        woken = frozenset(i for s in samples.values() for i in s.woken)
+        self._sleepers.woken(woken)
+        return woken

@@ -10,9 +10,10 @@ nothing; a gateway refuses a snapshot of an older epoch than the one it serves."
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from sluice.policy import CanarySplit, Endpoint, RoutingSnapshot, build_routing_snapshot
+from sluice.policy.standby import StandbySplit, split_standby
 from sluice.spec import PlatformSpec
 from sluice.store import Fence
 
@@ -39,34 +40,55 @@ class RoutingPublisher:
         ready: dict[str, list[Endpoint]],
         splits: Sequence[CanarySplit],
         serving: Callable[[str], int],
-    ) -> None:
+        asleep: Collection[str] = frozenset(),
+        routed: Collection[str] = frozenset(),
+    ) -> dict[str, StandbySplit]:
         """Publish a snapshot if anything in it changed. `serving(group)`: how many of a
-        warm-standby group's ready instances serve (the newest stay out of rotation, listed as
-        its standby for the gateways to put in when requests start to wait).
+        standby group's ready instances serve; the others are its warm standby (for the
+        gateways to put in when requests start to wait) and sleeping standby (`split_standby`:
+        `asleep` are the instances known to sleep, `routed` those a gateway woke and routes
+        to). Returns the sleeping-standby groups' placements, for the controller to put to
+        sleep and wake what they say.
         Raises `Fenced`, publishing nothing, once this controller may not lead."""
         fence = self._fence()
         if fence is not None:
             fence.require("publish routing")  # checked and published in one step: no await
         epoch = 0 if fence is None else fence.epoch
         standby: dict[str, list[Endpoint]] = {}
+        sleeping: dict[str, list[Endpoint]] = {}
+        placed: dict[str, StandbySplit] = {}
         for g in spec.groups:
-            if g.autoscaling is not None and g.autoscaling.warm_standby and g.name in ready:
-                by_age = sorted(ready[g.name], key=lambda e: e.ready_at)
-                n = serving(g.name)
-                ready[g.name], standby[g.name] = by_age[:n], by_age[n:]
+            a = g.autoscaling
+            if a is None or not (a.warm_standby or a.sleeping_standby) or g.name not in ready:
+                continue
+            split = split_standby(
+                ready[g.name], serving(g.name), a.warm_standby, a.sleeping_standby, asleep, routed
+            )
+            ready[g.name], standby[g.name] = list(split.rotation), list(split.warm)
+            sleeping[g.name] = list(split.sleeping)
+            if a.sleeping_standby:
+                placed[g.name] = split
         key = (
             epoch,
             revision,
             tuple(sorted(failovers.items())),
             tuple(sorted((g, tuple(e)) for g, e in ready.items())),
             tuple(sorted((g, tuple(e)) for g, e in standby.items())),
+            tuple(sorted((g, tuple(e)) for g, e in sleeping.items())),
             tuple(splits),
         )
         if key == self._key:
-            return
+            return placed
         self._version += 1
         snapshot = build_routing_snapshot(
-            spec, ready, self._version, failovers, canaries=splits, standby=standby
+            spec,
+            ready,
+            self._version,
+            failovers,
+            canaries=splits,
+            standby=standby,
+            sleeping=sleeping,
         )
         self._publish(dataclasses.replace(snapshot, epoch=epoch))
         self._key = key
+        return placed

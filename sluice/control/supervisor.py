@@ -104,6 +104,8 @@ class InstanceSupervisor:
         (the controller sets it from each spec it applies: `spec.secrets.secret_env_names`)."""
         self._external = ExternalRuntime()
         self._gateway_inflight = inflight
+        self.adopted: set[str] = set()
+        """instances a previous run left behind that `recover` kept (their state is not known)"""
         self._environ = os.environ if environ is None else environ
         self._store = store
         self._clock = clock
@@ -168,6 +170,14 @@ class InstanceSupervisor:
         self._instances[inst.id] = inst
         self._spawn(inst, self._lifecycle(inst, reason))
         return inst.id
+
+    async def inflight(self, instance_id: str, timeout_s: float = 2.0) -> int:
+        """Requests the instance serves now, as a drain counts them; ProbeFailed if that is
+        not known."""
+        inst = self._instances.get(instance_id)
+        if inst is None or inst.handle is None:
+            raise ProbeFailed(f"no running instance {instance_id}")
+        return await self._inflight(inst, timeout_s)
 
     def _free_endpoint(self, spec: GroupSpec, template: str) -> EndpointSpec | None:
         mine = [
@@ -234,6 +244,7 @@ class InstanceSupervisor:
                         spec.resources.accelerators if fractional else pool.units_per_device
                     )
                 self._instances[inst.id] = inst
+                self.adopted.add(inst.id)
                 self._spawn(inst, self._watch(inst))
                 await self._events.emit(
                     rec.group, rec.id, "adopted", "instance of the previous run is ready; kept"

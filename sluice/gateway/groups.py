@@ -97,12 +97,17 @@ class GroupRuntime:
         "rotation",
         "samples",
         "settle_at",
+        "sleeping",
+        "sleeping_given",
         "slow_start_s",
         "standby",
+        "standby_given",
         "timeout_s",
         "traffic",
         "unejects_at",
+        "waking",
         "was_up",
+        "woken",
     )
 
     def __init__(self, name: str, metrics: GroupMetrics) -> None:
@@ -124,7 +129,18 @@ class GroupRuntime:
         self.rotation: tuple[Endpoint, ...] = ()
         """The snapshot's instances in rotation."""
         self.standby: tuple[Endpoint, ...] = ()
-        """The snapshot's warm standby, out of rotation until requests wait (`promote`)."""
+        """Its warm standby, out of rotation until requests wait (`promote`): the snapshot's,
+        and the sleeping standby this gateway woke."""
+        self.standby_given: tuple[Endpoint, ...] = ()
+        """The snapshot's warm standby."""
+        self.sleeping_given: tuple[Endpoint, ...] = ()
+        """The snapshot's sleeping standby."""
+        self.sleeping: tuple[Endpoint, ...] = ()
+        """The snapshot's sleeping standby that this gateway has not woken."""
+        self.woken: set[str] = set()
+        """Sleeping standby this gateway woke (requests waited), reported while promoted."""
+        self.waking = False
+        """A wake call is under way (one at a time)."""
         self.promoted_until = 0.0
         """Monotonic time the promoted standby may leave rotation again; 0.0: not promoted."""
         self.candidates: tuple[Endpoint, ...] = ()
@@ -168,9 +184,11 @@ class GroupRuntime:
         endpoints: tuple[Endpoint, ...],
         now: float,
         standby: tuple[Endpoint, ...] = (),
+        sleeping: tuple[Endpoint, ...] = (),
     ) -> list[Waiter]:
-        """Apply a snapshot's settings, instances in rotation and warm standby (promoted ones
-        stay in while their hold lasts); returns waiters admitted by new slots."""
+        """Apply a snapshot's settings, instances in rotation, warm standby (promoted ones
+        stay in while their hold lasts) and sleeping standby (what this gateway woke counts
+        as warm); returns waiters admitted by new slots."""
         if _outlier_settings(self.traffic) != _outlier_settings(traffic):
             self.outlier = self._detector(traffic)
         if _latency_settings(self.traffic) != _latency_settings(traffic):
@@ -191,11 +209,12 @@ class GroupRuntime:
             self.prefix_index = PrefixIndex(traffic.prefix.index_blocks)
         self.prefix = traffic.prefix
         self.prefix_min_bytes = NO_PREFIX if traffic.prefix is None else traffic.prefix.block_bytes
-        self.rotation, self.standby = endpoints, standby
-        if not standby:
+        self.rotation, self.standby_given, self.sleeping_given = endpoints, standby, sleeping
+        self._place_standby()
+        if not self.standby:
             self.promoted_until = 0.0
-        self.endpoints = endpoints + standby if self.promoted_until else endpoints
-        keep = {ep.instance_id for ep in endpoints + standby}  # (standby's kept for its turn)
+        self.endpoints = endpoints + self.standby if self.promoted_until else endpoints
+        keep = {ep.instance_id for ep in endpoints + standby + sleeping}  # (kept for its turn)
         self.reach.forget(keep)
         self.ramp.forget(keep)
         self.settle_at = self.ramp.settle_at(self.endpoints, traffic.slow_start_s)
@@ -207,6 +226,25 @@ class GroupRuntime:
         if self.prefix_index is not None:
             self.prefix_index.forget(keep)
         return self.refresh(now)
+
+    def _place_standby(self) -> None:
+        """Warm standby: the snapshot's, and what this gateway woke of its sleeping standby
+        (the controller lists that as sleeping until the gateway's report reaches it)."""
+        listed = {ep.instance_id for ep in self.rotation + self.standby_given}
+        self.woken &= listed | {ep.instance_id for ep in self.sleeping_given}
+        woke = tuple(ep for ep in self.sleeping_given if ep.instance_id in self.woken)
+        self.standby = self.standby_given + woke
+        self.sleeping = tuple(ep for ep in self.sleeping_given if ep.instance_id not in self.woken)
+
+    def awake(self, instance_id: str, now: float) -> list[Waiter]:
+        """The sleeping standby `instance_id` answered its wake: it joins the warm standby,
+        which requests waiting put in rotation (`promote`). Returns the waiters admitted."""
+        self.woken.add(instance_id)
+        self._place_standby()
+        if self.promoted_until:
+            self.endpoints = self.rotation + self.standby
+            return self.refresh(now)
+        return self.promote(now)
 
     def promote(self, now: float) -> list[Waiter]:
         """Requests wait: the warm standby joins the rotation at once, before the controller
@@ -231,6 +269,8 @@ class GroupRuntime:
         if now < self.promoted_until or self.admission.queue_length:
             return True
         self.promoted_until = 0.0
+        self.woken.clear()  # the controller has placed them by now: awake, or to sleep again
+        self._place_standby()
         self.endpoints = self.rotation
         self.refresh(now)  # (fewer slots: admits nobody)
         return False
@@ -456,6 +496,7 @@ class GroupRuntime:
             prompt_tokens=sum(t[0] for t in m.tokens.values()),
             completion_tokens=sum(t[1] for t in m.tokens.values()),
             standby_in_rotation=len(self.endpoints) if self.promoted_until else 0,
+            woken=tuple(sorted(self.woken)) if self.promoted_until else (),
         )
 
     def status(self, now: float) -> dict[str, object]:
@@ -466,6 +507,8 @@ class GroupRuntime:
             "queued": stats.queued,
             "instances": len(self.endpoints),
             "standby": len(self.standby),
+            "sleeping": len(self.sleeping),
+            "woken": sorted(self.woken),
             "standby_promoted_s": round(max(0.0, self.promoted_until - now), 3)
             if self.promoted_until
             else None,

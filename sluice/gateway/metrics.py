@@ -169,6 +169,7 @@ class GroupMetrics:
         "served_sq_s",
         "shed",
         "standby_promotions",
+        "standby_wakes",
         "tokens",
         "tpot",
         "ttfb",
@@ -186,6 +187,8 @@ class GroupMetrics:
         """...and those the chosen instance was expected to hold: the gateway's hit rate."""
         self.standby_promotions = 0
         """Times this gateway put the group's warm standby in rotation (requests waited)."""
+        self.standby_wakes = 0
+        """Sleeping standby this gateway woke (requests waited, no warm standby left)."""
         self.queue_wait = Histogram(QUEUE_BUCKETS_S)
         self.ttfb = Histogram(DURATION_BUCKETS_S)
         """Time from a streamed request's first byte to its answer's first body byte."""
@@ -378,6 +381,12 @@ class _Collector(Collector):
             "waited, before the controller's next decision.",
             labels=("group",),
         )
+        wakes = CounterMetricFamily(
+            "sluice_gateway_standby_wakes",
+            "Sleeping standby instances this gateway woke because requests waited and no "
+            "warm standby was left.",
+            labels=("group",),
+        )
         prefix_cached = CounterMetricFamily(
             "sluice_gateway_prefix_cached_blocks",
             "Of those, the blocks this gateway expected the chosen instance to hold in its "
@@ -449,6 +458,8 @@ class _Collector(Collector):
                     prefix_cached.add_metric((name,), gm.prefix_cached_blocks)
                 if gm.standby_promotions:
                     promotions.add_metric((name,), gm.standby_promotions)
+                if gm.standby_wakes:
+                    wakes.add_metric((name,), gm.standby_wakes)
                 queue_wait.add_metric((name,), gm.queue_wait.buckets(), gm.queue_wait.sum)
                 ttfb.add_metric((name,), gm.ttfb.buckets(), gm.ttfb.sum)
                 if gm.tokens:
@@ -467,6 +478,7 @@ class _Collector(Collector):
         yield from (requests, duration, shed, mirrored, queue_wait, ttfb, refused)
         yield from (prefix_blocks, prefix_cached, prompt_tokens, completion_tokens, tpot)
         yield promotions
+        yield wakes
         yield from (per_instance, instance_duration)
 
         queue_length = GaugeMetricFamily(

@@ -11,6 +11,7 @@ shares, and the gateway counts each limited tenant's arrivals (refused ones too)
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -26,6 +27,7 @@ from sluice.gateway.readiness import Readiness
 from sluice.gateway.responses import sluice_headers
 from sluice.gateway.samples import GatewaySampling
 from sluice.gateway.upstream import UpstreamPool
+from sluice.gateway.wake import wake_instance
 from sluice.policy.rate_shares import RateShare, even_share
 from sluice.policy.ratelimit import TokenBucket
 from sluice.policy.route_choice import (
@@ -37,6 +39,8 @@ from sluice.policy.route_choice import (
     route_of,
 )
 from sluice.policy.routing import GroupTraffic, Route, RouteTable, RoutingSnapshot, TenantAccess
+
+log = logging.getLogger(__name__)
 
 __all__ = ["EMPTY_SNAPSHOT", "QUEUE_TICK_S", "GatewayState"]
 
@@ -177,6 +181,7 @@ class GatewayState:
                 tuple(snapshot.endpoints.get(name, ())),
                 now,
                 tuple(snapshot.standby.get(name, ())),
+                tuple(snapshot.sleeping.get(name, ())),
             )
             if woken:
                 self.wake(runtime, woken, now)
@@ -185,7 +190,7 @@ class GatewayState:
         self._update_buckets(snapshot.tenants_by_key, now)
         self.pool.authorize(
             ep
-            for group in (snapshot.endpoints, snapshot.standby)
+            for group in (snapshot.endpoints, snapshot.standby, snapshot.sleeping)
             for eps in group.values()
             for ep in eps
         )
@@ -357,8 +362,36 @@ class GatewayState:
             self._promoted.add(group)
             if woken:
                 self.wake(group, woken, now)
+        elif group.sleeping and group.traffic.wake is not None and not group.waking:
+            group.waking = True
+            asyncio.get_running_loop().create_task(self._wake_sleeping(group))
         if self._queue_timer is None:
             self._queue_timer = asyncio.get_running_loop().call_later(QUEUE_TICK_S, self._tick)
+
+    async def _wake_sleeping(self, group: GroupRuntime) -> None:
+        """Requests wait and no warm standby is left: wake the group's oldest sleeping
+        standby (its server's wake call, bounded by `WakeCall.timeout_s`) and put it in
+        rotation; one that will not wake is passed over for the next, once each."""
+        call = group.traffic.wake
+        try:
+            for ep in group.sleeping:
+                if call is None or not group.admission.queue_length:
+                    return
+                started = time.monotonic()
+                why = await wake_instance(ep, call)
+                if why is not None:
+                    log.warning("%s: %s did not wake: %s", group.name, ep.instance_id, why)
+                    continue
+                group.metrics.standby_wakes += 1
+                now = time.monotonic()
+                log.info("%s: woke %s in %.2fs", group.name, ep.instance_id, now - started)
+                woken = group.awake(ep.instance_id, now)
+                self._promoted.add(group)
+                if woken:
+                    self.wake(group, woken, now)
+                return
+        finally:
+            group.waking = False
 
     def _tick(self) -> None:
         self._queue_timer = None

@@ -92,7 +92,7 @@ def share_snapshot(snapshot: RoutingSnapshot, share: Share) -> RoutingSnapshot:
 
 
 _BOUNDS = frozenset(f for f in TrafficSample.__dataclass_fields__ if f.endswith("_bounds"))
-_GAUGES = ("in_flight", "queued", "standby_in_rotation")
+_GAUGES = ("in_flight", "queued", "standby_in_rotation", "woken")
 """what a sample says of now, not since the start"""
 
 
@@ -100,7 +100,8 @@ def add_samples(samples: Sequence[TrafficSample], at: float) -> TrafficSample:
     """One sample of a group from several gateways': every count is a sum (in flight and
     queued now, the rest cumulative), histograms bucket by bucket; the buckets' bounds are
     the first sample's (every gateway runs the same code). The warm standby in rotation is
-    the most any gateway routes to: they share the same instances."""
+    the most any gateway routes to: they share the same instances; the sleeping standby
+    woken, those any gateway woke."""
     if not samples:
         return TrafficSample(at, 0, 0, 0, 0, (), ())
     first, values = samples[0], {}
@@ -110,6 +111,9 @@ def add_samples(samples: Sequence[TrafficSample], at: float) -> TrafficSample:
         total = getattr(first, f.name)
         if f.name == "standby_in_rotation":
             values[f.name] = max(getattr(s, f.name) for s in samples)
+            continue
+        if f.name == "woken":  # instances, not counts: any gateway's
+            values[f.name] = tuple(sorted({i for s in samples for i in s.woken}))
             continue
         for s in samples[1:]:
             more = getattr(s, f.name)
@@ -149,7 +153,7 @@ def _since(now: TrafficSample, base: TrafficSample | None) -> TrafficSample:
 
 def _without_gauges(s: TrafficSample) -> TrafficSample:
     """What a gone gateway leaves in the fleet's cumulative counts: nothing in flight."""
-    return dataclasses.replace(s, in_flight=0, queued=0, standby_in_rotation=0)
+    return dataclasses.replace(s, in_flight=0, queued=0, standby_in_rotation=0, woken=())
 
 
 @dataclass

@@ -36,17 +36,18 @@ __all__ = [
     "RouteTable",
     "RoutingSnapshot",
     "TenantAccess",
+    "WakeCall",
     "api_key_digest",
     "first_match",
 ]
 
 ANY = "*"
 PRIORITIES = ("high", "normal", "low")
+"""Highest first: admission serves `high` first and sheds `low` first (R6)."""
 STANDBY_HOLD_S = 30.0
 """How long a group's warm standby that a gateway put in rotation (requests waited) stays
 there after the last request that waited, unless the controller's count in force takes it
 in first (its next decision does): about one start-up."""
-"""Highest first: admission serves `high` first and sheds `low` first (R6)."""
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
@@ -212,6 +213,15 @@ class PrefixRouting:
 
 
 @dataclass(frozen=True, slots=True)
+class WakeCall:
+    """POST `path` on a sleeping instance wakes it (vLLM: /wake_up); longer than `timeout_s`
+    is a failed wake."""
+
+    path: str = "/wake_up"
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
 class GroupTraffic:
     """A group's data-plane settings: its queue, timeouts, slow start, outlier ejection."""
 
@@ -235,6 +245,8 @@ class GroupTraffic:
     buffer_when_cold: bool = False
     """Scale-to-zero group: with no ready instance, requests wait in the queue (up to its
     max wait) while the first instance starts, instead of a 503."""
+    wake: WakeCall | None = None
+    """How a gateway wakes the group's sleeping standby (`autoscaling.sleeping_standby`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +345,9 @@ class RoutingSnapshot:
     """A warm-standby group's ready instances kept out of rotation (its newest): a gateway
     puts them in at once when requests start to wait (`GroupRuntime.promote`), before the
     controller's next tick has seen the burst."""
+    sleeping: Mapping[str, tuple[Endpoint, ...]] = field(default_factory=dict)
+    """A group's sleeping standby (asleep, out of rotation): a gateway whose requests wait
+    with no warm standby left wakes one (`GroupTraffic.wake`) and puts it in rotation."""
     epoch: int = 0
     """The lease epoch of the leader that published it (0: no leader election, a test): a
     gateway never swaps in a snapshot of an older epoch than it has, so a deposed leader's

@@ -18,6 +18,7 @@ from sluice.policy.routing import (
     RouteTable,
     RoutingSnapshot,
     TenantAccess,
+    WakeCall,
     api_key_digest,
 )
 from sluice.spec.models import (
@@ -98,7 +99,17 @@ def _traffic(g: GroupSpec) -> GroupTraffic:
         buffer_when_cold=g.autoscaling is not None
         and g.autoscaling.min == 0
         and g.autoscaling.mode == "active",
+        wake=_wake(g),
     )
+
+
+def _wake(g: GroupSpec) -> WakeCall | None:
+    """The group's wake call, where it keeps sleeping standby (every model declares `sleep`:
+    the spec's checks; the first model's is the group's)."""
+    if g.autoscaling is None or not g.autoscaling.sleeping_standby:
+        return None
+    sleeps = [m.command.sleep for m in g.models.values() if m.command and m.command.sleep]
+    return WakeCall(sleeps[0].wake_path, sleeps[0].wake_timeout_s) if sleeps else None
 
 
 def build_routing_snapshot(
@@ -108,10 +119,11 @@ def build_routing_snapshot(
     redirects: Mapping[str, str] | None = None,
     canaries: Sequence[CanarySplit] = (),
     standby: Mapping[str, Sequence[Endpoint]] | None = None,
+    sleeping: Mapping[str, Sequence[Endpoint]] | None = None,
 ) -> RoutingSnapshot:
     """`ready[group]`: the group's READY endpoints in rotation; `standby[group]`: its ready
-    warm standby, out of it; `redirects[group] = backup`: failovers in force; `version`
-    numbers the snapshot."""
+    warm standby, out of it; `sleeping[group]`: its asleep standby; `redirects[group] =
+    backup`: failovers in force; `version` numbers the snapshot."""
     tenants: dict[str, TenantAccess] = {}
     for t in spec.tenants:
         access = tenant_access(t)
@@ -131,4 +143,5 @@ def build_routing_snapshot(
         canaries={c.baseline: c for c in canaries},
         limits=spec.gateway.limits,
         standby={g: tuple(eps) for g, eps in (standby or {}).items() if eps},
+        sleeping={g: tuple(eps) for g, eps in (sleeping or {}).items() if eps},
     )

@@ -84,10 +84,11 @@ def spec_count(g: GroupSpec) -> int:
 
 
 def standby(g: GroupSpec) -> int:
-    """Warm standby instances kept out of rotation (an active autoscaler's only)."""
+    """Standby instances kept out of rotation, warm and sleeping (an active autoscaler's
+    only): launched beside the count in force."""
     if g.autoscaling is None or is_advisory(g):
         return 0
-    return g.autoscaling.warm_standby
+    return g.autoscaling.warm_standby + g.autoscaling.sleeping_standby
 
 
 @dataclass(frozen=True, slots=True)

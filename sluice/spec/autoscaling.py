@@ -233,6 +233,12 @@ class AutoscalingSpec(_Strict):
     max: int = Field(ge=1, le=100_000)
     stable: int = Field(default=0, ge=0, description="stable pool: never scaled below (S9)")
     warm_standby: int = Field(default=0, ge=0, description="loaded, out of rotation")
+    sleeping_standby: int = Field(
+        default=0,
+        ge=0,
+        description="loaded and put to sleep (command servers with `sleep`): woken when "
+        "requests wait and no warm standby is left",
+    )
     interval_s: float = Field(default=1.0, gt=0, le=60, description="decision tick")
     lead_time_s: float | None = Field(
         default=None, ge=0, description="start-up time to plan for; None = measured"
@@ -254,6 +260,6 @@ class AutoscalingSpec(_Strict):
             raise ValueError(f"min ({self.min}) is above max ({self.max})")
         if self.stable > self.max:
             raise ValueError(f"stable ({self.stable}) is above max ({self.max})")
-        if self.stable + self.warm_standby > self.max:
-            raise ValueError("stable + warm_standby must not exceed max")
+        if self.stable + self.warm_standby + self.sleeping_standby > self.max:
+            raise ValueError("stable + warm_standby + sleeping_standby must not exceed max")
         return self

@@ -41,6 +41,7 @@ def check_platform(spec: PlatformSpec, read_model: ModelReader | None = None) ->
         *_references(spec),
         *_schedules(spec),
         *_advisory(spec),
+        *_sleeping_standby(spec),
         *_quotas(spec),
         *_rollouts(spec),
         *_drills(spec),
@@ -285,13 +286,31 @@ def _advisory(spec: PlatformSpec) -> Iterator[Problem]:
                 "`sluice scale` override), and 0 would serve no request; set replicas to "
                 "the count to run while you watch, or autoscaling.mode: active",
             )
-        if a.warm_standby:
-            yield (
-                (*path, "autoscaling", "warm_standby"),
-                f"warm_standby {a.warm_standby} waits for an autoscaler to bring it into "
-                "rotation, and an advisory one brings nothing in; set warm_standby: 0, or "
-                "autoscaling.mode: active",
-            )
+        for field in ("warm_standby", "sleeping_standby"):
+            if getattr(a, field):
+                yield (
+                    (*path, "autoscaling", field),
+                    f"{field} {getattr(a, field)} waits for an autoscaler to bring it into "
+                    f"rotation, and an advisory one brings nothing in; set {field}: 0, or "
+                    "autoscaling.mode: active",
+                )
+
+
+def _sleeping_standby(spec: PlatformSpec) -> Iterator[Problem]:
+    """Sleeping standby is put to sleep and woken through the server's own endpoints: every
+    model of the group must be a `command` server that declares them."""
+    for i, g in enumerate(spec.groups):
+        if g.autoscaling is None or not g.autoscaling.sleeping_standby:
+            continue
+        for name, m in g.models.items():
+            if m.runtime != "command" or m.command is None or m.command.sleep is None:
+                yield (
+                    ("groups", i, "models", name),
+                    f"sleeping_standby needs servers that can sleep: give model {name!r} "
+                    "`runtime: command` and `command.sleep` (vLLM: --enable-sleep-mode, "
+                    "sleep_path /sleep, wake_path /wake_up), or set "
+                    "autoscaling.sleeping_standby: 0",
+                )
 
 
 # The longest calendar month: a per_month budget must cover the guaranteed rate for all of it.

@@ -27,6 +27,7 @@ __all__ = [
     "EndpointSpec",
     "ExternalSpec",
     "ReadinessSpec",
+    "SleepSpec",
     "external_replicas",
     "external_scale_problem",
     "names_model_dir",
@@ -88,6 +89,23 @@ class _ServerSpec(_Strict):
         return self.ready.path if self.ready is not None else "/v1/models"
 
 
+class SleepSpec(_Strict):
+    """A server that can sleep (vLLM's sleep mode, `--enable-sleep-mode`): POST `sleep_path`
+    with `?level=N` offloads its weights to host memory (level 1) or drops them (level 2) and
+    frees the accelerator's memory; POST `wake_path` loads them again, in seconds rather than
+    a start-up's minutes. Sleeping standby (`autoscaling.sleeping_standby`) is kept this way."""
+
+    sleep_path: UrlPath = "/sleep"
+    level: Literal[1, 2] = Field(default=1, description="1: weights to host memory; 2: dropped")
+    wake_path: UrlPath = "/wake_up"
+    wake_timeout_s: float = Field(
+        default=30.0, gt=0, le=600, description="a wake that takes longer has failed"
+    )
+    host_memory_gb: float = Field(
+        default=0.0, ge=0, description="host memory a sleeping instance holds (its cost)"
+    )
+
+
 class CommandSpec(_ServerSpec):
     """Launch any OpenAI-compatible server per instance from an argv template. Placeholders
     (`sluice.core.argv.PLACEHOLDERS`): {port} {host} {model} {model_path} {gpu_ids}. The
@@ -102,6 +120,9 @@ class CommandSpec(_ServerSpec):
         default=30.0, ge=0, le=3600, description="stop_signal to SIGKILL, at least"
     )
     memory_gb: float = Field(default=0.0, ge=0, description="declared model memory, GiB")
+    sleep: SleepSpec | None = Field(
+        default=None, description="the server's sleep/wake endpoints (vLLM's sleep mode)"
+    )
 
     @model_validator(mode="after")
     def _placeholders_make_sense(self) -> CommandSpec:

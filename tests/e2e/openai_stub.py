@@ -5,8 +5,10 @@ It stands in for vLLM, SGLang or llama.cpp's server in the tests of the `command
 `/v1/chat/completions` (with SSE streaming and `usage`), and `/metrics` under vLLM's names
 (`vllm:num_requests_running` is what it serves now; `vllm:num_requests_waiting` is set by
 `--waiting` or `POST /stub/waiting {"waiting": N}`, to stand for a queue inside the server;
-a TTFT histogram). Like many real servers it dies at once on SIGTERM, dropping whatever it
-was serving: only a drain that waited for its in-flight requests loses none. Flags make it
+a TTFT histogram), and vLLM's sleep mode (`POST /sleep?level=N`, `POST /wake_up` taking
+`--wake-s`, `GET /is_sleeping`; completions refused with 503 while asleep). Like many real
+servers it dies at once on SIGTERM, dropping whatever it was serving: only a drain that
+waited for its in-flight requests loses none. Flags make it
 misbehave the ways a real one can (`--metrics garbage|huge|hang` for its metrics page,
 `--error-rate` for a share of completions answered 500).
 
@@ -50,6 +52,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--require-key", default="", help="answer 401 without this bearer key")
     p.add_argument("--waiting", type=int, default=0, help="vllm:num_requests_waiting to report")
     p.add_argument(
+        "--wake-s", type=float, default=1.0, help="how long POST /wake_up takes (sleep mode)"
+    )
+    p.add_argument(
         "--step-base-s", type=float, default=0.0, help="a decode step's fixed time (batching)"
     )
     p.add_argument(
@@ -83,6 +88,8 @@ def parse() -> argparse.Namespace:
 
 
 ARGS = parse()
+SLEEP: dict[str, Any] = {"asleep": False, "level": 0, "sleeps": 0, "wakes": 0, "refused": 0}
+"""Sleep mode's state (`_sleep_mode`), and the completions refused while asleep."""
 GARBAGE = b"\x00\x01\xfe\xff\x1b[2J binary noise \xc3\x28\n"
 STARTED = time.monotonic()
 TTFT_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
@@ -215,6 +222,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path == "/health":
             self._json(200, {"ok": True})
+        elif self.path == "/is_sleeping":
+            self._json(200, {"is_sleeping": SLEEP["asleep"], **SLEEP})
         elif self.path == "/metrics":
             self._metrics()
         elif self.path == "/v1/models":
@@ -246,10 +255,26 @@ class Handler(BaseHTTPRequestHandler):
         else:  # hang: headers never come
             time.sleep(3600)
 
+    def _sleep_mode(self, path: str) -> None:
+        """vLLM's sleep mode: POST /sleep?level=N frees the accelerator's memory (instant
+        here), POST /wake_up loads the weights again (`--wake-s`); both idempotent."""
+        if path.startswith("/sleep"):
+            level = int(path.partition("level=")[2] or 1)
+            SLEEP.update(asleep=True, level=level, sleeps=SLEEP["sleeps"] + 1)
+        else:
+            if SLEEP["asleep"]:
+                time.sleep(ARGS.wake_s)
+            SLEEP.update(asleep=False, level=0, wakes=SLEEP["wakes"] + 1)
+        print(f"sleep mode: {path} -> asleep={SLEEP['asleep']}", flush=True)
+        self._json(200, {})
+
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
         if not self._authorized():
+            return
+        if self.path.split("?")[0] in ("/sleep", "/wake_up"):
+            self._sleep_mode(self.path)
             return
         if self.path == "/stub/waiting":
             with COUNTERS.lock:
@@ -258,6 +283,10 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path != "/v1/chat/completions":
             self._json(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        if SLEEP["asleep"]:
+            SLEEP["refused"] += 1
+            self._json(503, {"error": {"message": "the engine is sleeping (POST /wake_up)"}})
             return
         if body.get("model") != ARGS.model:
             self._json(404, {"error": {"message": f"model {body.get('model')!r} not served"}})

@@ -52,3 +52,24 @@ def test_the_gateway_holds_no_request_for_an_advisory_group_at_zero() -> None:
     assert build_routing_snapshot(spec, {}, 1).traffic["a"].buffer_when_cold
     spec = load_spec_text(scaled("{mode: advisory, min: 0, max: 3}")).spec
     assert not build_routing_snapshot(spec, {}, 1).traffic["a"].buffer_when_cold
+
+
+def test_sleeping_standby_needs_servers_that_sleep_and_an_active_autoscaler() -> None:
+    text = scaled("{max: 3, sleeping_standby: 1}")  # a `sim` group: nothing to put to sleep
+    [msg] = issues(text)
+    assert "groups[0].models.m-a" in msg, msg
+    assert "command.sleep" in msg and "sleeping_standby: 0" in msg
+    [msg] = issues(scaled("{max: 2, stable: 1, warm_standby: 1, sleeping_standby: 1}"))
+    assert "stable + warm_standby + sleeping_standby must not exceed max" in msg
+    msgs = issues(scaled("{mode: advisory, max: 3, sleeping_standby: 1}"))
+    assert any("set sleeping_standby: 0, or autoscaling.mode: active" in m for m in msgs), msgs
+
+
+def test_a_group_with_sleeping_standby_tells_the_gateways_how_to_wake_it() -> None:
+    argv = '["srv", "--port", "{port}"]'
+    sleep = "{wake_path: /wake, wake_timeout_s: 12, host_memory_gb: 16}"
+    model = f"runtime: command, command: {{argv: {argv}, sleep: {sleep}}}"
+    text = scaled("{max: 3, sleeping_standby: 1}").replace("runtime: sim, version: v1", model)
+    spec = load_spec_text(text).spec
+    wake = build_routing_snapshot(spec, {}, 1).traffic["a"].wake
+    assert wake is not None and (wake.path, wake.timeout_s) == ("/wake", 12.0)

@@ -194,6 +194,9 @@ class TrafficSample:
     standby_in_rotation: int = 0
     """now: the instances this gateway routes to, if it has put the group's warm standby in
     rotation because requests waited (`GroupRuntime.promote`); else 0"""
+    woken: tuple[str, ...] = ()
+    """now: the group's sleeping standby this gateway woke and routes to (requests waited):
+    the controller must not put them back to sleep while they are listed"""
 
 
 def window_quantile(

@@ -1,0 +1,171 @@
+"""Puts a group's sleeping standby to sleep and wakes it, through the server's own endpoints
+(vLLM's sleep mode: POST /sleep?level=1, POST /wake_up), as `sluice.policy.standby` places
+the group's instances.
+
+An instance is put to sleep only once it serves nothing (the gateway's in-flight count, as a
+drain reads it; at most the group's drain timeout), since a sleeping server drops what it
+was generating. A call that fails is tried again on a later tick, not sooner than
+`RETRY_S`. What sleeps is this controller's memory: a controller that adopts running
+instances (a restart, a takeover) cannot know which sleep, so it counts them asleep (never
+routed before a wake, which an awake server answers at once) and sends a sleep to those in
+sleeping places (which a sleeping server takes as done).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from typing import Any
+
+import httpx
+
+from sluice.control.events import EventLog
+from sluice.policy.routing import Endpoint
+from sluice.policy.standby import StandbySplit
+from sluice.spec import GroupSpec, PlatformSpec
+from sluice.spec.servers import SleepSpec
+
+__all__ = ["RETRY_S", "Sleepers"]
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 5.0
+"""The least time between two failed tries of the same call on the same instance."""
+POLL_S = 0.2
+"""How often the in-flight count is read while an instance waits to be put to sleep."""
+
+
+class Sleepers:
+    def __init__(
+        self,
+        events: EventLog,
+        inflight: Callable[[str], Awaitable[int]],
+        adopted: Callable[[str], bool],
+        changed: Callable[[], None],
+        now: Callable[[], float],
+    ) -> None:
+        """`inflight(instance)`: requests it serves now (raises when unknown); `adopted`:
+        whether an instance ran before this controller (recovered on a start); `changed()`:
+        tell the loop to tick (an instance fell asleep or woke: the routing changes)."""
+        self._events = events
+        self._inflight = inflight
+        self._adopted = adopted
+        self._changed = changed
+        self._now = now
+        self.asleep: set[str] = set()
+        """instances known (or, adopted, assumed) to sleep: never routed before a wake"""
+        self._doubtful: set[str] = set()
+        """adopted instances counted asleep without knowing it: a sleep is sent to be sure"""
+        self._known: set[str] = set()
+        self._calls: dict[str, asyncio.Task[None]] = {}
+        self._failed_at: dict[str, float] = {}
+        self._client: httpx.AsyncClient | None = None
+
+    def woken(self, ids: Iterable[str]) -> None:
+        """A gateway woke these (requests waited) and routes to them."""
+        for iid in ids:
+            self.asleep.discard(iid)
+            self._doubtful.discard(iid)
+
+    def act(self, spec: PlatformSpec, placed: Mapping[str, StandbySplit]) -> None:
+        """Start the sleeps and wakes the placements ask for (each instance one call at a
+        time); forget instances no longer placed."""
+        present = {e.instance_id for s in placed.values() for e in _all(s)}
+        for iid in present - self._known:
+            if self._adopted(iid):
+                self.asleep.add(iid)
+                self._doubtful.add(iid)
+        self._known = present
+        for gone in [i for i in self.asleep | set(self._failed_at) if i not in present]:
+            self.asleep.discard(gone)
+            self._doubtful.discard(gone)
+            self._failed_at.pop(gone, None)
+        for group, split in placed.items():
+            g = spec.group(group)
+            sleep = _sleep_of(g) if g is not None else None
+            if sleep is None or g is None:
+                continue
+            unsure = tuple(e for e in split.sleeping if e.instance_id in self._doubtful)
+            for ep in split.to_sleep + unsure:
+                self._start(ep, self._sleep(group, ep, sleep, g.drain_timeout_s))
+            for ep in split.to_wake:
+                self._start(ep, self._wake(group, ep, sleep))
+
+    async def close(self) -> None:
+        for task in list(self._calls.values()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._client is not None:
+            await self._client.aclose()
+
+    # --- the calls ---------------------------------------------------------------------
+
+    def _start(self, ep: Endpoint, call: Coroutine[Any, Any, None]) -> None:
+        iid = ep.instance_id
+        failed = self._failed_at.get(iid)
+        if iid in self._calls or (failed is not None and self._now() - failed < RETRY_S):
+            call.close()  # a coroutine never to be awaited
+            return
+        task = asyncio.get_running_loop().create_task(call)
+        self._calls[iid] = task
+        task.add_done_callback(lambda _task: self._calls.pop(iid, None))
+
+    async def _sleep(self, group: str, ep: Endpoint, sleep: SleepSpec, drain_s: float) -> None:
+        iid = ep.instance_id
+        deadline = self._now() + drain_s
+        with contextlib.suppress(Exception):  # unknown in-flight: the drain timeout bounds it
+            while await self._inflight(iid) > 0 and self._now() < deadline:
+                await asyncio.sleep(POLL_S)
+        why = await self._post(ep, f"{sleep.sleep_path}?level={sleep.level}", sleep.wake_timeout_s)
+        if why is not None:
+            self._failed_at[iid] = self._now()
+            await self._events.emit(group, iid, "sleep-failed", f"sleep refused: {why}")
+            return
+        self._failed_at.pop(iid, None)
+        doubtful = iid in self._doubtful
+        self._doubtful.discard(iid)
+        self.asleep.add(iid)
+        self._changed()
+        if not doubtful:
+            await self._events.emit(
+                group, iid, "asleep", f"sleeping standby (level {sleep.level}): out of rotation"
+            )
+
+    async def _wake(self, group: str, ep: Endpoint, sleep: SleepSpec) -> None:
+        iid = ep.instance_id
+        started = self._now()
+        why = await self._post(ep, sleep.wake_path, sleep.wake_timeout_s)
+        if why is not None:
+            self._failed_at[iid] = self._now()
+            await self._events.emit(group, iid, "wake-failed", f"wake refused: {why}")
+            return
+        self._failed_at.pop(iid, None)
+        self.asleep.discard(iid)
+        self._doubtful.discard(iid)
+        self._changed()
+        await self._events.emit(
+            group, iid, "woken", f"woken by the controller in {self._now() - started:.1f}s"
+        )
+
+    async def _post(self, ep: Endpoint, path: str, timeout_s: float) -> str | None:
+        """POST `path` on the instance; None when it answered 2xx, else why not."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(trust_env=False)
+        try:
+            r = await self._client.post(f"http://{ep.host}:{ep.port}{path}", timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"[:300]
+        return None if r.is_success else f"HTTP {r.status_code}: {r.text[:200]}"
+
+
+def _all(split: StandbySplit) -> tuple[Endpoint, ...]:
+    return split.rotation + split.warm + split.sleeping + split.to_sleep
+
+
+def _sleep_of(g: GroupSpec) -> SleepSpec | None:
+    """The group's sleep and wake calls (every model declares them: the spec's checks)."""
+    sleeps = [m.command.sleep for m in g.models.values() if m.command and m.command.sleep]
+    return sleeps[0] if sleeps else None

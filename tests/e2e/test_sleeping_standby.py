@@ -1,0 +1,114 @@
+"""Sleeping standby through a real `sluice up` (issue 36's fast tier, its sleeping half).
+
+The servers are `openai_stub.py` with vLLM's sleep mode (POST /sleep?level=1, POST /wake_up
+taking 1 s, GET /is_sleeping) and a 15 s load before /v1/models answers, so a new instance
+cannot help a burst in time: only the sleeping one can.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.e2e.conftest import Sluice, running
+from tests.faults.conftest import Api, wait_until
+
+STUB = str(Path(__file__).with_name("openai_stub.py"))
+ARGV = [sys.executable, STUB, "--host", "{host}", "--port", "{port}", "--model", "{model}"]
+ARGV += ["--delay", "1.0", "--wake-s", "1.0", "--load-s", "15"]
+KEY = "sk-search-b095adcc724f4f8a"
+
+SPEC = f"""
+gateway: {{host: 127.0.0.1, port: 0}}
+pools:
+  - {{name: gpu, accelerator: fake-gpu, count: 4, memory_gb: 16}}
+groups:
+  - name: chat
+    owner: ops@example.com
+    business: search
+    alert_channel: "#ops"
+    models:
+      m-chat:
+        runtime: command
+        command:
+          argv: [{", ".join(f'"{a}"' for a in ARGV)}]
+          metrics_path: /metrics
+          stop_grace_s: 1
+          sleep: {{level: 1, wake_timeout_s: 10, host_memory_gb: 16}}
+    resources: {{pool: gpu, accelerators: 1, memory_gb: 1}}
+    max_concurrency: 1
+    slow_start_s: 0
+    queue: {{max_length: 50, max_wait_s: 20}}
+    health: {{interval_s: 0.5, failure_threshold: 2, timeout_s: 1, startup_timeout_s: 40}}
+    drain_timeout_s: 5
+    autoscaling: {{min: 1, max: 3, sleeping_standby: 1}}
+tenants:
+  - {{name: search, api_keys: [{KEY}]}}
+routes:
+  - {{tag: chat, match: {{models: [m-chat]}}, to: chat}}
+"""
+
+
+def sleep_state(instance: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.get(instance["url"] + "/is_sleeping", timeout=5, trust_env=False)
+    r.raise_for_status()
+    return dict(r.json())
+
+
+def asleep(api: Api) -> list[str]:
+    return [i["id"] for i in api.ready("chat") if sleep_state(i)["is_sleeping"]]
+
+
+def ask(s: Sluice) -> tuple[int, float, str]:
+    started = time.monotonic()
+    r = httpx.post(
+        s.endpoint + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {KEY}"},
+        json={"model": "m-chat", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+        trust_env=False,
+    )
+    return r.status_code, time.monotonic() - started, r.headers.get("x-sluice-instance", "")
+
+
+def test_a_burst_wakes_the_sleeping_standby_and_a_new_one_goes_to_sleep(tmp_path: Path) -> None:
+    with (
+        running(tmp_path, SPEC, "chat's two", lambda s: len(s.ready("chat")) == 2, 120) as s,
+        Api(s) as api,
+    ):
+        # one serves, the newer one is put to sleep and kept out of the routing
+        wait_until("the standby asleep", lambda: len(asleep(api)) == 1, 20)
+        (sleeper,) = asleep(api)
+        before = [i["id"] for i in api.ready("chat")]
+        kinds = [e["kind"] for e in api.events("chat") if e.get("instance") == sleeper]
+        assert "asleep" in kinds, kinds
+        assert s.cli("get", "groups", "--json")[0]["desired"] == 1
+
+        # a burst of three on one 1-slot instance: two wait, the gateway wakes the sleeper
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda _: ask(s), range(3)))
+        assert all(code == 200 for code, _, _ in answers), answers
+        slowest = max(seconds for _, seconds, _ in answers)
+        assert slowest < 3.0, answers  # 1 s wake + 1 s answer; a new instance takes 15 s
+        served = {iid for _, _, iid in answers}
+        by_id = {i["id"]: i for i in api.ready("chat")}
+        assert sleeper in served and not sleep_state(by_id[sleeper])["is_sleeping"], answers
+        metrics = httpx.get(
+            s.control_url + "/metrics", headers=s.control_headers(), timeout=10, trust_env=False
+        ).text
+        assert 'sluice_gateway_standby_wakes_total{group="chat"} 1.0' in metrics
+
+        # the count takes the woken one in (the burst also scaled it up), and a new
+        # standby is launched and put to sleep; the woken one stays awake, in rotation
+        wait_until("a new standby asleep", lambda: bool({*asleep(api)} - {*before}), 60)
+        assert sleeper not in asleep(api)
+        desired = s.cli("get", "groups", "--json")[0]["desired"]
+        assert desired >= 2 and len(api.ready("chat")) == desired + 1
+        # no request ever reached a sleeping server
+        for inst in api.ready("chat"):
+            assert sleep_state(inst)["refused"] == 0, inst
