@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sluice.core.frozen import fast_init
 from sluice.core.instances import InstanceState, InstanceStatus
 
 __all__ = ["CrashBackoff", "CrashLoops"]
@@ -31,6 +32,7 @@ class CrashBackoff:
         return now >= self.not_before
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class CrashLoops:
     """Each group's backoff, with the instances already counted (failed or ready) so each

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sluice.core.frozen import fast_init
 from sluice.core.instances import InstanceStatus
 from sluice.policy.autoscale import GroupLoad, ScalingPolicy, build_policy
 from sluice.policy.backoff import CrashLoops
@@ -89,6 +90,7 @@ def compile_spec(spec: PlatformSpec, policies: Mapping[str, str] | None = None) 
     )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GroupMemory:
     """What one autoscaled group carries between ticks."""
@@ -101,6 +103,7 @@ class GroupMemory:
     """when it is next due (every `autoscaling.interval_s`)"""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Memory:
     """Everything one tick hands the next (module docstring)."""

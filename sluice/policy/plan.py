@@ -22,11 +22,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sluice.core.frozen import fast_init
 from sluice.core.instances import ALIVE_STATES, InstanceState, InstanceStatus
 
 __all__ = ["Action", "Drain", "GroupTarget", "Launch", "Remove", "plan_group"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GroupTarget:
     """What one group should run: `replicas` instances of `template`."""
@@ -40,6 +42,7 @@ class GroupTarget:
     used when there is no room to surge (a full pool): max_surge 0, max_unavailable 1."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Launch:
     group: str
@@ -47,6 +50,7 @@ class Launch:
     reason: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Drain:
     """Stop sending new requests, let in-flight ones finish, then stop."""
@@ -56,6 +60,7 @@ class Drain:
     reason: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Remove:
     """Stop at once: the instance serves nothing (not ready, or failed)."""

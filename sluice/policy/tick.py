@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.core.frozen import fast_init
 from sluice.core.instances import ALIVE_STATES, InstanceState, InstanceStatus
 from sluice.policy.autoscale import Decision, GroupLoad, ScalingPolicy
 from sluice.policy.backoff import CrashBackoff
@@ -39,6 +40,7 @@ from sluice.policy.plan import Action, Drain, GroupTarget, Launch, plan_group
 from sluice.policy.quota import (
     AdvisedAllocation,
     Allocation,
+    Grant,
     GroupClaim,
     PoolState,
     QuotaState,
@@ -118,6 +120,7 @@ class TickInput:
     """groups where more instances were seen not to help (S12): no scale-up past the count"""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Scaled:
     """One autoscaled group's decision, settled: `count` is what quota and a rollout floor
@@ -138,6 +141,7 @@ class Scaled:
         return self.load.current
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TickDecision:
     """What the tick decided. `counts`: the active autoscaled groups' new counts (those that
@@ -203,9 +207,11 @@ def decide(inp: TickInput) -> TickDecision:
             wanted[name] = max(d.desired, inp.floors.get(name, 0)) + index.standby[name]
     claims: list[GroupClaim] = []
     uniform: dict[str, bool] = {}
+    templates, meter = index.templates, inp.meter
     for g in inp.spec.groups:
-        mine = by_group.get(g.name, ())
-        claim, uniform[g.name] = _claim(g, index.templates[g.name], mine, wanted[g.name], inp.meter)
+        name = g.name
+        mine = by_group.get(name, ())
+        claim, uniform[name] = _claim(g, templates[name], mine, wanted[name], meter)
         claims.append(claim)
     advised = _allocate(index, claims, inp, inp.quota, inp.advice)
     alloc = advised.enforced
@@ -216,10 +222,8 @@ def decide(inp: TickInput) -> TickDecision:
         for iid in r.instance_ids:
             draining[iid] = r.reason
             actions.append(Drain(r.borrower, iid, r.reason))
-    own = {
-        n: alloc.grants[n].own_units // g.resources.accelerators for n, g in index.groups.items()
-    }
-    tiers = _Tiers(by_group, own)  # of the fleet as the tick found it: a reclaimed one's too
+    # of the fleet as the tick found it (a reclaimed one's too), worked out when read
+    tiers = _Tiers(by_group, alloc.grants, index.groups)
     observed = tuple(inp.observed)
     if draining:
         observed = tuple(
@@ -231,15 +235,18 @@ def decide(inp: TickInput) -> TickDecision:
         by_group = _by_group(observed)
         for r in alloc.reclaims:  # walked again below: its instances now drain
             uniform.pop(r.borrower, None)
-    held = {c.name: len(c.running) * c.units_per_instance + c.draining_units for c in claims}
+    grants = alloc.grants
+    held: dict[str, int] = {}
+    running: dict[str, int] = {}
     spare = {p.name: p.count for p in index.pools}
-    for c in claims:
-        granted = alloc.grants[c.name].instances * c.units_per_instance
+    for c in claims:  # one walk: units held, instances running, what each pool has spare
+        name, units, n = c.name, c.units_per_instance, len(c.running)
+        running[name] = n
+        held[name] = units_held = n * units + c.draining_units
         if c.pool in spare:
-            spare[c.pool] -= max(held[c.name], granted)
-    running = {c.name: len(c.running) for c in claims}
+            spare[c.pool] -= max(units_held, grants[name].instances * units)
     for name, g in index.groups.items():
-        grant, mine = alloc.grants[name], by_group.get(name, ())
+        grant, mine = grants[name], by_group.get(name, ())
         if name in uniform:  # walked once already, by its claim
             settled = uniform[name] and running[name] == grant.instances
         else:
@@ -393,19 +400,21 @@ def _claim(
             draining += 1
         elif state is InstanceState.FAILED:
             uniform = False
-    units = g.resources.accelerators
-    claim = GroupClaim(
-        name=g.name,
-        pool=g.resources.pool,
-        units_per_instance=units,
-        wanted=wanted,
-        quota=g.quota,
-        running=running,
-        draining_units=draining * units,
-        budget=g.budget,
-        spent_this_month=meter.spent_by(g.name),
-        unit_hours_this_month=meter.hours_by(g.name),
-        drain_timeout_s=g.drain_timeout_s,
+    name, resources = g.name, g.resources
+    units = resources.accelerators
+    claim = GroupClaim(  # by position, as declared (1,000 groups a tick)
+        name,
+        resources.pool,
+        units,  # units_per_instance
+        wanted,
+        g.quota,
+        running,
+        draining * units,  # draining_units
+        g.budget,
+        meter.spent.get(name, 0.0),  # spent_this_month: `meter.spent_by(name)`
+        g.drain_timeout_s,
+        "inference",  # purpose
+        meter.unit_hours.get(name, 0.0),  # unit_hours_this_month: `meter.hours_by(name)`
     )
     return claim, uniform
 
@@ -457,15 +466,21 @@ class _Tiers(Mapping[str, str]):
     """Instance id -> tier, worked out on first read (the live controller reads it when
     asked; a tick that nobody asks about pays nothing for it)."""
 
-    def __init__(self, by_group: Mapping[str, Sequence[InstanceStatus]], own: Mapping[str, int]):
-        self._by_group, self._own = by_group, own
+    def __init__(
+        self,
+        by_group: Mapping[str, Sequence[InstanceStatus]],
+        grants: Mapping[str, Grant],
+        groups: Mapping[str, GroupSpec],
+    ):
+        self._by_group, self._grants, self._groups = by_group, grants, groups
         self._tiers: dict[str, str] | None = None
 
     def _all(self) -> dict[str, str]:
         if self._tiers is None:
             self._tiers = {}
-            for name, n in self._own.items():
-                _tier(self._by_group.get(name, ()), n, self._tiers)
+            for name, g in self._groups.items():  # the instances its own units carry
+                own = self._grants[name].own_units // g.resources.accelerators
+                _tier(self._by_group.get(name, ()), own, self._tiers)
         return self._tiers
 
     def __getitem__(self, key: str) -> str:

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from sluice.core.frozen import fast_init
+
 __all__ = [
     "Autoscaler",
     "Decision",
@@ -34,6 +36,7 @@ M = TypeVar("M")
 """a policy's memory type: a frozen dataclass of immutable fields"""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GroupLoad:
     """One sample of a group as the gateway and the controller see it at time `at`.
@@ -86,6 +89,7 @@ class GroupLoad:
     (requests waited: the fast tier, before any decision); 0 when no gateway has"""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What a policy wants and why (S11): the journal stores all of it."""

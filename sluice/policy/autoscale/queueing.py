@@ -52,6 +52,8 @@ from functools import lru_cache
 # ufunc's loop for (int, float) is dd->d), without the ufunc's per-call dispatch (~1 us)
 from scipy.special.cython_special import pdtr
 
+from sluice.core.frozen import fast_init
+
 __all__ = ["Objective", "burst_slots", "erlang_c", "steady_slots", "wait_allowance_s"]
 
 _LOAD_STEP = 0.01
@@ -71,14 +73,15 @@ def wait_allowance_s(
 ) -> float:
     """How long a request of the mean service time may wait and still meet its objective:
     the smaller of the slowdown and the fixed bound; never negative."""
-    allowances = []
     if slowdown is not None:
-        allowances.append((slowdown - 1.0) * service_s + slack_s)
-    if latency_ms is not None:
-        allowances.append(latency_ms / 1000.0 - service_s)
-    if not allowances:
+        allowance = (slowdown - 1.0) * service_s + slack_s
+        if latency_ms is not None:
+            allowance = min(allowance, latency_ms / 1000.0 - service_s)
+    elif latency_ms is not None:
+        allowance = latency_ms / 1000.0 - service_s
+    else:
         return service_s
-    return max(0.0, min(allowances))
+    return max(0.0, allowance)
 
 
 def erlang_c(c: int, a: float) -> float:
@@ -105,6 +108,7 @@ def _erlang_b(c: int, a: float) -> float:
     return math.exp(c * math.log(a) - a - math.lgamma(c + 1)) / float(pdtr(c, a))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Objective:
     """A latency objective in units of the mean service time `s`, and the variability the
@@ -134,14 +138,17 @@ class Objective:
         waits, more variability) on coarse steps so the cached solver sees few inputs."""
         if slowdown is None and latency_ms is None:
             slowdown = 2.0  # no objective stated: a request may wait its own service time
+        # waits rounded down and variability up to 1/_STEPS, the fields by position (every
+        # group, every tick)
+        floor, ceil = math.floor, math.ceil
         return cls(
-            slack=_down(slack_s / service_s if slowdown is not None else 0.0),
-            slowdown_wait=None if slowdown is None else _down(slowdown - 1.0),
-            fixed_wait=None
+            floor(slack_s / service_s * _STEPS) / _STEPS if slowdown is not None else 0.0,
+            None if slowdown is None else floor((slowdown - 1.0) * _STEPS) / _STEPS,
+            None
             if latency_ms is None
-            else _down(max(0.0, latency_ms / 1000.0 / service_s - 1.0)),
-            arrival_cv2=_up(max(arrival_cv2, 1.0)),
-            service_cv2=_up(min(max(service_cv2, _MIN_CV2), _MAX_CV2)),
+            else floor(max(0.0, latency_ms / 1000.0 / service_s - 1.0) * _STEPS) / _STEPS,
+            ceil(max(arrival_cv2, 1.0) * _STEPS) / _STEPS,
+            ceil(min(max(service_cv2, _MIN_CV2), _MAX_CV2) * _STEPS) / _STEPS,
         )
 
     def miss(self, c: int, load: float) -> float:
@@ -165,14 +172,6 @@ class Objective:
         if self.fixed_wait is not None:
             worst = max(worst, waits * math.exp(-theta * self.fixed_wait))
         return worst
-
-
-def _down(x: float) -> float:
-    return math.floor(x * _STEPS) / _STEPS
-
-
-def _up(x: float) -> float:
-    return math.ceil(x * _STEPS) / _STEPS
 
 
 def steady_slots(load: float, objective: Objective, miss: float, at_least: int = 0) -> int:

@@ -96,6 +96,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from sluice.core.frozen import fast_init
 from sluice.policy.autoscale.base import Decision, GroupLoad
 from sluice.policy.autoscale.queueing import (
     Objective,
@@ -145,6 +146,7 @@ def _waiting_is_queued(load: GroupLoad) -> GroupLoad:
     return replace(load, in_flight=load.in_flight - waiting, queued=load.queued + waiting)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SluiceMemory:
     """What `SluicePolicy` remembers between ticks (a frozen value; `step` returns the next)."""
@@ -204,6 +206,17 @@ class SluicePolicy:
         """the caller-facing p95 targets this group states, as (proposal, value, target) names
         in `signals`: what `_combine` weighs as latency evidence"""
         self._step_horizon = max(spec.up.period_s, spec.down.period_s)
+        # what every step reads of the spec and the objective, worked out once (the same
+        # expressions, so the same floats): 500 groups step every tick
+        floor, by = spec.min, "min"
+        if spec.stable > floor:
+            floor, by = spec.stable, "stable"
+        self._floor_fixed = (min(floor, spec.max), by)
+        """the floor without schedules: (`min` or `stable`, its name), within `max`"""
+        self._miss = (1.0 - self.slo.target) * t.slo_budget_share
+        """the share of requests the steady need lets wait past their allowance"""
+        self._waits = (self.slo.slowdown, self.slo.slack_s, self.slo.latency_ms)
+        """the objective's terms `Objective.of` and `wait_allowance_s` take"""
 
     def initial(self) -> SluiceMemory:
         """The memory before the first sample: empty windows, nothing asked yet."""
@@ -224,7 +237,10 @@ class SluicePolicy:
         module docstring. `memory` is not changed."""
         spec = self.spec
         m = memory
-        floor, floor_by, schedule = self._floor(now, m.schedule)
+        if self.schedules:
+            floor, floor_by, schedule = self._floor(now, m.schedule)
+        else:  # `_floor` without schedules: the spec's, the same every tick
+            (floor, floor_by), schedule = self._floor_fixed, m.schedule
         current = load.current
         down_max = m.down_max
         if not m.seeded:  # the starting count is the first recommendation: a new (or
@@ -246,9 +262,16 @@ class SluicePolicy:
                 panic_max=m.panic_max,
                 schedule=schedule,
             )
-        load = _waiting_is_queued(load)
-        arrived, traffic = m.traffic.observe(load, now, self._burst_horizon(load))
-        signals, proposals, traffic = self._signals(load, now, traffic)
+        if load.server_waiting:
+            load = _waiting_is_queued(load)
+        lead = self._lead(load)
+        # the longest burst span, max(window, 2 x lead): beyond two lead times the steady
+        # need sees a surge in time to act on it
+        horizon = 2.0 * lead
+        if not horizon > spec.targets.window_s:
+            horizon = spec.targets.window_s
+        arrived, traffic = m.traffic.observe(load, now, horizon)
+        signals, proposals, traffic = self._signals(load, now, traffic, lead)
         panic_over_at, panic_max = self._update_panic(load, signals, m.panic_over_at, m.panic_max)
         rec, winner, top, notes, panic_max = self._combine(
             load, signals, proposals, panic_over_at is not None, panic_max
@@ -274,28 +297,29 @@ class SluicePolicy:
         if cold:
             notes.append("cold start: scale from zero at once")
         ups, downs, last_up_at, last_out = self._commit(now, current, desired, m)
-        lead = f"{winner} -> {rec}" if winner else f"hold {rec}"
-        decision = Decision(
-            desired=desired,
-            reason="; ".join([lead_sentence(top, signals, proposals, lead), *notes]),
-            signals=signals,
-            proposals=proposals,
-            winner=winner,
-            clipped_by=tuple(clipped),
-            unclipped=rec if rec != desired else None,
+        fallback = f"{winner} -> {rec}" if winner else f"hold {rec}"
+        opening = lead_sentence(top, signals, proposals, fallback)
+        decision = Decision(  # by position, as the fields are declared (every group, every tick)
+            desired,  # desired
+            "; ".join([opening, *notes]) if notes else opening,  # reason
+            signals,
+            proposals,
+            winner,
+            tuple(clipped),  # clipped_by
+            rec if rec != desired else None,  # unclipped
         )
-        return decision, SluiceMemory(
-            traffic=traffic,
-            down_max=down_max,
-            up_min=up_min,
-            ups=ups,
-            downs=downs,
-            last_up_at=last_up_at,
-            last_out=last_out,
-            seeded=True,
-            panic_over_at=panic_over_at,
-            panic_max=panic_max,
-            schedule=schedule,
+        return decision, SluiceMemory(  # by position, as declared
+            traffic,
+            down_max,
+            up_min,
+            ups,
+            downs,
+            last_up_at,
+            last_out,
+            True,  # seeded
+            panic_over_at,
+            panic_max,
+            schedule,
         )
 
     # -- steps -----------------------------------------------------------------------------
@@ -330,20 +354,15 @@ class SluicePolicy:
     def _lead(self, load: GroupLoad) -> float:
         return self.spec.lead_time_s if self.spec.lead_time_s is not None else load.startup_s
 
-    def _burst_horizon(self, load: GroupLoad) -> float:
-        """The longest burst span: beyond two lead times the steady need sees a surge in
-        time to act on it."""
-        return max(self.spec.targets.window_s, 2.0 * self._lead(load))
-
     def _signals(
-        self, load: GroupLoad, now: float, traffic: TrafficWindows
+        self, load: GroupLoad, now: float, traffic: TrafficWindows, lead: float
     ) -> tuple[dict[str, float], dict[str, int], TrafficWindows]:
-        """The signals and each one's proposal, and the windows once read (`settle`)."""
+        """The signals and each one's proposal, and the windows once read (`settle`);
+        `lead` is `_lead(load)`."""
         t = self.spec.targets
         slots = load.slots_per_instance
         target = t.utilization * slots
-        ready = max(load.ready, 1)
-        lead = self._lead(load)
+        ready = load.ready if load.ready >= 1 else 1  # max(load.ready, 1) without the call
         in_flight, queue_w = traffic.busy(now)
         conc = in_flight + queue_w
         # smoothed, but a queue that has drained by now no longer counts
@@ -359,10 +378,9 @@ class SluicePolicy:
         if load.server_waiting:
             signals["server_queue"] = float(load.server_waiting)
         proposals: dict[str, int] = {}
-        rate, span = traffic.rate()
+        rate, span, burst_rate = traffic.rates()
         measured = traffic.service()
         service, service_cv2 = measured if measured is not None else (None, 1.0)
-        burst_rate = traffic.burst_rate()
         # the backlog still waiting when instances asked for now are ready (S7): a queue
         # the ready instances drain within the lead time needs no new instance; its work
         # (requests x service) is spread over the lead time, the soonest new instances
@@ -379,11 +397,12 @@ class SluicePolicy:
         if span > 0:
             # the steady need sizes for the rate at ready time: the steady rate, plus the
             # trend over the lead time when its slope stands clear of the noise
-            traffic = traffic.settle(load.at)
-            dispersion = traffic.dispersion(load.at)
+            at = load.at
+            traffic = traffic.settle(at)
+            dispersion = traffic.dispersion(at)
             steady_rate = traffic.steady_rate(rate, dispersion)
             projected = steady_rate
-            fit = traffic.trend(load.at)
+            fit = traffic.trend(at)
             if fit is not None:
                 _, slope, se = fit
                 signals["rate_slope"] = round(slope, 4)
@@ -467,11 +486,9 @@ class SluicePolicy:
         """The queueing model's two needs (`queueing` module): steady (G/G/c at the
         projected rate, the measured service variability and arrival dispersion) and burst
         (the fluid envelope of the recent arrivals)."""
-        slo = self.slo
-        objective = Objective.of(
-            service, slo.slowdown, slo.slack_s, slo.latency_ms, dispersion, service_cv2
-        )
-        miss = (1.0 - slo.target) * self.spec.targets.slo_budget_share
+        slowdown, slack_s, latency_ms = self._waits
+        objective = Objective.of(service, slowdown, slack_s, latency_ms, dispersion, service_cv2)
+        miss = self._miss
         offered = rate * service
         steady = steady_slots(offered, objective, miss)
         tolerance = self.spec.targets.tolerance
@@ -480,23 +497,20 @@ class SluicePolicy:
         hold = steady_slots(
             offered * (1 + tolerance), objective, miss, steady if tolerance >= 0 else 0
         )
-        wait = wait_allowance_s(service, slo.slowdown, slo.slack_s, slo.latency_ms)
+        wait = wait_allowance_s(service, slowdown, slack_s, latency_ms)
         work = traffic.work_by_span(service, self.spec.interval_s)
         envelope, window = burst_slots(work, wait)
-        signals.update(
-            {
-                "offered_load": round(offered, 3),
-                "service_cv2": round(service_cv2, 3),
-                "dispersion": round(dispersion, 3),
-                "wait_allowance_s": round(wait, 3),
-                "steady_slots": float(steady),
-                "steady_slots_hold": float(hold),
-                "envelope_slots": round(envelope, 3),
-                "envelope_window_s": window,
-            }
-        )
-        proposals["steady"] = _need(steady, load.slots_per_instance)
-        proposals["envelope"] = _need(envelope, load.slots_per_instance)
+        signals["offered_load"] = round(offered, 3)
+        signals["service_cv2"] = round(service_cv2, 3)
+        signals["dispersion"] = round(dispersion, 3)
+        signals["wait_allowance_s"] = round(wait, 3)
+        signals["steady_slots"] = float(steady)
+        signals["steady_slots_hold"] = float(hold)
+        signals["envelope_slots"] = round(envelope, 3)
+        signals["envelope_window_s"] = window
+        slots = load.slots_per_instance
+        proposals["steady"] = _need(steady, slots)
+        proposals["envelope"] = _need(envelope, slots)
 
     def _combine(
         self,
@@ -516,9 +530,10 @@ class SluicePolicy:
         spec, t = self.spec, self.spec.targets
         current = load.current
         notes: list[str] = []
-        candidates: dict[str, int] = {
-            k: proposals[k] for k in ("steady", "envelope", "concurrency") if k in proposals
-        }
+        candidates: dict[str, int] = {}
+        for k in ("steady", "envelope", "concurrency"):  # a loop: a comprehension is a call
+            if k in proposals:
+                candidates[k] = proposals[k]
         queue_fires = proposals["queue"] > 0
         if queue_fires:
             candidates["queue"] = proposals["queue"]
@@ -526,7 +541,7 @@ class SluicePolicy:
             candidates["panic"] = max(proposals["panic"], panic_max)
         if proposals.get("kv_cache", 0) > current:  # a leading signal: evidence in itself
             candidates["kv_cache"] = proposals["kv_cache"]
-        winner: str = max(candidates, key=lambda k: candidates[k])
+        winner: str = max(candidates, key=candidates.__getitem__)
         top, rec = winner, candidates[winner]
         target = signals["target_per_instance"]
         busy_ratio = signals["concurrency"] / (max(current, 1) * target)
@@ -537,7 +552,7 @@ class SluicePolicy:
             if (seen := signals.get(value)) is not None
         ]
         lat_ok = bool(known) and all(seen < _LATENCY_OK * goal for _, seen, goal in known)
-        bad = [name for name, seen, goal in known if seen > goal]
+        bad = [name for name, seen, goal in known if seen > goal] if known else []
         # a batching server's own queue is the evidence that its instances are busy: the
         # gateway's slots (max_concurrency) overstate what it serves when prefill or the KV
         # cache bounds it, so concurrency stays far under target and the backlog test

@@ -14,6 +14,7 @@ import struct
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
 
+from sluice.core.frozen import fast_init
 from sluice.policy.autoscale.base import GroupLoad
 from sluice.policy.autoscale.windows import SlidingMean, SlidingMeanPair, Trend
 from sluice.spec.autoscaling import AutoscalingSpec
@@ -63,6 +64,7 @@ class TrafficConfig:
         )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TrafficWindows:
     """Sliding windows over a group's samples, a frozen value: `observe` returns the next
@@ -111,38 +113,40 @@ class TrafficWindows:
         """Feed one sample; `horizon_s` is the longest burst span kept. Returns (the arrivals
         since the previous sample, the windows with the sample in)."""
         c = self.config
-        busy_w = self.busy_w.add(now, float(load.in_flight), float(load.queued))
-        queue_short = self.queue_short.add(now, float(load.queued))
-        at = load.at
+        in_flight, queued, at, arrivals = load.in_flight, load.queued, load.at, load.arrivals
+        busy_w = self.busy_w.add(now, float(in_flight), float(queued))
+        queue_short = self.queue_short.add(now, float(queued))
         ts, ns = self.ts, self.ns
         trend, busy_s = self.trend_w, self.busy_s
         arrived, dt = 0, 0.0
         if ts:
             dt = at - _T.unpack_from(ts, len(ts) - _T.size)[0]
-            arrived = max(0, load.arrivals - _N.unpack_from(ns, len(ns) - _N.size)[0])
+            arrived = arrivals - _N.unpack_from(ns, len(ns) - _N.size)[0]
+            if arrived < 0:  # max(0, arrived) without the call
+                arrived = 0
             if dt > 0:
                 trend = trend.add(at, arrived / dt)
-                busy_s += load.in_flight * dt
+                busy_s += in_flight * dt
         svc = _observe_service(self.svc, load, busy_s, c.service_completions)
         longest = max(c.window_s, c.panic_s, horizon_s, c.memory_s)
         # append, then drop the oldest while the second oldest is at or before the start
         # of the longest window (two are always kept)
         cut = at - longest
-        old = _times(ts)
+        old = memoryview(ts).cast("d")
         j, kept = 0, len(old) + 1
         while kept - j > 2 and old[j + 1] <= cut:
             j += 1
         ts = ts[j * _T.size :] + _T.pack(at)
-        ns = ns[j * _N.size :] + _N.pack(load.arrivals)
+        ns = ns[j * _N.size :] + _N.pack(arrivals)
         dispersion_w = self.dispersion_w
-        tv = _times(ts)
+        tv = memoryview(ts).cast("d")
         i = _start_index(tv, c.panic_s)
-        t0, a0 = tv[i], _counts(ns)[i]
+        t0 = tv[i]
         if dt > 0 and at > t0:
-            e = (load.arrivals - a0) / (at - t0) * dt
+            e = (arrivals - _N.unpack_from(ns, i * _N.size)[0]) / (at - t0) * dt
             dispersion_w = dispersion_w.add(now, e, (arrived - e) ** 2)
         active_at = self.active_at
-        if arrived > 0 or load.in_flight > 0 or load.queued > 0:
+        if arrived > 0 or in_flight > 0 or queued > 0:
             active_at = now
         return arrived, TrafficWindows(
             c,
@@ -164,13 +168,6 @@ class TrafficWindows:
         w = self.dispersion_w.evict(at)
         return self if w is self.dispersion_w else replace(self, dispersion_w=w)
 
-    def _sample(self, span_s: float) -> tuple[tuple[float, int], tuple[float, int]]:
-        """((t, cumulative arrivals) where a window of `span_s` starts (`_start_index`), the
-        same of the newest sample)."""
-        tv, nv = _times(self.ts), _counts(self.ns)
-        i = _start_index(tv, span_s)
-        return (tv[i], nv[i]), (tv[-1], nv[-1])
-
     # -- estimates -------------------------------------------------------------------------
 
     def busy(self, now: float) -> tuple[float, float]:
@@ -184,14 +181,25 @@ class TrafficWindows:
 
     def rate(self) -> tuple[float, float]:
         """(arrivals per second over `targets.window_s`, the span it covers in seconds)."""
-        (t0, a0), (t1, a1) = self._sample(self.config.window_s)
-        span = t1 - t0
-        return ((a1 - a0) / span if span > 0 else 0.0), span
+        rate, span, _ = self.rates()
+        return rate, span
 
     def burst_rate(self) -> float:
         """Arrivals per second over the panic window."""
-        (t0, a0), (t1, a1) = self._sample(self.config.panic_s)
-        return (a1 - a0) / (t1 - t0) if t1 > t0 else 0.0
+        return self.rates()[2]
+
+    def rates(self) -> tuple[float, float, float]:
+        """`rate()` and `burst_rate()` from one look at the samples: (arrivals per second
+        over `targets.window_s`, the span it covers, arrivals per second over the panic
+        window)."""
+        tv, nv = memoryview(self.ts).cast("d"), memoryview(self.ns).cast("q")
+        t1, a1 = tv[-1], nv[-1]
+        i = _start_index(tv, self.config.window_s)
+        span = t1 - tv[i]
+        rate = (a1 - nv[i]) / span if span > 0 else 0.0
+        i = _start_index(tv, self.config.panic_s)
+        t0 = tv[i]
+        return rate, span, ((a1 - nv[i]) / (t1 - t0) if t1 > t0 else 0.0)
 
     def trend(self, at: float) -> tuple[float, float, float] | None:
         """The arrival rate's least-squares line: (value at `at`, slope, its standard error)."""
@@ -221,7 +229,7 @@ class TrafficWindows:
         (within the memory) unless `rate` differs from it by more than `_CHANGE_SIGMAS`
         standard errors (Poisson, times `dispersion`, the index `dispersion()` gives): a real
         change counts within one window, noise does not move the count."""
-        tv, nv = _times(self.ts), _counts(self.ns)
+        tv, nv = memoryview(self.ts).cast("d"), memoryview(self.ns).cast("q")
         lo = _start_index(tv, self.config.memory_s)
         t1, n1 = tv[-1], nv[-1]
         want = n1 - self.config.rate_arrivals
@@ -250,7 +258,7 @@ class TrafficWindows:
     def work_by_span(self, service_s: float, tick_s: float) -> list[tuple[float, float]]:
         """(T, request-seconds that arrived in the last T) for T = tick, 2 tick, 4 tick, ...
         up to the burst horizon."""
-        ts, ns = _times(self.ts), _counts(self.ns)
+        ts, ns = memoryview(self.ts).cast("d"), memoryview(self.ns).cast("q")
         lo = _start_index(ts, self.horizon_s)
         last_at, last_n = ts[-1], ns[-1]
         out: list[tuple[float, float]] = []
@@ -265,16 +273,6 @@ class TrafficWindows:
                 out.append((last_at - t_i, (last_n - n_i) * service_s))
             span *= 2.0
         return out
-
-
-def _times(packed: bytes) -> memoryview[float]:
-    """The packed sample times as a sequence of floats (indexable, bisectable)."""
-    return memoryview(packed).cast("d")
-
-
-def _counts(packed: bytes) -> memoryview[int]:
-    """The packed cumulative counts as a sequence of ints."""
-    return memoryview(packed).cast("q")
 
 
 def _start_index(ts: memoryview[float], span_s: float) -> int:

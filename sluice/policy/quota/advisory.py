@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, replace
 
+from sluice.core.frozen import fast_init
 from sluice.policy.quota.allocate import allocate
 from sluice.policy.quota.model import Allocation, Grant, GroupClaim, PoolState, QuotaState
 from sluice.spec.quota import BudgetSpec
@@ -28,6 +29,7 @@ from sluice.spec.quota import BudgetSpec
 __all__ = ["AdvisedAllocation", "allocate_advised"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AdvisedAllocation:
     """`enforced`: what the controller applies (its `state` is the allocator's memory).

@@ -69,7 +69,8 @@ class _Group:
     __slots__ = (
         "block",
         "c",
-        "cap_why",
+        "cap_borrow",
+        "cap_limit",
         "caps",
         "d",
         "ends",
@@ -113,7 +114,8 @@ class _Group:
         self.caps: list[BudgetCap] = []
         self.block: str | None = None
         self.shortfall = 0
-        self.cap_why = ""
+        self.cap_limit = 0
+        self.cap_borrow = False
         self.ends = 0.0
         self.victim = False
         # who keeps a guarantee and starts first (`_order`), once a round, not per sort
@@ -126,6 +128,16 @@ class _Group:
     @property
     def rate(self) -> float:
         return self.held * self.unit_price
+
+    @property
+    def cap_why(self) -> str:
+        """Why no more starts: the cap `_effective_guarantees` set (worded when read)."""
+        if self.cap_borrow:
+            return (
+                f"borrow_limit {self.q.borrow_limit} reached (guarantee {self.eq} + "
+                f"{self.q.borrow_limit} borrowed, {self.u} per instance)"
+            )
+        return f"limit {self.cap_limit} units reached ({self.u} per instance)"
 
 
 def allocate(
@@ -169,8 +181,9 @@ def allocate(
     live = [g for g in groups if g.usable]
     caps = budget_caps(budget, spent_this_month, unit_hours_this_month, hours_left, "global")
     glob = _Global(caps, other_spend_per_hour, other_units_held)
-    glob.rate += sum(g.rate for g in groups)
-    glob.units += sum(g.held for g in groups)
+    # `g.rate` and `g.held` of every group, without two property calls each
+    glob.rate += sum(((g.kept + g.start) * g.u + g.d) * g.unit_price for g in groups)
+    glob.units += sum((g.kept + g.start) * g.u + g.d for g in groups)
     members: dict[str, list[_Group]] = {p.name: [] for p in pools}
     for g in live:
         members[g.c.pool].append(g)
@@ -210,22 +223,24 @@ def allocate(
         previous.setdefault(x.pool, []).append(x)
     for pool in pools:
         gs = members[pool.name]
-        holdings = [Holding(g.c.name, g.eq, g.held) for g in gs]
+        holdings = [Holding(g.c.name, g.eq, (g.kept + g.start) * g.u + g.d) for g in gs]
         loans += attribute_loans(pool.name, pool.count, holdings, previous[pool.name])
 
     grants: dict[str, Grant] = {}
     refusals: dict[str, str] = {}
     for g in groups:
-        n = min(g.c.wanted, g.kept + g.start) if g.usable else 0
-        if g.c.wanted > n and g.block is None:
+        name, wanted, u = g.c.name, g.c.wanted, g.u
+        n = (wanted if wanted < g.kept + g.start else g.kept + g.start) if g.usable else 0
+        if wanted > n and g.block is None:
             g.block = "no free units"
-        units = n * g.u
-        own = min(units, g.eq)
-        note = f"{n} of {g.c.wanted} wanted instance(s): {own} own + {units - own} borrowed units"
-        if g.c.wanted > n and g.block:
-            refusals[g.c.name] = g.block
+        units = n * u
+        own = units if units < g.eq else g.eq  # min(units, g.eq)
+        note = f"{n} of {wanted} wanted instance(s): {own} own + {units - own} borrowed units"
+        if wanted > n and g.block:
+            refusals[name] = g.block
             note += f"; {g.block}"
-        grants[g.c.name] = Grant(g.c.name, n, own, units - own, note, g.rate, g.held)
+        held = (g.kept + g.start) * u + g.d  # `g.held`, and `g.rate` below
+        grants[name] = Grant(name, n, own, units - own, note, held * g.unit_price, held)
     next_state = QuotaState(claims_since, new_pending, tuple(loans))
     return Allocation(
         grants=grants,
@@ -267,14 +282,11 @@ def _effective_guarantees(pool: PoolState, gs: list[_Group]) -> None:
         g.eq = min(g.q.guaranteed, left)
         left -= g.eq
         limit = pool.count if g.q.limit is None else g.q.limit
-        cap = limit
-        g.cap_why = f"limit {limit} units reached ({g.u} per instance)"
+        cap = g.cap_limit = limit  # `g.cap_why` words it, when a refusal reads it
+        g.cap_borrow = False
         if g.q.borrow_limit is not None and g.eq + g.q.borrow_limit < cap:
             cap = g.eq + g.q.borrow_limit
-            g.cap_why = (
-                f"borrow_limit {g.q.borrow_limit} reached (guarantee {g.eq} + "
-                f"{g.q.borrow_limit} borrowed, {g.u} per instance)"
-            )
+            g.cap_borrow = True
         # Starts keep held units (draining included) <= cap; running ones above cap // u (the
         # spec lowered the cap) count as draining: the controller scales down to the grant.
         g.max_inst = max(0, (cap - g.d) // g.u)
@@ -329,6 +341,8 @@ def _cut_over_capacity(
     """Step 2: the pool has fewer units than running instances hold: drain the excess now."""
     deficit = sum(g.kept * g.u for g in gs) - pool.count
     out: list[Reclaim] = []
+    if deficit <= 0:  # most rounds: no order needed
+        return out
     for g in sorted(gs, key=_victim_order):
         if deficit <= 0:
             break
@@ -413,12 +427,17 @@ def _grow(g: _Group, n: int, glob: _Global) -> None:
 
 def _own_starts(pool: PoolState, gs: list[_Group], glob: _Global) -> None:
     """Step 4: starts within each group's effective guarantee, if units are free now."""
-    free = pool.count - sum(g.held for g in gs)
-    for g in sorted(gs, key=lambda g: (g.ends, *g.order)):
+    free = pool.count - sum((g.kept + g.start) * g.u + g.d for g in gs)  # `g.held`s
+    # a group's want is its own (its claim, its caps): only those that want a start are
+    # ordered (most rounds none), in the order of the whole pool's (its keys are unique)
+    wanting = []
+    for g in gs:
         target = min(g.c.wanted, g.max_inst, g.eq // g.u)
+        if target - g.kept > 0:
+            wanting.append((g, target))
+    wanting.sort(key=lambda gt: (gt[0].ends, *gt[0].order))
+    for g, target in wanting:
         want = target - g.kept
-        if want <= 0:
-            continue
         n = _budget_room(g, min(want, max(0, free) // g.u), glob)
         _grow(g, n, glob)
         free -= n * g.u
@@ -484,7 +503,7 @@ def _reclaim(
 
 def _borrow(pool: PoolState, gs: list[_Group], glob: _Global) -> None:
     """Step 6: lend unassigned units and idle lendable guarantees, one instance at a time."""
-    free = pool.count - sum(g.held for g in gs)
+    free = pool.count - sum((g.kept + g.start) * g.u + g.d for g in gs)  # `g.held`s
     protected = {g.c.name: _protected(g) for g in gs}
     spare = free - sum(protected.values())
     heap = [

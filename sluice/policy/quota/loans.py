@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from sluice.core.frozen import fast_init
 from sluice.policy.quota.model import Loan
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
 ]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Holding:
     """Units a group holds in a pool (running + draining) against its effective guarantee."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from sluice.core.frozen import fast_init
 from sluice.policy.quota.model import Allocation
 
 __all__ = ["TOTAL", "Meter"]
@@ -25,6 +26,7 @@ def _month_of(now: float) -> str:
     return datetime.fromtimestamp(now, tz=UTC).strftime("%Y-%m")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Meter:
     """Month-to-date spend (price units) and accelerator-hours per group; `TOTAL` for all.

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
+from sluice.core.frozen import fast_init
 from sluice.spec.quota import BudgetSpec, QuotaSpec
 
 __all__ = [
@@ -57,6 +58,7 @@ class RunningInstance:
     started_at: float
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GroupClaim:
     """One group's ask this tick.
@@ -85,6 +87,7 @@ class GroupClaim:
     unit_hours_this_month: float = 0.0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Loan:
     """`borrower` holds `units` above its guarantee, lent by `lender`'s idle guarantee, or by
@@ -96,6 +99,7 @@ class Loan:
     units: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PendingReclaim:
     """An instance the allocator asked to drain, remembered until it leaves `running`."""
@@ -107,6 +111,7 @@ class PendingReclaim:
     reason: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class QuotaState:
     """The allocator's memory between rounds; save `to_json()` to survive restarts.
@@ -144,6 +149,7 @@ class QuotaState:
         )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Grant:
     """`instances`: how many the group runs now, <= wanted: the controller's target replicas
@@ -162,6 +168,7 @@ class Grant:
     units_held: int = 0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Reclaim:
     """Drain `instance_ids` of `borrower` (newest first) so `lender` gets `units` back; `lender`
@@ -176,6 +183,7 @@ class Reclaim:
     drain_deadline: float
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Allocation:
     """One round's decision. `refusals`: group -> why a wanted start is refused. `wake_at`:
