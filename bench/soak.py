@@ -29,6 +29,12 @@ only because more instances have served; bounded by the pools), anything else (f
 pipes, accepted or half-closed sockets, sockets to instances that are gone) is what a
 leak would show as.
 
+`--tracemalloc DIR` (debugging, slows `sluice up`): runs `sluice up` with
+`SLUICE_TRACEMALLOC_DIR=DIR` (`sluice.cli.heapdump`), has it dump a heap snapshot by
+SIGUSR2 before the load (which starts tracing), at `--dump-at` minutes (3) and at the end
+of the load, and reports the top growers of each interval (`compare_to(..., "traceback")`)
+under `tracemalloc` with the RSS at each dump. Its RSS slopes are not the bare process's.
+
 Exit status: 1 if there was any unexpected failure or the fds other than connections to
 live instances grew by more than `--fd-slack` (5), `growth_not_pooled`; 0 otherwise.
 Every process it started is stopped on the way out (SIGTERM to `sluice up`, then SIGKILL
@@ -42,6 +48,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -49,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,10 +125,13 @@ def log(msg: str) -> None:
 
 
 class Platform:
-    """One `sluice up` on `home`, and its control API with the admin token."""
+    """One `sluice up` on `home`, and its control API with the admin token; `heap_dir`:
+    where it dumps heap snapshots on SIGUSR2 (None: it does not)."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, heap_dir: Path | None = None) -> None:
         self.home = home
+        self.heap_dir = heap_dir
+        self.dumps = 0
         self.proc: subprocess.Popen[str] | None = None
         self.endpoint = ""
         self.control = ""
@@ -133,6 +144,8 @@ class Platform:
         env = {**os.environ, "SLUICE_HOME": str(self.home)}
         env.pop("SLUICE_TOKEN", None)
         cmd = [sys.executable, "-m", "sluice", "up", "-f", str(spec), "--log-level", "warning"]
+        if self.heap_dir is not None:  # not passed on to the workers (no SLUICE_* is)
+            env["SLUICE_TRACEMALLOC_DIR"] = str(self.heap_dir)
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
@@ -200,6 +213,15 @@ class Platform:
     def rollout_phase(self, name: str) -> str:
         (r,) = [r for r in self.get("/v1/rollouts") if r["name"] == name]
         return str(r["phase"])
+
+    def dump_heap(self) -> Path:
+        """Have `sluice up` write a heap snapshot (SIGUSR2) and wait for it."""
+        assert self.proc is not None and self.heap_dir is not None
+        self.dumps += 1
+        path = self.heap_dir / f"{self.proc.pid}-{self.dumps}.tracemalloc"
+        self.proc.send_signal(signal.SIGUSR2)
+        wait(f"heap snapshot {path.name}", path.exists, 300)
+        return path
 
     def stop(self) -> int | None:
         code = None
@@ -420,7 +442,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def soak(args: argparse.Namespace, home: Path) -> dict[str, Any]:
-    p = Platform(home)
+    p = Platform(home, None if args.tracemalloc is None else Path(args.tracemalloc))
     started = time.monotonic()
     p.start()
     try:
@@ -526,6 +548,8 @@ def drive(args: argparse.Namespace, p: Platform, started: float) -> dict[str, An
     time.sleep(2.0)
     fds_before = fd_count(up_pid)
     kinds_before = p.fds()
+    heap = HeapDumps(p)
+    heap.dump("before the load")
     load = Load(p.endpoint, {"m-chat": args.rate, "m-risk": args.risk_rate}, seconds)
     wall = time.time() - time.monotonic()
     load.run()
@@ -536,11 +560,15 @@ def drive(args: argparse.Namespace, p: Platform, started: float) -> dict[str, An
     next_scale = t0 + args.scale_every * 0.8
     next_bad = t0 + min(args.bad_rollout_every / 2, seconds / 2)
     good_at: float | None = t0 + seconds / 3
+    dump_at: float | None = t0 + args.dump_at * 60 if args.dump_at * 60 < seconds else None
     next_progress = t0 + 30
     while (now := time.monotonic()) < t0 + seconds:
         if now >= next_sample:
             next_sample += args.sample_s
             d.sample(up_pid)
+        if dump_at is not None and now >= dump_at:
+            dump_at = None
+            heap.dump(f"minute {args.dump_at:g}", background=True)
         if now >= next_kill:
             next_kill += args.kill_every
             d.act("kill", d.kill)
@@ -566,6 +594,7 @@ def drive(args: argparse.Namespace, p: Platform, started: float) -> dict[str, An
         time.sleep(0.2)
 
     outcomes = load.finish()
+    heap.dump("end of the load")
     log(f"load done: {len(outcomes)} requests")
     for run in d.active.values():  # still stepping at the end: its window lasts to the end
         run.update(phase="still running at the end", end=time.monotonic())
@@ -581,7 +610,97 @@ def drive(args: argparse.Namespace, p: Platform, started: float) -> dict[str, An
         "tcp_to_live_instance", 0
     )
     fds.update(growth_not_pooled=fds["growth"] - pooled)
-    return summarize(args, outcomes, d, fds, {"before": kinds_before, "after": kinds_after})
+    result = summarize(args, outcomes, d, fds, {"before": kinds_before, "after": kinds_after})
+    if p.heap_dir is not None:
+        result["tracemalloc"] = heap.growth()
+    return result
+
+
+class HeapDumps:
+    """Heap snapshots of `sluice up` (`--tracemalloc`; nothing otherwise), each with its
+    label and the RSS when it was asked for."""
+
+    def __init__(self, p: Platform) -> None:
+        self.p = p
+        self.taken: list[tuple[str, float | None, Path]] = []
+        self.pending: threading.Thread | None = None
+
+    def dump(self, label: str, background: bool = False) -> None:
+        if self.p.heap_dir is None:
+            return
+        assert self.p.proc is not None
+        rss = rss_mb(self.p.proc.pid)
+        rss = None if rss is None else round(rss, 1)
+
+        def take() -> None:
+            path = self.p.dump_heap()
+            self.taken.append((label, rss, path))
+            log(f"heap snapshot at {label}: {path}")
+
+        if self.pending is not None:
+            self.pending.join()
+        self.pending = threading.Thread(target=take, daemon=True)
+        self.pending.start()
+        if not background:
+            self.pending.join()
+
+    def growth(self, top: int = 15) -> list[dict[str, Any]]:
+        """Per interval between snapshots: RSS and traced bytes at both ends, and the top
+        growers by allocation site (`lineno`) and by whole traceback."""
+        if self.pending is not None:
+            self.pending.join()
+        own = tracemalloc.Filter(False, tracemalloc.__file__)
+        out: list[dict[str, Any]] = []
+        older = None
+        for (label0, rss0, path0), (label1, rss1, path1) in zip(
+            self.taken, self.taken[1:], strict=False
+        ):
+            if older is None:
+                older = tracemalloc.Snapshot.load(str(path0)).filter_traces([own])
+            newer = tracemalloc.Snapshot.load(str(path1)).filter_traces([own])
+            by_line = newer.compare_to(older, "lineno")
+            by_tb = newer.compare_to(older, "traceback")
+            traced = [sum(t.size for t in s.traces) for s in (older, newer)]
+            out.append(
+                {
+                    "from": label0,
+                    "to": label1,
+                    "rss_mb": [rss0, rss1],
+                    "traced_mb": [round(b / 2**20, 2) for b in traced],
+                    "native_mb": native_mb(path0, path1),
+                    "by_line": [
+                        {
+                            "kb": round(st.size_diff / 1024, 1),
+                            "count": st.count_diff,
+                            "at": short_frame(st.traceback[-1]),
+                        }
+                        for st in by_line[:top]
+                    ],
+                    "by_traceback": [
+                        {
+                            "kb": round(st.size_diff / 1024, 1),
+                            "count": st.count_diff,
+                            "stack": [short_frame(f) for f in st.traceback][-10:],
+                        }
+                        for st in by_tb[:top]
+                    ],
+                }
+            )
+            older = newer
+        return out
+
+
+def native_mb(*dumps: Path) -> dict[str, list[float]]:
+    """`sluice.cli.heapdump.native_memory` beside each dump, MB: what tracemalloc misses."""
+    read = [json.loads(p.with_suffix(".json").read_text()) for p in dumps]
+    return {k: [round(r[k] / 2**20, 2) for r in read] for k in read[0] if k in read[-1]}
+
+
+def short_frame(frame: tracemalloc.Frame) -> str:
+    """`path:line`, the path from the package (or library) root on."""
+    name = re.sub(r"^.*/(site-packages|lib/python3\.\d+)/", "", frame.filename)
+    name = name.removeprefix(f"{Path(__file__).resolve().parent.parent}/")
+    return f"{name}:{frame.lineno}"
 
 
 def summarize(
@@ -678,6 +797,13 @@ def main() -> int:
     ap.add_argument("--fd-slack", type=int, default=5)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the state directory")
+    ap.add_argument(
+        "--tracemalloc",
+        metavar="DIR",
+        default=None,
+        help="run sluice up under tracemalloc, dump heap snapshots to DIR, report growers",
+    )
+    ap.add_argument("--dump-at", type=float, default=3.0, help="minute of the middle dump")
     args = ap.parse_args()
     if min(args.rate, args.risk_rate) <= 0 or max(args.rate, args.risk_rate) > 200:
         ap.error("rates must be in (0, 200] requests per second")

@@ -25,6 +25,7 @@ from typing import TextIO
 import uvicorn
 from fastapi import APIRouter
 
+from sluice.cli import heapdump
 from sluice.cli.common import state_store
 from sluice.cli.control_port import PortInUse, bind_control, control_socket
 from sluice.cli.serving import QuietServer, keep_serving, quiet_store_outages, until_stopped
@@ -187,6 +188,7 @@ class _Up:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, self.request_stop, True, "Ctrl-C (SIGINT)")
         loop.add_signal_handler(signal.SIGTERM, self.request_stop, False, "SIGTERM")
+        heapdump.install(loop)  # debugging only: off unless its variable is set
         health = await self._health_server()
         led = False
         try:
