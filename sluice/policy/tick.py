@@ -174,8 +174,20 @@ def clipped(
     """What quota (`granted` instances, standby included) and a rollout's baseline floor
     leave of the decision: (count, guards that clipped it, reason). S11: a quota or budget
     refusal shows as the guard that clipped it; C2: a baseline keeps its count."""
+    return _clipped(group, decision, granted, floor, allocation, standby(group))
+
+
+def _clipped(
+    group: GroupSpec,
+    decision: Decision,
+    granted: int,
+    floor: int,
+    allocation: Allocation,
+    standby_count: int,
+) -> tuple[int, tuple[str, ...], str]:
+    """`clipped`, the group's `standby` given (the tick has it in its index)."""
     want = max(decision.desired, floor)
-    desired = min(want, max(0, granted - standby(group)))
+    desired = min(want, max(0, granted - standby_count))
     guards, reason = decision.clipped_by, decision.reason
     if want > decision.desired:
         guards += ("rollout",)
@@ -193,13 +205,16 @@ def decide(inp: TickInput) -> TickDecision:
     by_group = _by_group(inp.observed)
     decisions: dict[str, Decision] = {}
     memories: dict[str, Any] = {}
+    groups, scalers, now, holds = index.groups, inp.scalers, inp.now, inp.holds
     for name, load in inp.loads.items():
-        if name not in index.groups:
+        if name not in groups:
             continue
-        policy = inp.scalers[name]
+        policy = scalers[name]
         memory = inp.memories[name] if name in inp.memories else policy.initial()
-        d, memories[name] = policy.step(memory, load, inp.now)
-        decisions[name] = _promoted(_held(d, load, inp.holds.get(name)), load)
+        d, memories[name] = policy.step(memory, load, now)
+        if holds:
+            d = _held(d, load, holds.get(name))
+        decisions[name] = _promoted(d, load) if load.standby_in_rotation > d.desired else d
     standbys = index.standby
     wanted = {name: inp.counts.get(name, n) + standbys[name] for name, n in index.counts.items()}
     for name, d in decisions.items():
@@ -334,13 +349,20 @@ def _settle(
         asked = {n: max(d.desired, inp.floors.get(n, 0)) for n, d in advising.items()}
         shown = [dataclasses.replace(c, wanted=asked.get(c.name, c.wanted)) for c in claims]
         preview = _allocate(index, shown, inp, alloc.state, advised.advice.state).enforced
+    groups, loads, floors, scalers, standbys = (
+        index.groups,
+        inp.loads,
+        inp.floors,
+        inp.scalers,
+        index.standby,
+    )
     for name, d in decisions.items():
         advisory = name in advising
         basis = preview if advisory and preview is not None else alloc
-        g, load = index.groups[name], inp.loads[name]
-        floor = inp.floors.get(name, 0)
-        count, guards, reason = clipped(g, d, basis.grants[name].instances, floor, basis)
-        scaled.append(Scaled(g, load, d, inp.scalers[name].name, count, guards, reason, advisory))
+        g, load = groups[name], loads[name]
+        granted = basis.grants[name].instances
+        count, guards, reason = _clipped(g, d, granted, floors.get(name, 0), basis, standbys[name])
+        scaled.append(Scaled(g, load, d, scalers[name].name, count, guards, reason, advisory))
         if not advisory and count != load.current:
             counts[name] = count
     return scaled, counts, preview

@@ -56,8 +56,13 @@ def attribute_loans(
             supply[lender] -= n
             got[(lender, borrower)] = got.get((lender, borrower), 0) + n
 
-    for loan in previous:
-        give(loan.lender, loan.borrower, loan.units)
+    for loan in previous:  # `give`, inline: last round's loans are most of a round's
+        lender, borrower = loan.lender, loan.borrower
+        n = min(loan.units, need.get(borrower, 0), supply.get(lender, 0))
+        if n > 0:
+            need[borrower] -= n
+            supply[lender] -= n
+            got[(lender, borrower)] = got.get((lender, borrower), 0) + n
     lenders = sorted(supply, key=lambda k: (k is not None, -supply[k], k or ""))
     at = 0
     for borrower in sorted(need):
