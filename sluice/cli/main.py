@@ -274,8 +274,9 @@ def get_instances(
     home: HomeOpt = None,
     control: ControlOpt = None,
 ) -> None:
-    """Instances with state, tier (stable: on the group's guaranteed units; burst: above
-    them, first to go), address and the reason for their last change."""
+    """Instances with state (a sleeping standby's: "ready, asleep"), tier (stable: on the
+    group's guaranteed units; burst: above them, first to go), address and the reason for
+    their last change."""
 
     def render(items: list[dict[str, Any]]) -> None:
         accel = any(i.get("accelerator") for i in items)  # a pool lists devices
@@ -285,7 +286,7 @@ def get_instances(
             t.add_row(
                 i["id"],
                 i["group"],
-                i["state"],
+                f"{i['state']}, asleep" if i.get("asleep") else i["state"],
                 i.get("tier") or "-",
                 i["url"] or "-",
                 str(i["pid"] or "-"),

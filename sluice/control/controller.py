@@ -685,6 +685,10 @@ class Controller:
         """`stable` (on its group's guaranteed units) or `burst`, as of the last tick."""
         return self._tiers.get(instance_id)
 
+    def asleep(self, instance_id: str) -> bool:
+        """A sleeping standby this controller put to sleep (or adopted and counts asleep)."""
+        return instance_id in self._sleepers.asleep
+
     def _pool_held_by_others(self, spec: PlatformSpec, group: GroupSpec) -> int:
         return sum(
             self._instances_wanted(g) * g.resources.accelerators

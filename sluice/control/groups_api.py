@@ -117,6 +117,7 @@ def group_routes(
                 "reason": s.reason,
                 "devices": s.labels.get("devices", ""),
                 "tier": controller.tier(s.id),
+                "asleep": controller.asleep(s.id),
                 "accelerator": controller.accelerators.instance_json(s.id),
             }
             for s in sorted(statuses(), key=lambda s: (s.group, s.created_at))

@@ -58,15 +58,16 @@ class RoutingPublisher:
         sleeping: dict[str, list[Endpoint]] = {}
         placed: dict[str, StandbySplit] = {}
         for g in spec.groups:
-            a = g.autoscaling
-            if a is None or not (a.warm_standby or a.sleeping_standby) or g.name not in ready:
+            a, mine = g.autoscaling, ready.get(g.name, ())
+            warm = a.warm_standby if a is not None else 0
+            dozing = a.sleeping_standby if a is not None else 0
+            # (a group that no longer keeps sleeping standby has its sleepers woken)
+            if not mine or not (warm or dozing or any(e.instance_id in asleep for e in mine)):
                 continue
-            split = split_standby(
-                ready[g.name], serving(g.name), a.warm_standby, a.sleeping_standby, asleep, routed
-            )
+            split = split_standby(mine, serving(g.name), warm, dozing, asleep, routed)
             ready[g.name], standby[g.name] = list(split.rotation), list(split.warm)
             sleeping[g.name] = list(split.sleeping)
-            if a.sleeping_standby:
+            if dozing or split.sleeping or split.to_sleep:
                 placed[g.name] = split
         key = (
             epoch,

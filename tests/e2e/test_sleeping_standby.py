@@ -87,6 +87,8 @@ def test_a_burst_wakes_the_sleeping_standby_and_a_new_one_goes_to_sleep(tmp_path
         before = [i["id"] for i in api.ready("chat")]
         kinds = [e["kind"] for e in api.events("chat") if e.get("instance") == sleeper]
         assert "asleep" in kinds, kinds
+        listed = {i["id"]: i["asleep"] for i in s.instances("chat")}
+        assert listed == {**dict.fromkeys(listed, False), sleeper: True}, listed
         assert s.cli("get", "groups", "--json")[0]["desired"] == 1
 
         # a burst of three on one 1-slot instance: two wait, the gateway wakes the sleeper

@@ -68,3 +68,9 @@ def test_no_instance_is_in_two_places_and_no_asleep_one_is_routed(
     assert not set(ids(split.to_sleep)) & routed_ids
     assert len(split.rotation) <= serving
     assert set(ids(split.to_wake)) <= asleep_ids
+
+
+def test_a_group_that_no_longer_keeps_sleeping_standby_has_its_sleepers_woken() -> None:
+    split = split_standby(eps(3), serving=2, warm=0, sleeping=0, asleep={"i2"})
+    assert ids(split.rotation) == ["i0", "i1"] and ids(split.to_wake) == ["i2"]
+    assert split.warm == () and ids(split.sleeping) == ["i2"]
