@@ -8,7 +8,8 @@ was generating. A call that fails is tried again on a later tick, not sooner tha
 `RETRY_S`. What sleeps is this controller's memory: a controller that adopts running
 instances (a restart, a takeover) cannot know which sleep, so it counts them asleep (never
 routed before a wake, which an awake server answers at once) and sends a sleep to those in
-sleeping places (which a sleeping server takes as done).
+sleeping places (which a sleeping server takes as done), until each answers `status_path`
+(vLLM's GET /is_sleeping), which settles it in milliseconds.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ RETRY_S = 5.0
 """The least time between two failed tries of the same call on the same instance."""
 POLL_S = 0.2
 """How often the in-flight count is read while an instance waits to be put to sleep."""
+ASK_S = 5.0
+"""How long an adopted instance has to say whether it sleeps."""
 
 
 class Sleepers:
@@ -71,22 +74,24 @@ class Sleepers:
 
     def act(self, spec: PlatformSpec, placed: Mapping[str, StandbySplit]) -> None:
         """Start the sleeps and wakes the placements ask for (each instance one call at a
-        time); forget instances no longer placed."""
+        time); ask adopted instances whether they sleep; forget instances no longer placed."""
         present = {e.instance_id for s in placed.values() for e in _all(s)}
-        for iid in present - self._known:
-            if self._adopted(iid):
-                self.asleep.add(iid)
-                self._doubtful.add(iid)
-        self._known = present
         for gone in [i for i in self.asleep | set(self._failed_at) if i not in present]:
             self.asleep.discard(gone)
             self._doubtful.discard(gone)
             self._failed_at.pop(gone, None)
+        known, self._known = self._known, present
         for group, split in placed.items():
             g = spec.group(group)
             sleep = _sleep_of(g) if g is not None else None
             if sleep is None or g is None:
                 continue
+            for ep in _all(split):
+                if ep.instance_id not in known and self._adopted(ep.instance_id):
+                    self.asleep.add(ep.instance_id)  # until it says otherwise: not routed
+                    self._doubtful.add(ep.instance_id)
+                    if sleep.status_path is not None:
+                        self._start(ep, self._ask(group, ep, sleep.status_path))
             unsure = tuple(e for e in split.sleeping if e.instance_id in self._doubtful)
             for ep in split.to_sleep + unsure:
                 self._start(ep, self._sleep(group, ep, sleep, g.drain_timeout_s))
@@ -150,12 +155,33 @@ class Sleepers:
             group, iid, "woken", f"woken by the controller in {self._now() - started:.1f}s"
         )
 
-    async def _post(self, ep: Endpoint, path: str, timeout_s: float) -> str | None:
-        """POST `path` on the instance; None when it answered 2xx, else why not."""
+    async def _ask(self, group: str, ep: Endpoint, path: str) -> None:
+        """An adopted instance: does it sleep? An answer settles it; none leaves it counted
+        asleep (woken before it is routed, put to sleep again where it is not needed)."""
+        iid = ep.instance_id
+        try:
+            r = await self._http().get(f"http://{ep.host}:{ep.port}{path}", timeout=ASK_S)
+            sleeping = r.json().get("is_sleeping") if r.is_success else None
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.warning("%s: %s did not say whether it sleeps: %s", group, iid, exc)
+            return
+        if not isinstance(sleeping, bool):
+            log.warning("%s: %s did not say whether it sleeps (%s)", group, iid, r.status_code)
+            return
+        self._doubtful.discard(iid)
+        if not sleeping:
+            self.asleep.discard(iid)
+            self._changed()
+
+    def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(trust_env=False)
+        return self._client
+
+    async def _post(self, ep: Endpoint, path: str, timeout_s: float) -> str | None:
+        """POST `path` on the instance; None when it answered 2xx, else why not."""
         try:
-            r = await self._client.post(f"http://{ep.host}:{ep.port}{path}", timeout=timeout_s)
+            r = await self._http().post(f"http://{ep.host}:{ep.port}{path}", timeout=timeout_s)
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}"[:300]
         return None if r.is_success else f"HTTP {r.status_code}: {r.text[:200]}"

@@ -98,6 +98,11 @@ class SleepSpec(_Strict):
     sleep_path: UrlPath = "/sleep"
     level: Literal[1, 2] = Field(default=1, description="1: weights to host memory; 2: dropped")
     wake_path: UrlPath = "/wake_up"
+    status_path: UrlPath | None = Field(
+        default="/is_sleeping",
+        description='GET: {"is_sleeping": true|false}, asked of instances a restarted '
+        "controller adopts (unset: it counts them asleep and wakes what it routes)",
+    )
     wake_timeout_s: float = Field(
         default=30.0, gt=0, le=600, description="a wake that takes longer has failed"
     )

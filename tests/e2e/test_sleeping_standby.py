@@ -7,6 +7,8 @@ cannot help a burst in time: only the sleeping one can.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -61,7 +63,19 @@ def sleep_state(instance: dict[str, Any]) -> dict[str, Any]:
 
 
 def asleep(api: Api) -> list[str]:
-    return [i["id"] for i in api.ready("chat") if sleep_state(i)["is_sleeping"]]
+    """The ready instances whose servers say they sleep (one that is gone says nothing)."""
+    out = []
+    for i in api.ready("chat"):
+        try:
+            if sleep_state(i)["is_sleeping"]:
+                out.append(i["id"])
+        except httpx.ConnectError:
+            continue
+    return out
+
+
+def ids(api: Api) -> list[str]:
+    return [i["id"] for i in api.ready("chat")]
 
 
 def ask(s: Sluice) -> tuple[int, float, str]:
@@ -114,3 +128,47 @@ def test_a_burst_wakes_the_sleeping_standby_and_a_new_one_goes_to_sleep(tmp_path
         # no request ever reached a sleeping server
         for inst in api.ready("chat"):
             assert sleep_state(inst)["refused"] == 0, inst
+
+
+def test_the_sleeper_replaces_a_dead_instance_and_a_restart_keeps_who_sleeps(
+    tmp_path: Path,
+) -> None:
+    """The serving instance dies: the sleeping standby is woken to serve in its place (a
+    wake, not a 15 s start) and its replacement goes to sleep. Then a killed `sluice up`
+    leaves its instances running and the next one adopts them without knowing which
+    sleeps: it routes none before a wake (an awake server answers one at once) and sends a
+    sleep to the one in the sleeping place (a sleeping one takes it as done), so requests
+    are answered and none ever reaches a sleeping server."""
+    with running(tmp_path, SPEC, "chat's two", lambda s: len(s.ready("chat")) == 2, 120) as s:
+        with Api(s) as api:
+            wait_until("the standby asleep", lambda: len(asleep(api)) == 1, 20)
+            (sleeper,) = asleep(api)
+            (serving,) = [i for i in api.ready("chat") if i["id"] != sleeper]
+            os.kill(serving["pid"], signal.SIGKILL)
+            wait_until("the sleeper awake", lambda: not asleep(api), 20)
+            code, _, iid = ask(s)
+            assert (code, iid) == (200, sleeper)
+            wait_until("its replacement asleep", lambda: len(asleep(api)) == 1, 60)
+            assert serving["id"] not in ids(api) and sleeper not in asleep(api)
+            woke = [e for e in api.events("chat") if e.get("instance") == sleeper]
+            assert any(e["kind"] == "woken" for e in woke), woke
+            (sleeper,) = asleep(api)
+            both = set(ids(api))
+        s.kill()
+        s.start(with_spec=False)
+        with Api(s) as api:
+            wait_until("both adopted", lambda: set(ids(api)) == both, 60)
+            s.wait_routing()
+
+            def listed() -> dict[str, bool]:
+                return {i["id"]: i["asleep"] for i in s.instances("chat")}
+
+            # each says whether it sleeps (GET /is_sleeping): known at once, no role swapped
+            expected = {**dict.fromkeys(both, False), sleeper: True}
+            wait_until("who sleeps known", lambda: listed() == expected, 10)
+            for _ in range(3):  # one at a time: the serving one answers, nothing waits
+                code, seconds, iid = ask(s)
+                assert code == 200 and iid != sleeper and seconds < 1.5, (code, seconds, iid)
+            assert asleep(api) == [sleeper]
+            for inst in api.ready("chat"):
+                assert sleep_state(inst)["refused"] == 0, inst
