@@ -166,7 +166,7 @@ def test_a_drill_passes_where_autoscaling_can_follow_and_fails_at_a_low_max(
         args = ["--peak", peaks[group], *shape, "--report", str(tmp_path / group)]
         try:
             results[group] = sluice(platform, "drill", group, *args)
-        except BaseException as e:  # noqa: BLE001 - shown by the assert below, with its cause
+        except BaseException as e:  # shown by the assert below, with its cause
             failures[group] = e
 
     threads = [threading.Thread(target=one, args=(g,)) for g in ("elastic", "capped")]
