@@ -21,7 +21,7 @@ from sluice.gateway.metrics import GroupMetrics
 from sluice.policy import build_routing_snapshot
 from sluice.policy.autoscale.base import TrafficSample
 from sluice.policy.gateways import GatewayBook, Share, merge_status, share_endpoints
-from sluice.policy.routing import Endpoint, RoutingSnapshot
+from sluice.policy.routing import STANDBY_HOLD_S, Endpoint, GroupTraffic, RoutingSnapshot
 from sluice.policy.snapshot_wire import (
     sample_from_json,
     sample_to_json,
@@ -184,6 +184,36 @@ def test_warm_standby_in_rotation_is_the_most_any_gateway_routes_to_now() -> Non
     assert book.traffic(now=1.0)["chat"].standby_in_rotation == 3
     book.push("gw-b", "boot-1", {"chat": promoted(12, 0)}, now=6.5)  # gw-a gone
     assert book.traffic(now=6.5)["chat"].standby_in_rotation == 0
+
+
+def test_sleeping_standby_woken_is_any_gateways_and_only_while_it_says_so() -> None:
+    def woke(arrivals: int, *ids: str) -> TrafficSample:
+        return dataclasses.replace(sample(arrivals), woken=ids)
+
+    book = GatewayBook(ttl_s=5.0)
+    book.push("gw-a", "boot-1", {"chat": woke(10, "i2")}, now=0.0)
+    book.push("gw-b", "boot-1", {"chat": woke(5, "i3", "i2")}, now=0.0)
+    assert book.traffic(now=0.0)["chat"].woken == ("i2", "i3")
+    book.push("gw-a", "boot-1", {"chat": woke(11)}, now=1.0)
+    book.push("gw-b", "boot-1", {"chat": woke(6, "i3")}, now=1.0)
+    assert book.traffic(now=1.0)["chat"].woken == ("i3",)
+    book.push("gw-a", "boot-1", {"chat": woke(12)}, now=6.5)  # gw-b gone
+    assert book.traffic(now=6.5)["chat"].woken == ()
+
+
+def test_a_woken_sleeper_is_warm_standby_in_rotation_until_its_hold_ends() -> None:
+    rt = GroupRuntime("chat", GroupMetrics())
+    serving, asleep = Endpoint("a", "h", 1, 1), Endpoint("s", "h", 2, 1)
+    rt.configure(GroupTraffic(), (serving,), now=0.0, sleeping=(asleep,))
+    assert rt.sleeping == (asleep,) and rt.standby == () and rt.endpoints == (serving,)
+    rt.awake("s", now=1.0)
+    assert rt.sleeping == () and rt.standby == (asleep,) and rt.endpoints == (serving, asleep)
+    assert rt.traffic_sample(at=1.0).woken == ("s",)
+    # the controller has not heard yet: its next snapshot still lists it as sleeping
+    rt.configure(GroupTraffic(), (serving,), now=2.0, sleeping=(asleep,))
+    assert rt.endpoints == (serving, asleep) and rt.traffic_sample(at=2.0).woken == ("s",)
+    assert not rt.demote(now=1.0 + STANDBY_HOLD_S + 1)  # the hold is over, nothing waits
+    assert rt.endpoints == (serving,) and rt.traffic_sample(at=40.0).woken == ()
 
 
 def test_a_groups_sample_adds_up_its_tenants_tokens() -> None:
