@@ -231,6 +231,7 @@ def allocate(
 
     grants: dict[str, Grant] = {}
     refusals: dict[str, str] = {}
+    notes: dict[tuple[int, int, int, int], str] = {}  # most groups' counts repeat others'
     for g in groups:
         name, wanted, u = g.c.name, g.c.wanted, g.u
         n = (wanted if wanted < g.kept + g.start else g.kept + g.start) if g.usable else 0
@@ -238,7 +239,12 @@ def allocate(
             g.block = "no free units"
         units = n * u
         own = units if units < g.eq else g.eq  # min(units, g.eq)
-        note = f"{n} of {wanted} wanted instance(s): {own} own + {units - own} borrowed units"
+        counted = (n, wanted, own, units - own)
+        note = notes.get(counted)
+        if note is None:
+            note = notes[counted] = (
+                f"{n} of {wanted} wanted instance(s): {own} own + {units - own} borrowed units"
+            )
         if wanted > n and g.block:
             refusals[name] = g.block
             note += f"; {g.block}"
