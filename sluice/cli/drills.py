@@ -35,7 +35,9 @@ def _result(fire: dict[str, Any] | None) -> str:
     detail = fire["detail"]
     why = detail.get("error") or detail.get("reason") or "; ".join(detail.get("reasons", []))
     run_ref = f" (run {fire['run_id']})" if fire.get("run_id") else ""
-    return f"{fire['status']}{run_ref}" + (f": {why}" if why else "")
+    handed = detail.get("handed_back")
+    back = "" if not handed else "; handed back" if handed.get("done") else "; NOT handed back"
+    return f"{fire['status']}{run_ref}{back}" + (f": {why}" if why else "")
 
 
 @drills_app.callback()

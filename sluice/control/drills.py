@@ -304,6 +304,7 @@ class DrillScheduler:
             "reasons": doc.get("judgement", {}).get("reasons", []),
             "milestones": doc.get("judgement", {}).get("milestones", {}),
             "exit_code": proc.returncode,
+            "handed_back": doc.get("handed_back"),
         }
         return status, stored.get("id"), detail
 

@@ -129,6 +129,9 @@ def test_a_drill_fires_on_its_cron_with_its_own_short_lived_token(platform: Slui
     ]
     assert run["actor"] == token and run["mode"] == "live"
     assert run["verdict"] == fire["detail"]["verdict"]
+    # the drill handed its group back, and the firing says so
+    assert fire["detail"]["handed_back"]["done"], fire["detail"]
+    assert "handed back" in platform.show("drills", "fires", "every-minute")
 
     # the token was scoped to the group, and is deleted now the drill is over: a drill on a
     # minute's cron leaves no token behind in `sluice token list`
