@@ -546,11 +546,15 @@ class SluicePolicy:
         target = signals["target_per_instance"]
         busy_ratio = signals["concurrency"] / (max(current, 1) * target)
         # caller-facing p95s with a target (latency, time to first and per output token)
-        known = [
-            (name, seen, signals[goal])
-            for name, value, goal in self._caller_targets
-            if (seen := signals.get(value)) is not None
-        ]
+        known = (  # none stated (most groups): no comprehension to call
+            [
+                (name, seen, signals[goal])
+                for name, value, goal in self._caller_targets
+                if (seen := signals.get(value)) is not None
+            ]
+            if self._caller_targets
+            else []
+        )
         lat_ok = bool(known) and all(seen < _LATENCY_OK * goal for _, seen, goal in known)
         bad = [name for name, seen, goal in known if seen > goal] if known else []
         # a batching server's own queue is the evidence that its instances are busy: the
