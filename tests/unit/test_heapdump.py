@@ -4,6 +4,7 @@ default); the first signal starts tracing, so a later snapshot holds what was ke
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import tracemalloc
@@ -50,7 +51,10 @@ def test_sigusr2_starts_tracing_and_dumps_what_grew(
         tracemalloc.stop()
     pid = os.getpid()
     dumps = sorted(p.name for p in (tmp_path / "heap").iterdir())
-    assert dumps == [f"{pid}-1.tracemalloc", f"{pid}-2.tracemalloc"]
+    assert dumps == [f"{pid}-{n}.{kind}" for n in (1, 2) for kind in ("json", "tracemalloc")]
+    native = json.loads((tmp_path / "heap" / f"{pid}-2.json").read_text())
+    assert native["traced"] >= len(kept) * 4096 and "malloc_free" in native
+    dumps = dumps[1::2]
     first, second = (tracemalloc.Snapshot.load(str(tmp_path / "heap" / d)) for d in dumps)
     assert second.traceback_limit == heapdump.TRACE_FRAMES
     (top, *_) = second.compare_to(first, "lineno")
