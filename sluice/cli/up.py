@@ -25,7 +25,7 @@ from typing import TextIO
 import uvicorn
 from fastapi import APIRouter
 
-from sluice.cli import heapdump
+from sluice.cli import heapdump, native_heap
 from sluice.cli.common import state_store
 from sluice.cli.control_port import PortInUse, bind_control, control_socket
 from sluice.cli.serving import QuietServer, keep_serving, quiet_store_outages, until_stopped
@@ -190,6 +190,7 @@ class _Up:
         loop.add_signal_handler(signal.SIGTERM, self.request_stop, False, "SIGTERM")
         heapdump.install(loop)  # debugging only: off unless its variable is set
         health = await self._health_server()
+        trimming = asyncio.create_task(native_heap.trim_periodically(), name="malloc-trim")
         led = False
         try:
             led = await self._lead()
@@ -197,6 +198,7 @@ class _Up:
                 await self.supervisor.start()
                 await self._serve(self.access_log)
         finally:
+            trimming.cancel()
             with contextlib.suppress(FileNotFoundError):
                 self.settings.control_file.unlink()
             if self.fenced:
