@@ -444,8 +444,8 @@ def percentile(values: list[float], q: float) -> float | None:
 def soak(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     p = Platform(home, None if args.tracemalloc is None else Path(args.tracemalloc))
     started = time.monotonic()
-    p.start()
     try:
+        p.start()  # (a start that times out still stops what it started)
         return drive(args, p, started)
     finally:
         code = p.stop()
