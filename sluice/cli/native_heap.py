@@ -35,10 +35,12 @@ def trimmer() -> Callable[[], bool] | None:
 
 
 async def trim_periodically(every_s: float = TRIM_EVERY_S) -> None:
-    """Trim every `every_s` until cancelled (at once if there is nothing to call)."""
+    """Trim every `every_s` until cancelled (at once if there is nothing to call), on a
+    worker thread: ctypes lets go of the GIL, so the event loop (the gateway's, in `sluice
+    up`) goes on meanwhile instead of stalling for the trim's milliseconds."""
     trim = trimmer()
     if trim is None:
         return
     while True:
         await asyncio.sleep(every_s)
-        trim()
+        await asyncio.to_thread(trim)
