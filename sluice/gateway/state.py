@@ -75,6 +75,7 @@ class GatewayState:
         "_tenants",
         "_uses_headers",
         "_waiting",
+        "_wakes",
         "access_log",
         "arrivals",
         "buckets",
@@ -146,6 +147,8 @@ class GatewayState:
         self._promoted: set[GroupRuntime] = set()
         """groups whose warm standby this gateway put in rotation (`watch_queue`)"""
         self._queue_timer: asyncio.TimerHandle | None = None
+        self._wakes: set[asyncio.Task[None]] = set()
+        """wake calls under way (kept: the loop holds only a weak reference to a task)"""
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -364,7 +367,9 @@ class GatewayState:
                 self.wake(group, woken, now)
         elif group.sleeping and group.traffic.wake is not None and not group.waking:
             group.waking = True
-            asyncio.get_running_loop().create_task(self._wake_sleeping(group))
+            task = asyncio.get_running_loop().create_task(self._wake_sleeping(group))
+            self._wakes.add(task)
+            task.add_done_callback(self._wakes.discard)
         if self._queue_timer is None:
             self._queue_timer = asyncio.get_running_loop().call_later(QUEUE_TICK_S, self._tick)
 
@@ -414,6 +419,8 @@ class GatewayState:
         if self._queue_timer is not None:
             self._queue_timer.cancel()
             self._queue_timer = None
+        for task in self._wakes:
+            task.cancel()
 
     # -- introspection --------------------------------------------------------------------------
 

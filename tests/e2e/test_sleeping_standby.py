@@ -104,6 +104,8 @@ def test_a_burst_wakes_the_sleeping_standby_and_a_new_one_goes_to_sleep(tmp_path
         listed = {i["id"]: i["asleep"] for i in s.instances("chat")}
         assert listed == {**dict.fromkeys(listed, False), sleeper: True}, listed
         assert s.cli("get", "groups", "--json")[0]["desired"] == 1
+        plane = api.get("/v1/dataplane")["groups"]["chat"]
+        assert (plane["instances"], plane["standby"], plane["sleeping"]) == (1, 0, 1), plane
 
         # a burst of three on one 1-slot instance: two wait, the gateway wakes the sleeper
         with ThreadPoolExecutor(3) as pool:
