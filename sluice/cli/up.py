@@ -401,6 +401,7 @@ class _Up:
             samples=fleet,
             inventory=self.inventory,
             sealer=self.sealer,
+            oldest_served=fleet.oldest_served,
         )
         await controller.load_state()
         alerting = Alerting(

@@ -88,12 +88,14 @@ class Controller:
         inventory: Callable[[], Mapping[str, int]] | None = None,
         *,
         sealer: Sealer,
+        oldest_served: Callable[[int], int | None] = lambda _epoch: None,
     ) -> None:
         """`samples`: the gateway's per-request rows, which stand in for the samples of
         servers that keep none (command, external) under a rollout (None: such a rollout's
         analysis has no answers of them). `inventory`: the cluster's accelerators per type
         now (`RayRuntime.inventory`, a blocking call), which size `inventory: cluster`
-        pools."""
+        pools. `oldest_served(epoch)`: the oldest routing snapshot version of the epoch a
+        remote gateway serves (`Fleet.oldest_served`; None: none is live)."""
         self.sealer = sealer
         """seals and opens the secrets of stored revisions (the installation's key)"""
         self._store = store
@@ -141,6 +143,7 @@ class Controller:
             self._wake.set,
             clock.now,
         )
+        self._oldest_served = oldest_served
         self._loop = TickLoop(self._leader_tick, self._wake, store, events, clock)
         self._deposed = False
         self._refused: str | None = None
@@ -630,6 +633,8 @@ class Controller:
             pins=self.pins.counts(now),
             floors=dict(self._rollouts.baseline_floors()),
             holds=dict(self._holds()),
+            asleep=frozenset(self._sleepers.asleep),
+            fenced=self._fenced(),
         )
         # 2. Decide: the one pure step the simulator runs too (`sluice.policy.kernel`):
         #    autoscalers, then quota (no instance starts without its units), then the plan.
@@ -647,6 +652,7 @@ class Controller:
             await self._decisions.record(scaled, st.server if st else None, now)
         self._decisions.keep_only({g.name for g in spec.groups if is_advisory(g)})
         self._tiers = decision.tiers  # worked out when first read
+        self._sleepers.fence(decision.fence, decision.unwoken)
         # 4. Apply (the kernel held back the launches of crash-looping groups).
         for group_name, backoff in decision.crash_waits:
             await self._events.emit(
@@ -706,9 +712,17 @@ class Controller:
             self.desired_replicas,
             self._sleepers.asleep,
             self._woken_by_gateways(spec),
+            self._sleepers.fencing,
         )
+        self._sleepers.published(self._routing.published[1])
         if placed:
             self._sleepers.act(spec, placed)
+
+    def _fenced(self) -> frozenset[str]:
+        """Sleepers left out of a snapshot every gateway serves: their units may be lent."""
+        if not self._sleepers.fencing:
+            return frozenset()
+        return self._sleepers.fenced(self._oldest_served(self._routing.published[0]))
 
     def _woken_by_gateways(self, spec: PlatformSpec) -> frozenset[str]:
         """The sleeping standby the gateways woke and route to (requests waited): awake now,

@@ -118,6 +118,8 @@ class GatewayFleet:
         self.book = GatewayBook()
         self.snapshot: RoutingSnapshot | None = None
         self._statuses: dict[str, dict[str, Any]] = {}
+        self._serving: dict[str, tuple[int | None, int | None]] = {}
+        """live remote gateway id -> the (epoch, version) of the snapshot it said it serves"""
         self._local_share = Share()
         self._sampled: list[str] = []
         self._rows: dict[str, deque[dict[str, Any]]] = {}
@@ -227,6 +229,7 @@ class GatewayFleet:
         )
         self._owners[gateway] = token
         self._statuses[gateway] = status
+        self._serving[gateway] = (have_epoch, have)
         self._reshare_local(now)
         self._rebalance(now)
         for instance, rows in samples.items():
@@ -317,7 +320,7 @@ class GatewayFleet:
         goes too (status, token, drops)."""
         self.book.expire(now)
         live = self.book.gateways
-        for table in (self._owners, self._dropped, self._statuses):
+        for table in (self._owners, self._dropped, self._statuses, self._serving):
             for gone in [g for g in table if g not in live]:
                 del table[gone]
 
@@ -379,6 +382,14 @@ class GatewayFleet:
         merged = merge_status(parts)
         merged["dropped"] = {g: dict(d) for g, d in sorted(self._dropped.items())}
         return merged
+
+    def oldest_served(self, epoch: int) -> int | None:
+        """The oldest snapshot version of `epoch` a live remote gateway serves (one on
+        another epoch, or none yet, counts as 0); None: no remote gateway is live (the
+        local one gets each snapshot as it is published)."""
+        self._forget(self._clock.now())
+        served = [v if e == epoch and v is not None else 0 for e, v in self._serving.values()]
+        return min(served, default=None)
 
     def in_flight(self) -> dict[str, int]:
         """Requests in flight per instance, every gateway's added up: what drains a server

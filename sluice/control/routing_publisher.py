@@ -30,7 +30,13 @@ class RoutingPublisher:
         self._publish = publish
         self._fence = fence
         self._version = 0
+        self._epoch = 0
         self._key: object = None
+
+    @property
+    def published(self) -> tuple[int, int]:
+        """(epoch, version) of the newest snapshot published; (0, 0): none yet."""
+        return self._epoch, self._version
 
     def update(
         self,
@@ -42,12 +48,14 @@ class RoutingPublisher:
         serving: Callable[[str], int],
         asleep: Collection[str] = frozenset(),
         routed: Collection[str] = frozenset(),
+        unwakeable: Collection[str] = frozenset(),
     ) -> dict[str, StandbySplit]:
         """Publish a snapshot if anything in it changed. `serving(group)`: how many of a
         standby group's ready instances serve; the others are its warm standby (for the
         gateways to put in when requests start to wait) and sleeping standby (`split_standby`:
         `asleep` are the instances known to sleep, `routed` those a gateway woke and routes
-        to). Returns the sleeping-standby groups' placements, for the controller to put to
+        to; `unwakeable` those no gateway may wake: left out of the published sleeping
+        standby). Returns the sleeping-standby groups' placements, for the controller to put to
         sleep and wake what they say.
         Raises `Fenced`, publishing nothing, once this controller may not lead."""
         fence = self._fence()
@@ -66,7 +74,7 @@ class RoutingPublisher:
                 continue
             split = split_standby(mine, serving(g.name), warm, dozing, asleep, routed)
             ready[g.name], standby[g.name] = list(split.rotation), list(split.warm)
-            sleeping[g.name] = list(split.sleeping)
+            sleeping[g.name] = [e for e in split.sleeping if e.instance_id not in unwakeable]
             if dozing or split.sleeping or split.to_sleep:
                 placed[g.name] = split
         key = (
@@ -91,5 +99,5 @@ class RoutingPublisher:
             sleeping=sleeping,
         )
         self._publish(dataclasses.replace(snapshot, epoch=epoch))
-        self._key = key
+        self._key, self._epoch = key, epoch
         return placed

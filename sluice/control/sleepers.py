@@ -10,6 +10,11 @@ instances (a restart, a takeover) cannot know which sleep, so it counts them asl
 routed before a wake, which an awake server answers at once) and sends a sleep to those in
 sleeping places (which a sleeping server takes as done), until each answers `status_path`
 (vLLM's GET /is_sleeping), which settles it in milliseconds.
+
+A sleeper whose units the tick lends (`sluice.policy.standby.sleeping_units`) is fenced:
+left out of the gateways' wakeable standby, and counted fenced (its units free to lend)
+only once every gateway serves a snapshot that leaves it out. A fenced sleeper the count
+needs is woken only once quota grants its units back (`TickDecision.unwoken`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import httpx
 from sluice.control.events import EventLog
 from sluice.policy.routing import Endpoint
 from sluice.policy.standby import StandbySplit
-from sluice.spec import GroupSpec, PlatformSpec
+from sluice.spec import PlatformSpec
 from sluice.spec.servers import SleepSpec
 
 __all__ = ["RETRY_S", "Sleepers"]
@@ -65,6 +70,32 @@ class Sleepers:
         self._calls: dict[str, asyncio.Task[None]] = {}
         self._failed_at: dict[str, float] = {}
         self._client: httpx.AsyncClient | None = None
+        self.fencing: frozenset[str] = frozenset()
+        """sleepers the last tick fenced: no gateway is to wake them"""
+        self._fenced_at: dict[str, int] = {}
+        """fencing sleeper -> the first snapshot version that left it out"""
+        self._unwoken: frozenset[str] = frozenset()
+
+    def fence(self, fencing: frozenset[str], unwoken: frozenset[str]) -> None:
+        """The tick's fence (`TickDecision.fence`) and the fenced sleepers it does not let
+        wake yet (`TickDecision.unwoken`)."""
+        self.fencing, self._unwoken = fencing, unwoken
+        for iid in [i for i in self._fenced_at if i not in fencing]:
+            del self._fenced_at[iid]
+
+    def published(self, version: int) -> None:
+        """The routing snapshot `version` is out: the fencing sleepers are left out of it."""
+        for iid in self.fencing:
+            self._fenced_at.setdefault(iid, version)
+
+    def fenced(self, oldest_served: int | None) -> frozenset[str]:
+        """Asleep sleepers no gateway may wake: fenced in a snapshot version every gateway
+        serves (`oldest_served`; None: no remote gateway, the local one has the newest)."""
+        return frozenset(
+            iid
+            for iid, v in self._fenced_at.items()
+            if iid in self.asleep and (oldest_served is None or oldest_served >= v)
+        )
 
     def woken(self, ids: Iterable[str]) -> None:
         """A gateway woke these (requests waited) and routes to them."""
@@ -83,7 +114,7 @@ class Sleepers:
         known, self._known = self._known, present
         for group, split in placed.items():
             g = spec.group(group)
-            sleep = _sleep_of(g) if g is not None else None
+            sleep = g.sleep if g is not None else None
             if sleep is None or g is None:
                 continue
             for ep in _all(split):
@@ -96,7 +127,8 @@ class Sleepers:
             for ep in split.to_sleep + unsure:
                 self._start(ep, self._sleep(group, ep, sleep, g.drain_timeout_s))
             for ep in split.to_wake:
-                self._start(ep, self._wake(group, ep, sleep))
+                if ep.instance_id not in self._unwoken:  # else its units are lent still
+                    self._start(ep, self._wake(group, ep, sleep))
 
     async def close(self) -> None:
         for task in list(self._calls.values()):
@@ -189,9 +221,3 @@ class Sleepers:
 
 def _all(split: StandbySplit) -> tuple[Endpoint, ...]:
     return split.rotation + split.warm + split.sleeping + split.to_sleep
-
-
-def _sleep_of(g: GroupSpec) -> SleepSpec | None:
-    """The group's sleep and wake calls (every model declares them: the spec's checks)."""
-    sleeps = [m.command.sleep for m in g.models.values() if m.command and m.command.sleep]
-    return sleeps[0] if sleeps else None

@@ -123,7 +123,8 @@ class World:
     """What one tick reads. `loads`: a reading of each group `due` named (its `current` is
     set by `step` from the counts); `overrides`: operators' counts of groups not actively
     autoscaled; `pins`: pinned counts, beating every other; `floors`: running rollouts'
-    baseline counts; `holds`: groups where more instances were seen not to help."""
+    baseline counts; `holds`: groups where more instances were seen not to help;
+    `asleep`: sleeping standby known asleep, `fenced` those of them no gateway may wake."""
 
     compiled: Compiled
     observed: Sequence[InstanceStatus]
@@ -132,6 +133,8 @@ class World:
     pins: Mapping[str, int] = field(default_factory=dict)
     floors: Mapping[str, int] = field(default_factory=dict)
     holds: Mapping[str, NoGainHold] = field(default_factory=dict)
+    asleep: frozenset[str] = frozenset()
+    fenced: frozenset[str] = frozenset()
 
 
 def count_in_force(
@@ -238,6 +241,8 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
             advice=memory.advice,
             meter=meter,
             holds=world.holds,
+            asleep=world.asleep,
+            fenced=world.fenced,
         )
     )
     for name, due_at in next_at.items():  # one new value per group that was due
@@ -263,6 +268,6 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
         groups=groups,
         quota=alloc.state,
         advice=decision.allocation.advice.state,
-        meter=meter.holding(alloc),
+        meter=meter.holding(alloc, decision.sleep_rate),
         crashes=crashes,
     )

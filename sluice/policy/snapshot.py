@@ -104,12 +104,11 @@ def _traffic(g: GroupSpec) -> GroupTraffic:
 
 
 def _wake(g: GroupSpec) -> WakeCall | None:
-    """The group's wake call, where it keeps sleeping standby (every model declares `sleep`:
-    the spec's checks; the first model's is the group's)."""
+    """The group's wake call, where it keeps sleeping standby (`GroupSpec.sleep`)."""
     if g.autoscaling is None or not g.autoscaling.sleeping_standby:
         return None
-    sleeps = [m.command.sleep for m in g.models.values() if m.command and m.command.sleep]
-    return WakeCall(sleeps[0].wake_path, sleeps[0].wake_timeout_s) if sleeps else None
+    sleep = g.sleep
+    return WakeCall(sleep.wake_path, sleep.wake_timeout_s) if sleep is not None else None
 
 
 def build_routing_snapshot(

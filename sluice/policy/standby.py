@@ -11,6 +11,15 @@ instance in a sleeping place is kept out of the routing until it is asleep (a ga
 not start requests on it while it is being put to sleep), unless a gateway still routes to it
 (it woke it for a burst): then it waits as warm standby until that gateway lets it go. An
 asleep instance in a serving or warm place is woken, and routed only once awake.
+
+A sleeper holds no accelerator memory, so its units can serve another group
+(`sleeping_units`): those on the group's lendable guarantee are lent when the pool has a
+group waiting for units. A gateway must then not wake it (the weights would load onto
+units a borrower uses), so it is first taken out of the gateways' wakeable list (fenced);
+once every gateway serves a snapshot without it, its units are idle guarantee, lent by the
+quota allocator's borrowing and taken back by its reclaim; the controller wakes it when
+the count needs it and quota grants its units again. Sleepers above the guarantee (on
+borrowed or unassigned units) keep their units: nobody would reclaim them for it.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from dataclasses import dataclass
 
 from sluice.policy.routing import Endpoint
 
-__all__ = ["StandbySplit", "split_standby"]
+__all__ = ["SleepingUnits", "StandbySplit", "sleeping_units", "split_standby"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,3 +79,46 @@ def split_standby(
 
 def _age(e: Endpoint) -> tuple[float, str]:
     return e.ready_at, e.instance_id
+
+
+@dataclass(frozen=True, slots=True)
+class SleepingUnits:
+    """What one group's asleep instances hold in quota this tick (`sluice.policy.tick`)."""
+
+    released: frozenset[str]
+    """fenced sleepers: out of the group's claim (their units are idle guarantee)"""
+    placed: int
+    """of them, in sleeping places: out of what the group wants too"""
+    to_wake: tuple[str, ...]
+    """released sleepers the serving and warm places need, oldest first: each is woken
+    only on a start quota grants (a reclaim frees its units first, when they are lent)"""
+    lendable: tuple[str, ...]
+    """sleepers in sleeping places on the group's lendable guarantee: fenced to be lent"""
+
+
+def sleeping_units(
+    asleep: Sequence[tuple[float, str]],
+    awake: int,
+    serving: int,
+    warm: int,
+    units: int,
+    guaranteed: int,
+    lendable: int | None,
+    fenced: Collection[str],
+) -> SleepingUnits:
+    """One group's sleepers in quota. `asleep`: its ready asleep instances as (ready time,
+    id); `awake`: its ready instances awake; `serving`, `warm`: the places awake instances
+    fill first (`split_standby`: the oldest sleepers are woken for them); `units` per
+    instance; `guaranteed`, `lendable`: its quota; `fenced`: sleepers no gateway may wake
+    any more (every gateway serves a snapshot that leaves them out)."""
+    order = [iid for _, iid in sorted(asleep)]
+    needed = min(len(order), max(0, serving + warm - awake))
+    placed = order[needed:]
+    lend = guaranteed if lendable is None else min(lendable, guaranteed)
+    room = min(max(0, guaranteed - (serving + warm) * units), lend) // units
+    return SleepingUnits(
+        released=frozenset(i for i in order if i in fenced),
+        placed=sum(1 for i in placed if i in fenced),
+        to_wake=tuple(i for i in order[:needed] if i in fenced),
+        lendable=tuple(placed[len(placed) - min(room, len(placed)) :]),
+    )

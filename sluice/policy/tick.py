@@ -18,6 +18,12 @@ The steps, in order:
 3. reclaimed instances drain first (before the planner sees the fleet);
 4. each group is planned toward its grant (`plan_group`), surging only into spare units.
 
+A group's sleeping standby (`autoscaling.sleeping_standby`) leaves its claim once no gateway
+may wake it (`TickInput.fenced`): its units are idle guarantee, lent like any other and
+reclaimed when the count needs it awake (`sluice.policy.standby.sleeping_units`); the tick
+says which sleepers to fence (`TickDecision.fence`) and which wait for their units before a
+wake (`unwoken`), and meters a released sleeper at its host memory.
+
 Every instance is also told its tier (S9): `stable` while it runs on the group's own
 guaranteed units, `burst` above them (borrowed or unassigned units). Scale-down, reclaim,
 a shrinking pool and a lowered budget all take the newest instances above the guarantee
@@ -47,6 +53,7 @@ from sluice.policy.quota import (
     allocate_advised,
 )
 from sluice.policy.quota.metering import TOTAL, Meter
+from sluice.policy.standby import SleepingUnits, sleeping_units
 from sluice.spec import GroupSpec, PlatformSpec
 
 __all__ = [
@@ -54,6 +61,7 @@ __all__ = [
     "STABLE",
     "TICK_S",
     "Scaled",
+    "SleepTerms",
     "SpecIndex",
     "TickDecision",
     "TickInput",
@@ -118,6 +126,10 @@ class TickInput:
     meter: Meter = dataclasses.field(default_factory=Meter)
     holds: Mapping[str, NoGainHold] = dataclasses.field(default_factory=dict)
     """groups where more instances were seen not to help (S12): no scale-up past the count"""
+    asleep: frozenset[str] = frozenset()
+    """instances known asleep (sleeping standby)"""
+    fenced: frozenset[str] = frozenset()
+    """asleep instances no gateway may wake any more: their units may be lent"""
 
 
 @fast_init
@@ -166,6 +178,13 @@ class TickDecision:
     """launches of crash-looping groups, waiting for their backoff (`sluice.policy.kernel`)"""
     crash_waits: tuple[tuple[str, CrashBackoff], ...] = ()
     """groups whose launches started waiting this tick, with their backoff"""
+    fence: frozenset[str] = frozenset()
+    """sleepers gateways must not wake: their units are lent, or about to be"""
+    unwoken: frozenset[str] = frozenset()
+    """fenced sleepers the count needs awake whose units quota has not granted yet (a
+    reclaim frees them): not woken until it does"""
+    sleep_rate: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """per group, the spend per hour of its released sleepers (their host memory)"""
 
 
 def clipped(
@@ -220,17 +239,25 @@ def decide(inp: TickInput) -> TickDecision:
     for name, d in decisions.items():
         if name not in index.advising:
             wanted[name] = max(d.desired, inp.floors.get(name, 0)) + index.standby[name]
+    sleeps = _sleeping(index, by_group, wanted, inp) if inp.asleep and index.sleeping else {}
     claims: list[GroupClaim] = []
     uniform: dict[str, bool] = {}
     templates, meter = index.templates, inp.meter
     for g in inp.spec.groups:
         name = g.name
         mine = by_group.get(name, ())
-        claim, uniform[name] = _claim(g, templates[name], mine, wanted[name], meter)
+        s = sleeps.get(name)
+        if s is not None and s.released:  # its fenced sleepers hold no units
+            kept = [i for i in mine if i.id not in s.released]
+            claim, _ = _claim(g, templates[name], kept, wanted[name] - s.placed, meter)
+            uniform[name] = False  # planned with its sleepers (below)
+        else:
+            claim, uniform[name] = _claim(g, templates[name], mine, wanted[name], meter)
         claims.append(claim)
     advised = _allocate(index, claims, inp, inp.quota, inp.advice)
     alloc = advised.enforced
-    scaled, counts, preview = _settle(index, inp, decisions, claims, advised)
+    placed = {n: s.placed for n, s in sleeps.items() if s.placed}
+    scaled, counts, preview = _settle(index, inp, decisions, claims, advised, placed)
     actions: list[Action] = []
     draining: dict[str, str] = {}
     for r in alloc.reclaims:  # serving-aware: out of routing, drained, then released
@@ -260,16 +287,23 @@ def decide(inp: TickInput) -> TickDecision:
         held[name] = units_held = n * units + c.draining_units
         if c.pool in spare:
             spare[c.pool] -= max(units_held, grants[name].instances * units)
+    woken: dict[str, int] = {}
+    for name, s in sleeps.items():  # a start granted wakes a released sleeper first
+        woken[name] = min(len(s.to_wake), max(0, grants[name].instances - running[name]))
     for name, g in index.groups.items():
         grant, mine = grants[name], by_group.get(name, ())
+        n = grant.instances
+        if name in sleeps:  # its sleepers are kept; a woken one takes a start
+            n += len(sleeps[name].released) - woken[name]
         if name in uniform:  # walked once already, by its claim
-            settled = uniform[name] and running[name] == grant.instances
+            settled = uniform[name] and running[name] == n
         else:
-            settled = _settled(index.templates[name], grant.instances, mine)
+            settled = _settled(index.templates[name], n, mine)
         if not settled:
-            actions += plan_group(_target(g, index.templates[name], grant.instances, spare), mine)
+            actions += plan_group(_target(g, index.templates[name], n, spare), mine)
     for name in by_group.keys() - index.groups.keys():  # groups gone from the spec
         actions += plan_group(GroupTarget(name, "", 0), by_group[name])
+    fence, unwoken, sleep_rate = _fences(index, sleeps, woken, claims, alloc) if sleeps else _NONE
     return TickDecision(
         scaled=tuple(scaled),
         counts=counts,
@@ -282,7 +316,76 @@ def decide(inp: TickInput) -> TickDecision:
         held=held,
         tiers=tiers,
         memories=memories,
+        fence=fence,
+        unwoken=unwoken,
+        sleep_rate=sleep_rate,
     )
+
+
+_NONE: tuple[frozenset[str], frozenset[str], Mapping[str, float]] = (frozenset(), frozenset(), {})
+
+
+def _sleeping(
+    index: SpecIndex,
+    by_group: Mapping[str, Sequence[InstanceStatus]],
+    wanted: Mapping[str, int],
+    inp: TickInput,
+) -> dict[str, SleepingUnits]:
+    """Each sleeping-standby group's sleepers in quota (`sleeping_units`)."""
+    out: dict[str, SleepingUnits] = {}
+    for name, terms in index.sleeping.items():
+        asleep: list[tuple[float, str]] = []
+        awake = 0
+        for i in by_group.get(name, ()):
+            if i.state is InstanceState.READY:
+                if i.id in inp.asleep:
+                    asleep.append((i.ready_at if i.ready_at is not None else i.created_at, i.id))
+                else:
+                    awake += 1
+        if asleep:
+            q = index.groups[name].quota
+            serving = wanted[name] - index.standby[name]
+            out[name] = sleeping_units(
+                asleep,
+                awake,
+                serving,
+                terms.warm,
+                terms.units,
+                q.guaranteed,
+                q.lendable,
+                inp.fenced,
+            )
+    return out
+
+
+def _fences(
+    index: SpecIndex,
+    sleeps: Mapping[str, SleepingUnits],
+    woken: Mapping[str, int],
+    claims: Sequence[GroupClaim],
+    alloc: Allocation,
+) -> tuple[frozenset[str], frozenset[str], dict[str, float]]:
+    """(sleepers to fence, released sleepers left asleep for want of units, host-memory
+    spend per group). A group's lendable sleepers are fenced while another group of its
+    pool waits for units or it lends any; released ones stay fenced while it lends."""
+    grants = alloc.grants
+    short = {c.pool for c in claims if c.name not in sleeps and grants[c.name].instances < c.wanted}
+    lenders = {x.lender for x in alloc.loans}
+    fence: set[str] = set()
+    unwoken: set[str] = set()
+    rate: dict[str, float] = {}
+    for name, s in sleeps.items():
+        lends = name in lenders
+        if lends or index.groups[name].resources.pool in short:
+            fence.update(s.lendable)
+        waiting = s.to_wake[woken[name] :]
+        unwoken.update(waiting)
+        fence.update(waiting)
+        if lends:
+            fence.update(s.released.difference(s.to_wake))
+        if s.released:
+            rate[name] = len(s.released) * index.sleeping[name].rate
+    return frozenset(fence), frozenset(unwoken), rate
 
 
 def _held(d: Decision, load: GroupLoad, hold: NoGainHold | None) -> Decision:
@@ -336,10 +439,12 @@ def _settle(
     decisions: Mapping[str, Decision],
     claims: Sequence[GroupClaim],
     advised: AdvisedAllocation,
+    placed: Mapping[str, int],
 ) -> tuple[list[Scaled], dict[str, int], Allocation | None]:
     """Each decision as quota leaves it: an active one becomes the group's count (the
     moved ones in `counts`); an advisory one is previewed against quota on this round's
-    memory (what the next round would grant it) and changes nothing."""
+    memory (what the next round would grant it) and changes nothing. `placed`: released
+    sleepers in sleeping places, granted without units."""
     alloc = advised.enforced
     scaled: list[Scaled] = []
     counts: dict[str, int] = {}
@@ -360,7 +465,7 @@ def _settle(
         advisory = name in advising
         basis = preview if advisory and preview is not None else alloc
         g, load = groups[name], loads[name]
-        granted = basis.grants[name].instances
+        granted = basis.grants[name].instances + placed.get(name, 0)
         count, guards, reason = _clipped(g, d, granted, floors.get(name, 0), basis, standbys[name])
         scaled.append(Scaled(g, load, d, scalers[name].name, count, guards, reason, advisory))
         if not advisory and count != load.current:
@@ -385,6 +490,35 @@ class SpecIndex:
     """groups whose quota only advises"""
     advising: frozenset[str]
     """groups whose autoscaler only advises"""
+    sleeping: Mapping[str, SleepTerms] = dataclasses.field(default_factory=dict)
+    """groups whose sleeping standby may lend its units"""
+
+
+@dataclass(frozen=True, slots=True)
+class SleepTerms:
+    """A sleeping-standby group's terms for lending its sleepers' units."""
+
+    warm: int
+    units: int
+    """accelerator units per instance"""
+    rate: float
+    """spend per hour of one released sleeper: its host memory at the pool's price"""
+
+
+def _sleep_terms(spec: PlatformSpec) -> dict[str, SleepTerms]:
+    """Groups whose sleepers may lend their units: on a pool of virtual units (a pool that
+    pins devices would have to reclaim from the borrower on the sleeper's very device)."""
+    out: dict[str, SleepTerms] = {}
+    for g in spec.groups:
+        a, sleep = g.autoscaling, g.sleep
+        pool = spec.pool(g.resources.pool)
+        if a is None or is_advisory(g) or not a.sleeping_standby or sleep is None:
+            continue
+        if pool is None or pool.devices:
+            continue
+        rate = sleep.host_memory_gb * pool.host_memory_price_per_gb_hour
+        out[g.name] = SleepTerms(a.warm_standby, g.resources.accelerators, rate)
+    return out
 
 
 def index_spec(spec: PlatformSpec) -> SpecIndex:
@@ -400,6 +534,7 @@ def index_spec(spec: PlatformSpec) -> SpecIndex:
         pools=tuple(PoolState(p.name, p.purpose, p.count, p.price_per_hour) for p in spec.pools),
         advisory=frozenset(g.name for g in spec.groups if g.quota.mode == "advisory"),
         advising=frozenset(g.name for g in spec.groups if is_advisory(g)),
+        sleeping=_sleep_terms(spec),
     )
 
 

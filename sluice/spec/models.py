@@ -41,7 +41,7 @@ from sluice.spec.runtimes import (
     SimParams,
 )
 from sluice.spec.sealing import SEALED_PREFIX
-from sluice.spec.servers import CommandSpec, ExternalSpec, external_replicas
+from sluice.spec.servers import CommandSpec, ExternalSpec, SleepSpec, external_replicas
 
 __all__ = [
     "DIGEST_PREFIX",
@@ -87,6 +87,12 @@ class PoolSpec(_Strict):
     count: int = Field(ge=0, le=1_000_000, description="accelerators in the pool")
     memory_gb: float = Field(gt=0, description="memory of ONE accelerator, in GiB")
     price_per_hour: float = Field(default=0.0, ge=0, description="per accelerator")
+    host_memory_price_per_gb_hour: float = Field(
+        default=0.0,
+        ge=0,
+        description="per GiB of host memory an instance holds asleep (sleeping standby whose "
+        "accelerators are lent is metered at its `command.sleep.host_memory_gb` at this price)",
+    )
     purpose: Literal["inference", "training"] = Field(
         default="inference", description="inference groups never use training pools (Q5)"
     )
@@ -314,6 +320,15 @@ class GroupSpec(_Strict):
             return self.prefix_routing if self.prefix_routing.enabled else None
         generates = any(m.runtime != "embedding" for m in self.models.values())
         return PrefixRoutingSpec() if generates else None
+
+    @property
+    def sleep(self) -> SleepSpec | None:
+        """The sleep and wake calls of the group's servers (`command.sleep`; sleeping standby
+        needs every model to declare them: the spec's checks), else None."""
+        for m in self.models.values():
+            if m.command is not None and m.command.sleep is not None:
+                return m.command.sleep
+        return None
 
     def template(self) -> str:
         """Fingerprint of what an instance runs; a change rolls the group's instances."""
