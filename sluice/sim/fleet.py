@@ -101,7 +101,8 @@ from sluice.policy.autoscale import GroupLoad, ScalingPolicy
 from sluice.policy.kernel import Memory, World, due, step
 from sluice.policy.plan import Drain, Launch
 from sluice.policy.quota import Allocation, Loan
-from sluice.policy.routing import PRIORITIES, STANDBY_HOLD_S
+from sluice.policy.routing import PRIORITIES, STANDBY_HOLD_S, Endpoint
+from sluice.policy.standby import split_standby
 from sluice.policy.tick import BURST, STABLE, TICK_S, is_advisory, spec_count, standby
 from sluice.sim.batching import BatchingInstance, BatchingParams
 from sluice.sim.codes import (
@@ -116,7 +117,7 @@ from sluice.sim.codes import (
     STOPPED,
     decision_entry,
 )
-from sluice.sim.fleet_inputs import compiled_for, with_pool_counts, workloads_for
+from sluice.sim.fleet_inputs import compiled_for, sleep_params, with_pool_counts, workloads_for
 from sluice.sim.fleet_report import (
     FLEET_COLUMNS,
     FleetGroup,
@@ -142,8 +143,10 @@ __all__ = [
 ]
 
 
-_READY, _CRASH, _DRAIN_DEADLINE, _TICK, _SERVER = -5, -4, -3, -2, -1
+_SLEPT, _AWAKE, _READY, _CRASH, _DRAIN_DEADLINE, _TICK, _SERVER = -7, -6, -5, -4, -3, -2, -1
 """control events first at equal times, then batching servers' events, then completions"""
+_DOZING, _ASLEEP, _WAKING = 1, 2, 3
+"""a sleeping-standby instance's sleep: being put to sleep, asleep, being woken"""
 _REASONS = 5
 """distinct refusal texts kept per group"""
 _SAMPLE_EVERY, _SAMPLES = 300, 100
@@ -233,6 +236,29 @@ class _Lane:
     promoted_until: float = 0.0
     """the gateway's promotion of the warm standby (requests waited) lasts until then; 0.0:
     not promoted (`GroupRuntime.promote`)"""
+    warm_n: int = 0
+    """`autoscaling.warm_standby`"""
+    sleepers: int = 0
+    """`autoscaling.sleeping_standby`: placed by `split_standby`, put to sleep, woken"""
+    sleep_s: float = 0.0
+    wake_s: float = 0.0
+    naps: dict[int, int] = field(default_factory=dict)
+    """sleeping standby: instance -> _DOZING, _ASLEEP or _WAKING (absent: awake)"""
+    asleep_since: dict[int, float] = field(default_factory=dict)
+    slept_s: float = 0.0
+    """instance-seconds asleep, the instances' that are no longer asleep"""
+    standby_n: int = 0
+    """sleeping standby: the warm standby the gateway sees (`GroupRuntime.standby`)"""
+    woken: set[int] = field(default_factory=set)
+    """sleeping standby the gateway woke (reported, as `routed`, while promoted)"""
+    waking: int = -1
+    """the instance the gateway is waking (one at a time); -1: none"""
+    eps: dict[int, Endpoint] = field(default_factory=dict)
+    """sleeping standby: the ready instances as `split_standby` reads them"""
+    placed: tuple[list[int], list[int], list[int]] = ([], [], [])
+    """sleeping standby: the controller's last placement (rotation, warm, asleep)"""
+    ratio: float = 1.0
+    """an asleep instance-second's price as a share of an awake one's"""
     sampled: int = 0
     before: int = 0
     """instances starting or ready when the tick began"""
@@ -261,6 +287,11 @@ class _Lane:
         lane = cls(gi, g, work, adm, [set() for _ in range(c)], count, c)
         lane.warm = standby(g) > 0
         lane.batch = work.model.batching
+        if g.autoscaling is not None and g.autoscaling.sleeping_standby:
+            lane.warm_n = g.autoscaling.warm_standby
+            lane.sleepers = g.autoscaling.sleeping_standby
+            sp = sleep_params(g)
+            lane.sleep_s, lane.wake_s, lane.ratio = sp.sleep_s, sp.wake_s, sp.ratio
         return lane
 
     def kv_usage(self, now: float) -> float:
@@ -566,14 +597,24 @@ def run_fleet(
             rotating[k] = False
         else:
             L.spare.remove(k)
+        if L.sleepers:
+            wake_up(L, k, now)
+            L.woken.discard(k)
+            L.eps.pop(k, None)
         rotate(L, now)
 
-    def rotate(L: _Lane, now: float) -> None:
+    def rotate(L: _Lane, now: float, placed: bool = True) -> None:
         """A warm-standby group serves from its oldest ready instances, as many as its count
         in force; the newest stay out of rotation (what the live routing publishes), unless
-        the gateway promoted them (requests waited). Then the gateway's slots follow the
-        instances in rotation."""
-        if L.warm:
+        the gateway promoted them (requests waited). A group with sleeping standby is placed
+        by `place` (or, `placed` False, only routed anew: the gateway's own change). Then
+        the gateway's slots follow the instances in rotation."""
+        if L.sleepers:
+            if placed:
+                place(L, now)
+            else:
+                route(L)
+        elif L.warm:
             active, spare, buckets = L.active, L.spare, L.buckets
             if L.promoted_until and len(active) + len(spare) <= L.count:
                 L.promoted_until = 0.0  # the count in force took the standby in
@@ -596,20 +637,138 @@ def run_fleet(
         for r in L.adm.set_slots(len(L.active) * L.c):
             go(L, r, now)
 
+    def place(L: _Lane, now: float) -> None:
+        """A group with sleeping standby, placed as the live controller places it
+        (`split_standby`: the count in force serves, then warm standby, then sleeping
+        places), what the gateway then does with it (`GroupRuntime.configure`: its warm
+        standby, what it woke included, is in rotation while promoted; with none the
+        promotion ends), and the controller's sleeps and wakes (`Sleepers.act`): an awake
+        instance in a sleeping place that serves nothing falls asleep `sleep_s` later
+        (never routed meanwhile); an asleep one the serving or warm places need is awake
+        `wake_s` after."""
+        naps, eps = L.naps, L.eps
+        ready = (*L.active, *L.spare)
+        for k in ready:
+            if k not in eps:
+                eps[k] = Endpoint(sids[k], "", 0, L.c, status[k].ready_at or 0.0)
+        routed = frozenset(sids[k] for k in L.woken) if L.promoted_until else frozenset()
+        split = split_standby(
+            [eps[k] for k in ready],
+            L.count,
+            L.warm_n,
+            L.sleepers,
+            asleep=frozenset(sids[k] for k in naps),
+            routed=routed,
+        )
+        L.placed = (
+            [index[e.instance_id] for e in split.rotation],
+            [index[e.instance_id] for e in split.warm],
+            [index[e.instance_id] for e in split.sleeping],
+        )
+        for e in split.to_sleep:
+            k = index[e.instance_id]
+            if k not in naps and inflight[k] == 0:
+                naps[k] = _DOZING
+                push(heap, (now + L.sleep_s, _SLEPT, k))
+        for e in split.to_wake:
+            k = index[e.instance_id]
+            if naps.get(k) == _ASLEEP:
+                wake(L, k, now)
+        route(L)
+
+    def route(L: _Lane) -> None:
+        """What the gateway routes to (`GroupRuntime.configure`, `_place_standby`): the
+        placement's rotation, and while promoted its warm standby with the sleepers the
+        gateway woke since (the placement still lists them asleep); with no standby left the
+        promotion ends."""
+        rot, warm, sleeping = L.placed
+        woken = L.woken
+        standby = warm + [k for k in sleeping if k in woken] if woken else warm
+        L.standby_n = len(standby)
+        if not standby:
+            L.promoted_until = 0.0
+        want = rot + standby if L.promoted_until else rot
+        keep = set(want)
+        buckets, c = L.buckets, L.c
+        for k in L.active:
+            if k not in keep:
+                lvl = inflight[k]
+                if lvl < c:
+                    buckets[lvl].discard(k)
+                rotating[k] = False
+        for k in want:
+            if not rotating[k]:
+                rotating[k] = True
+                if inflight[k] < c:
+                    buckets[inflight[k]].add(k)
+                    L.low = min(L.low, inflight[k])
+        L.spare = [k for k in (*L.active, *L.spare) if k not in keep]
+        L.active = want
+
+    def wake(L: _Lane, k: int, now: float) -> None:
+        """A wake call on asleep instance `k` (the controller's, or the gateway's)."""
+        L.slept_s += now - L.asleep_since.pop(k)
+        L.naps[k] = _WAKING
+        push(heap, (now + L.wake_s, _AWAKE, k))
+
+    def wake_up(L: _Lane, k: int, now: float) -> None:
+        """`k` is awake (it woke, or leaves the group): its asleep time is counted."""
+        since = L.asleep_since.pop(k, None)
+        if since is not None:
+            L.slept_s += now - since
+        L.naps.pop(k, None)
+        if L.waking == k:
+            L.waking = -1
+
+    def wake_one(L: _Lane, now: float) -> None:
+        """Requests wait and no warm standby is left: the gateway wakes the oldest asleep
+        instance (`GatewayState._wake_sleeping`, one wake at a time)."""
+        naps = L.naps
+        asleep = [k for k, nap in naps.items() if nap == _ASLEEP]
+        if asleep:
+            k = min(asleep, key=lambda k: (status[k].ready_at or 0.0, sids[k]))
+            L.waking = k
+            wake(L, k, now)
+
+    def slept(k: int, now: float) -> None:
+        """A sleep call returned: asleep (unless it left the group meanwhile)."""
+        L = lane_of[k]
+        if state[k] == ACTIVE and L.naps.get(k) == _DOZING:
+            L.naps[k] = _ASLEEP
+            L.asleep_since[k] = now
+            rotate(L, now)
+
+    def awoke(k: int, now: float) -> None:
+        """A wake call returned: awake. One the gateway woke joins its warm standby, in
+        rotation at once (`GroupRuntime.awake`), and is reported woken while promoted."""
+        L = lane_of[k]
+        if state[k] != ACTIVE or L.naps.get(k) != _WAKING:
+            return
+        if L.waking != k:  # the controller's wake: it places the group again
+            wake_up(L, k, now)
+            rotate(L, now)
+            return
+        wake_up(L, k, now)
+        L.woken.add(k)
+        if not L.promoted_until:
+            L.promoted_until = now + STANDBY_HOLD_S
+        rotate(L, now, placed=False)
+
     def promote(L: _Lane, now: float) -> None:
         """A request waits in a warm-standby group: the gateway puts the standby in rotation
         at once and holds it there (as `GroupRuntime.promote`)."""
         promoted = bool(L.promoted_until)
         L.promoted_until = now + STANDBY_HOLD_S
         if not promoted:
-            rotate(L, now)
+            rotate(L, now, placed=False)
 
     def demote(L: _Lane, now: float) -> None:
         """The hold is over and nothing waits: the standby leaves the rotation again (as
         `GroupRuntime.demote`, which the gateway's queue timer calls)."""
         if L.promoted_until and now >= L.promoted_until and not L.adm.queue_length:
             L.promoted_until = 0.0
-            rotate(L, now)
+            L.woken.clear()  # placed by now: in the count, or to sleep again
+            rotate(L, now, placed=False)
 
     def kill(k: int, now: float) -> None:
         """Stop at once; in-flight requests fail (their completions are void; a batching
@@ -796,6 +955,9 @@ def run_fleet(
                 L.stops.append({**stop_row, "reason": a.reason})
             if state[k] < STOPPED:
                 (drain if isinstance(a, Drain) else remove)(k, now)
+        for L in lanes:
+            if L.sleepers:  # the controller re-places them every tick (`_publish_routing`)
+                rotate(L, now)
         loans = alloc.loans
         borrowed: dict[str, int] = {}
         lent: dict[str, int] = {}
@@ -879,6 +1041,10 @@ def run_fleet(
                     rotate(L, now)
             elif k == _CRASH:
                 crash(r, now)
+            elif k == _SLEPT:
+                slept(r, now)
+            elif k == _AWAKE:
+                awoke(r, now)
             elif state[r] == DRAINING:  # a drain that outlived drain_timeout_s
                 kill(r, now)
             continue
@@ -898,13 +1064,21 @@ def run_fleet(
                 lanes[gi].shed += 1
             else:
                 L = lanes[gi]
-                if L.warm and len(L.active) + len(L.spare) > L.count:
+                if L.sleepers:  # `GatewayState.watch_queue`
+                    if L.standby_n:
+                        promote(L, ta)
+                    elif L.waking < 0:
+                        wake_one(L, ta)
+                elif L.warm and len(L.active) + len(L.spare) > L.count:
                     promote(L, ta)
             if evicted is not None:
                 done[evicted] = REJECTED
 
     for k in live:
         stopped[k] = now
+    for L in lanes:
+        for since in L.asleep_since.values():
+            L.slept_s += now - since
     held_s = np.asarray(stopped) - np.asarray(launched)
     owner = np.asarray([L.gi for L in lane_of], dtype=np.int64)
     done_all = np.asarray(done, dtype=np.float64)
@@ -934,6 +1108,9 @@ def run_fleet(
             extra=extra,
             ttft_s=ttft_all[mine] if L.batch is not None else None,
             tpot_s=tpot_all[mine] if L.batch is not None else None,
+            sleeping_standby=L.sleepers,
+            sleeping_seconds=L.slept_s,
+            sleeping_ratio=L.ratio,
         )
         pool = spec.pool(L.g.resources.pool)
         groups[L.g.name] = FleetGroup(

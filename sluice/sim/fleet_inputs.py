@@ -14,11 +14,38 @@ from sluice.policy.autoscale import ScalingPolicy, build_policy
 from sluice.policy.inventory import with_pool_counts
 from sluice.policy.kernel import Compiled, compile_spec, policy_key
 from sluice.sim.model import InstanceModel
+from sluice.sim.result import sleeping_cost_ratio
 from sluice.sim.trace import trace_from_rows
 from sluice.sim.workload import Workload, prepare
-from sluice.spec import PlatformSpec
+from sluice.spec import GroupSpec, PlatformSpec
+from sluice.spec.runtimes import SimParams
 
-__all__ = ["compiled_for", "with_pool_counts", "workloads_for"]
+__all__ = ["SleepParams", "compiled_for", "sleep_params", "with_pool_counts", "workloads_for"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SleepParams:
+    """A group's sleeping standby as the simulator runs it (`sluice.sim.fleet`)."""
+
+    sleep_s: float
+    """an idle instance put to sleep is asleep this long after"""
+    wake_s: float
+    """a wake serves this long after"""
+    ratio: float
+    """an asleep instance-second's price, as a share of an awake one's"""
+
+
+def sleep_params(g: GroupSpec) -> SleepParams:
+    """The group's models' `sim` sleep and wake times (the longest of them) and the host
+    memory they hold asleep (all of them: one instance holds every model), priced by
+    `sleeping_cost_ratio`."""
+    params = [m.sim or SimParams() for m in g.models.values()]
+    host = sum(p.memory_gb if p.host_memory_gb is None else p.host_memory_gb for p in params)
+    return SleepParams(
+        sleep_s=max((p.sleep_s for p in params), default=SimParams().sleep_s),
+        wake_s=max((p.wake_s for p in params), default=SimParams().wake_s),
+        ratio=sleeping_cost_ratio(host, g.resources.accelerators),
+    )
 
 
 def workloads_for(spec: PlatformSpec, given: Mapping[str, Workload]) -> dict[str, Workload]:

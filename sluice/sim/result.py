@@ -13,7 +13,35 @@ import numpy.typing as npt
 from sluice.sim.codes import FAILED
 from sluice.sim.workload import Workload
 
-__all__ = ["SimResult"]
+__all__ = [
+    "ACCELERATOR_PRICE_PER_HOUR",
+    "HOST_MEMORY_PRICE_PER_GB_HOUR",
+    "SimResult",
+    "sleeping_cost_ratio",
+]
+
+ACCELERATOR_PRICE_PER_HOUR = 98.32 / 8
+"""One H100 for an hour, on demand: AWS's p5.48xlarge (8 H100 80 GB) list price, $98.32 an
+hour in us-east-1 (2024-25), so $12.29 per GPU-hour. An assumption, stated: a cheaper GPU
+cloud (about $2.5 per H100-hour) makes an asleep instance's share of it ~5x larger."""
+HOST_MEMORY_PRICE_PER_GB_HOUR = 0.0045
+"""One GB of host memory for an hour, on demand: Google Compute Engine's memory price
+(N1/N2 custom memory, us-central1, about $0.0042-0.0045 per GB-hour). An assumption,
+stated: clouds that sell memory only inside an instance price it in the same range."""
+
+
+def sleeping_cost_ratio(host_memory_gb: float, accelerators: int = 1) -> float:
+    """What an asleep instance-second costs, as a share of an awake one's: the host memory
+    its offloaded weights hold (vLLM level-1 sleep) at `HOST_MEMORY_PRICE_PER_GB_HOUR`, over
+    its accelerators at `ACCELERATOR_PRICE_PER_HOUR` (40 GB on one H100: 0.0146). The
+    accelerator itself is not charged: its memory is free for other work while it sleeps
+    (sluice's quota may lend a sleeper's units, `sluice.policy.standby`); where nothing
+    else can use it, count asleep time at full price (`instance_seconds`)."""
+    return (
+        host_memory_gb
+        * HOST_MEMORY_PRICE_PER_GB_HOUR
+        / (max(1, accelerators) * ACCELERATOR_PRICE_PER_HOUR)
+    )
 
 
 @dataclass
@@ -44,6 +72,14 @@ class SimResult:
     tpot_s: npt.NDArray[np.float64] | None = None
     """batching instances only: per request, mean time per output token after the first;
     NaN for a one-token answer or one not completed"""
+    sleeping_standby: int = 0
+    """the group's `autoscaling.sleeping_standby`: its summary reports the asleep time"""
+    sleeping_seconds: float = 0.0
+    """of `instance_seconds`, the time instances were asleep (sleeping standby: from the
+    sleep's end to the wake's start; falling asleep and waking count as awake)"""
+    sleeping_ratio: float = 1.0
+    """what an asleep instance-second costs as a share of an awake one's
+    (`sleeping_cost_ratio`)"""
 
     TIMELINE_COLUMNS = (
         "t",
@@ -112,7 +148,7 @@ class SimResult:
             "mean_wait_ms": float(waits.mean() * 1000) if waits.size else 0.0,
             "mean_queue": float(q.mean()),
             "instance_seconds": self.instance_seconds,
-            "cost": self.instance_seconds / 3600.0 * price,
+            "cost": self.priced_seconds / 3600.0 * price,
             "work_floor_instance_seconds": w.work_floor_instance_seconds,
             "scale_events": self.scale_events,
             "peak_instances": self.peak_instances,
@@ -120,6 +156,23 @@ class SimResult:
             "initial_instances": self.initial_instances,
             **self.extra,
             **self.token_times(),
+            **self.sleeping(),
+        }
+
+    @property
+    def priced_seconds(self) -> float:
+        """Instance-seconds as priced: awake ones in full, asleep ones at `sleeping_ratio`."""
+        return self.instance_seconds - self.sleeping_seconds * (1.0 - self.sleeping_ratio)
+
+    def sleeping(self) -> dict[str, Any]:
+        """A group with sleeping standby: the asleep share of `instance_seconds`, the ratio it
+        is priced at, and the instance-seconds as priced (what `cost` is); {} for others."""
+        if not self.sleeping_standby:
+            return {}
+        return {
+            "sleeping_instance_seconds": self.sleeping_seconds,
+            "sleeping_cost_ratio": self.sleeping_ratio,
+            "priced_instance_seconds": self.priced_seconds,
         }
 
     def token_times(self) -> dict[str, Any]:

@@ -122,6 +122,26 @@ class SimParams(_Strict):
         "KV cache, prefill rate, step time) instead of service_time's slots: TTFT, TPOT and "
         "KV-cache use come out of it (the simulator only)",
     )
+    sleep_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=600,
+        description="the simulator's sleeping standby: an idle instance put to sleep is asleep "
+        "this long after (vLLM's POST /sleep?level=1; an assumption, about a second)",
+    )
+    wake_s: float = Field(
+        default=3.0,
+        ge=0,
+        le=600,
+        description="the simulator's sleeping standby: a wake (POST /wake_up) serves this long "
+        "after; vLLM's blog measures a level-1 wake of an 8B model well under 3 s",
+    )
+    host_memory_gb: float | None = Field(
+        default=None,
+        ge=0,
+        description="host memory an asleep instance holds (level 1: the offloaded weights), "
+        "what the simulator prices its asleep time at; unset: memory_gb",
+    )
 
 
 class EmbeddingParams(_Strict):
