@@ -93,3 +93,28 @@ def test_a_study_runs_every_policy_warm_with_the_fast_tier_where_judged() -> Non
     extra = by["sluice+standby1"]["instance_seconds"] - by["sluice"]["instance_seconds"]
     assert extra >= 0.9 * tr.span_s
     assert all(np.isfinite(r["slo_attainment"]) for r in rows)
+
+
+def test_sleeping_standby_rows_are_judged_by_the_fast_tier_rule_at_their_priced_cost() -> None:
+    sw = with_standby(prepare(model(), generate("poisson-0.3", 0)), 0, 2)
+    assert sw.model.group.autoscaling is not None
+    assert (
+        sw.model.group.autoscaling.warm_standby,
+        sw.model.group.autoscaling.sleeping_standby,
+    ) == (0, 2)
+    rows = [
+        _r(AZURE, "sluice", 0.97, 80.0),
+        _r(AZURE, "sluice+standby1", 0.99, 100.0, warm_standby=1),
+        _r(AZURE, "sluice+standby2", 0.995, 105.0, warm_standby=2),
+        # held 120 instance-seconds, 40 of them asleep: priced 80.5
+        _r(AZURE, "sluice+sleeping1", 0.991, 120.0, sleeping_standby=1,
+           priced_instance_seconds=80.5),
+        _r(AZURE, "sluice+sleeping2", 0.98, 130.0, sleeping_standby=2,
+           priced_instance_seconds=81.0),
+        _r(AZURE, "best_fixed", 0.999, 110.0),
+    ]  # fmt: skip
+    got = {(t["trace"], t["target"]): t for t in judge(rows, 0.99, quick=True)}
+    assert got[AZURE, "fast_tier"]["met"] is False  # warm: 100 / 110 = 0.91x
+    sleeping = got[AZURE, "fast_tier_sleeping"]
+    assert (sleeping["sleeping_standby"], sleeping["met"]) == (1, True)
+    assert sleeping["cost_vs_best_fixed"] == pytest.approx(80.5 / 110, abs=1e-3)
