@@ -274,7 +274,8 @@ def get_instances(
     home: HomeOpt = None,
     control: ControlOpt = None,
 ) -> None:
-    """Instances with state (a sleeping standby's: "ready, asleep"), tier (stable: on the
+    """Instances with state (a sleeping standby's: "ready, asleep", and "units lent" once
+    its accelerator units may serve other groups), tier (stable: on the
     group's guaranteed units; burst: above them, first to go), address and the reason for
     their last change."""
 
@@ -286,7 +287,7 @@ def get_instances(
             t.add_row(
                 i["id"],
                 i["group"],
-                f"{i['state']}, asleep" if i.get("asleep") else i["state"],
+                _state_of(i),
                 i.get("tier") or "-",
                 i["url"] or "-",
                 str(i["pid"] or "-"),
@@ -297,6 +298,15 @@ def get_instances(
         out.print(t)
 
     run(as_json, lambda: client_for(home, control)[1].get("/v1/instances", group=group), render)
+
+
+def _state_of(instance: dict[str, Any]) -> str:
+    """The state, and a sleeping standby's "asleep" (", units lent" while others may use
+    its accelerator units)."""
+    if not instance.get("asleep"):
+        return str(instance["state"])
+    lent = ", units lent" if instance.get("units_lent") else ""
+    return f"{instance['state']}, asleep{lent}"
 
 
 def accelerator_cells(a: dict[str, Any] | None) -> tuple[str, str]:

@@ -144,6 +144,7 @@ class Controller:
             clock.now,
         )
         self._oldest_served = oldest_served
+        self._lent: frozenset[str] = frozenset()
         self._loop = TickLoop(self._leader_tick, self._wake, store, events, clock)
         self._deposed = False
         self._refused: str | None = None
@@ -653,6 +654,7 @@ class Controller:
         self._decisions.keep_only({g.name for g in spec.groups if is_advisory(g)})
         self._tiers = decision.tiers  # worked out when first read
         self._sleepers.fence(decision.fence, decision.unwoken)
+        self._lent = world.fenced
         # 4. Apply (the kernel held back the launches of crash-looping groups).
         for group_name, backoff in decision.crash_waits:
             await self._events.emit(
@@ -694,6 +696,10 @@ class Controller:
     def asleep(self, instance_id: str) -> bool:
         """A sleeping standby this controller put to sleep (or adopted and counts asleep)."""
         return instance_id in self._sleepers.asleep
+
+    def units_lent(self, instance_id: str) -> bool:
+        """A sleeping standby whose units the last tick left to other groups (fenced)."""
+        return instance_id in self._lent
 
     def _pool_held_by_others(self, spec: PlatformSpec, group: GroupSpec) -> int:
         return sum(

@@ -118,6 +118,7 @@ def group_routes(
                 "devices": s.labels.get("devices", ""),
                 "tier": controller.tier(s.id),
                 "asleep": controller.asleep(s.id),
+                "units_lent": controller.units_lent(s.id),
                 "accelerator": controller.accelerators.instance_json(s.id),
             }
             for s in sorted(statuses(), key=lambda s: (s.group, s.created_at))

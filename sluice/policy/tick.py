@@ -190,23 +190,12 @@ class TickDecision:
 def clipped(
     group: GroupSpec, decision: Decision, granted: int, floor: int, allocation: Allocation
 ) -> tuple[int, tuple[str, ...], str]:
-    """What quota (`granted` instances, standby included) and a rollout's baseline floor
-    leave of the decision: (count, guards that clipped it, reason). S11: a quota or budget
-    refusal shows as the guard that clipped it; C2: a baseline keeps its count."""
-    return _clipped(group, decision, granted, floor, allocation, standby(group))
-
-
-def _clipped(
-    group: GroupSpec,
-    decision: Decision,
-    granted: int,
-    floor: int,
-    allocation: Allocation,
-    standby_count: int,
-) -> tuple[int, tuple[str, ...], str]:
-    """`clipped`, the group's `standby` given (the tick has it in its index)."""
+    """What quota (`granted` instances) and a rollout's baseline floor leave of the
+    decision: (count, guards that clipped it, reason). The count comes before the standby:
+    where quota grants fewer than both, instances serve rather than wait. S11: a quota or
+    budget refusal shows as the guard that clipped it; C2: a baseline keeps its count."""
     want = max(decision.desired, floor)
-    desired = min(want, max(0, granted - standby_count))
+    desired = min(want, granted)
     guards, reason = decision.clipped_by, decision.reason
     if want > decision.desired:
         guards += ("rollout",)
@@ -256,8 +245,15 @@ def decide(inp: TickInput) -> TickDecision:
         claims.append(claim)
     advised = _allocate(index, claims, inp, inp.quota, inp.advice)
     alloc = advised.enforced
-    placed = {n: s.placed for n, s in sleeps.items() if s.placed}
-    scaled, counts, preview = _settle(index, inp, decisions, claims, advised, placed)
+    woken: dict[str, int] = {}
+    kept_asleep: dict[str, int] = {}
+    for c in claims if sleeps else ():  # a start granted wakes a released sleeper first
+        s = sleeps.get(c.name)
+        if s is not None:
+            starts = max(0, alloc.grants[c.name].instances - len(c.running))
+            woken[c.name] = min(len(s.to_wake), starts)
+            kept_asleep[c.name] = len(s.released) - woken[c.name]
+    scaled, counts, preview = _settle(index, inp, decisions, claims, advised, kept_asleep)
     actions: list[Action] = []
     draining: dict[str, str] = {}
     for r in alloc.reclaims:  # serving-aware: out of routing, drained, then released
@@ -287,14 +283,9 @@ def decide(inp: TickInput) -> TickDecision:
         held[name] = units_held = n * units + c.draining_units
         if c.pool in spare:
             spare[c.pool] -= max(units_held, grants[name].instances * units)
-    woken: dict[str, int] = {}
-    for name, s in sleeps.items():  # a start granted wakes a released sleeper first
-        woken[name] = min(len(s.to_wake), max(0, grants[name].instances - running[name]))
     for name, g in index.groups.items():
         grant, mine = grants[name], by_group.get(name, ())
-        n = grant.instances
-        if name in sleeps:  # its sleepers are kept; a woken one takes a start
-            n += len(sleeps[name].released) - woken[name]
+        n = grant.instances + kept_asleep[name] if name in kept_asleep else grant.instances
         if name in uniform:  # walked once already, by its claim
             settled = uniform[name] and running[name] == n
         else:
@@ -439,12 +430,12 @@ def _settle(
     decisions: Mapping[str, Decision],
     claims: Sequence[GroupClaim],
     advised: AdvisedAllocation,
-    placed: Mapping[str, int],
+    kept_asleep: Mapping[str, int],
 ) -> tuple[list[Scaled], dict[str, int], Allocation | None]:
     """Each decision as quota leaves it: an active one becomes the group's count (the
     moved ones in `counts`); an advisory one is previewed against quota on this round's
-    memory (what the next round would grant it) and changes nothing. `placed`: released
-    sleepers in sleeping places, granted without units."""
+    memory (what the next round would grant it) and changes nothing. `kept_asleep`:
+    released sleepers kept asleep, instances the group has without units."""
     alloc = advised.enforced
     scaled: list[Scaled] = []
     counts: dict[str, int] = {}
@@ -454,19 +445,13 @@ def _settle(
         asked = {n: max(d.desired, inp.floors.get(n, 0)) for n, d in advising.items()}
         shown = [dataclasses.replace(c, wanted=asked.get(c.name, c.wanted)) for c in claims]
         preview = _allocate(index, shown, inp, alloc.state, advised.advice.state).enforced
-    groups, loads, floors, scalers, standbys = (
-        index.groups,
-        inp.loads,
-        inp.floors,
-        inp.scalers,
-        index.standby,
-    )
+    groups, loads, floors, scalers = index.groups, inp.loads, inp.floors, inp.scalers
     for name, d in decisions.items():
         advisory = name in advising
         basis = preview if advisory and preview is not None else alloc
         g, load = groups[name], loads[name]
-        granted = basis.grants[name].instances + placed.get(name, 0)
-        count, guards, reason = _clipped(g, d, granted, floors.get(name, 0), basis, standbys[name])
+        granted = basis.grants[name].instances + kept_asleep.get(name, 0)
+        count, guards, reason = clipped(g, d, granted, floors.get(name, 0), basis)
         scaled.append(Scaled(g, load, d, scalers[name].name, count, guards, reason, advisory))
         if not advisory and count != load.current:
             counts[name] = count

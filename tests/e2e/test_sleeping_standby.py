@@ -174,3 +174,78 @@ def test_the_sleeper_replaces_a_dead_instance_and_a_restart_keeps_who_sleeps(
             assert asleep(api) == [sleeper]
             for inst in api.ready("chat"):
                 assert sleep_state(inst)["refused"] == 0, inst
+
+
+BATCH_ARGV = [sys.executable, STUB, "--host", "{host}", "--port", "{port}", "--model", "{model}"]
+LENT_SPEC = (
+    SPEC.replace("count: 4,", "count: 3,")
+    .replace(
+        "    autoscaling: {min: 1, max: 3, sleeping_standby: 1}\n",
+        "    autoscaling: {min: 1, max: 2, sleeping_standby: 1}\n"
+        "    quota: {guaranteed: 2, reclaim_grace_s: 1}\n",
+    )
+    .replace(
+        "tenants:",
+        f"""  - name: batch
+    owner: ops@example.com
+    business: ads
+    alert_channel: "#ops"
+    models:
+      m-batch:
+        runtime: command
+        command:
+          argv: [{", ".join(f'"{a}"' for a in BATCH_ARGV)}]
+          stop_grace_s: 1
+    resources: {{pool: gpu, accelerators: 1, memory_gb: 1}}
+    replicas: 2
+    drain_timeout_s: 2
+    health: {{interval_s: 0.5, failure_threshold: 2, timeout_s: 1, startup_timeout_s: 40}}
+tenants:""",
+    )
+)
+
+
+def test_a_sleepers_units_are_lent_and_reclaimed_when_a_burst_needs_it(tmp_path: Path) -> None:
+    """Three units: chat keeps one serving and one sleeping on its guarantee of two; batch
+    (no guarantee) wants two. Once the sleeper is fenced from the gateway (not wakeable),
+    batch borrows its unit. A burst on chat then scales it up: the sleeper is needed, but
+    its unit is lent, so it is not woken until batch's borrowed instance is reclaimed
+    (drained, stopped); then it wakes and serves. No request reaches a sleeping server."""
+    assert "guaranteed: 2" in LENT_SPEC and "name: batch" in LENT_SPEC
+    with (
+        running(tmp_path, LENT_SPEC, "chat's two", lambda s: len(s.ready("chat")) == 2, 120) as s,
+        Api(s) as api,
+    ):
+        wait_until("the standby asleep", lambda: len(asleep(api)) == 1, 30)
+        (sleeper,) = asleep(api)
+
+        def lent() -> bool:
+            return any(i["units_lent"] for i in s.instances("chat") if i["id"] == sleeper)
+
+        wait_until("its unit lent, batch on it", lambda: lent() and len(s.ready("batch")) == 2, 60)
+        plane = api.get("/v1/dataplane")["groups"]["chat"]
+        assert plane["sleeping"] == 0, plane  # no gateway may wake it now
+        rows = {i["id"]: i for i in s.instances("chat")}
+        assert rows[sleeper]["asleep"] and rows[sleeper]["units_lent"], rows
+        borrowed = max(s.ready("batch"), key=lambda i: i["created_at"])["id"]
+
+        # a burst: 8 requests on one 1-slot instance (1 s each); chat scales up, the sleeper
+        # waits for its unit (a reclaim of batch's newest), then wakes and serves
+        started = time.time()
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: ask(s), range(8)))
+        assert all(code == 200 for code, _, _ in answers), answers
+        assert sleeper in {iid for _, _, iid in answers}, answers
+        events = api.events()
+        drained = [e for e in events if e.get("instance") == borrowed and "reclaim" in e["message"]]
+        woken = [e for e in events if e.get("instance") == sleeper and e["kind"] == "woken"]
+        assert drained and woken, [(e["kind"], e["message"]) for e in events[-30:]]
+        assert min(e["at"] for e in drained) <= min(e["at"] for e in woken)
+        assert borrowed not in {i["id"] for i in s.ready("batch")}
+        # reclaim grace 1 s + the borrower's drain + a 1 s wake; a new instance takes 15 s
+        to_serve = min(e["at"] for e in woken) - started
+        slowest = max(seconds for _, seconds, _ in answers)
+        print(f"sleeper serving {to_serve:.1f} s after the burst began (slowest {slowest:.1f} s)")
+        assert to_serve < 15, to_serve
+        for inst in api.ready("chat"):
+            assert sleep_state(inst)["refused"] == 0, inst
