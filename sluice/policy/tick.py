@@ -313,6 +313,9 @@ def decide(inp: TickInput) -> TickDecision:
     )
 
 
+_OWN_LIMITS = ("budget", "limit ", "borrow_limit ")
+"""how a refusal for a group's own cap or budget begins (`sluice.policy.quota.allocate`):
+lending it units would not help it"""
 _NONE: tuple[frozenset[str], frozenset[str], Mapping[str, float]] = (frozenset(), frozenset(), {})
 
 
@@ -359,8 +362,14 @@ def _fences(
     """(sleepers to fence, released sleepers left asleep for want of units, host-memory
     spend per group). A group's lendable sleepers are fenced while another group of its
     pool waits for units or it lends any; released ones stay fenced while it lends."""
-    grants = alloc.grants
-    short = {c.pool for c in claims if c.name not in sleeps and grants[c.name].instances < c.wanted}
+    grants, refusals = alloc.grants, alloc.refusals
+    short = {  # groups that wait for units, not for their own cap or budget
+        c.pool
+        for c in claims
+        if c.name not in sleeps
+        and grants[c.name].instances < c.wanted
+        and not refusals.get(c.name, "").startswith(_OWN_LIMITS)
+    }
     lenders = {x.lender for x in alloc.loans}
     fence: set[str] = set()
     unwoken: set[str] = set()

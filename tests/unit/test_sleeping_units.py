@@ -103,6 +103,15 @@ def test_a_sleeper_on_the_lendable_guarantee_is_fenced_when_another_group_waits(
     assert tick(fits.spec, observed, asleep=frozenset({"chat-1"})).fence == frozenset()
 
 
+def test_a_group_held_by_its_own_limit_does_not_fence_a_sleeper() -> None:
+    capped = "    replicas: 3\n    budget: {max_accelerators: 1}"
+    s = load_spec_text(SPEC.replace("QUOTA", "").replace("    replicas: 3", capped)).spec
+    observed = [inst(s, "chat", 0), inst(s, "chat", 1, 10), inst(s, "batch", 0, 20)]
+    d = tick(s, observed, asleep=frozenset({"chat-1"}))
+    assert d.allocation.enforced.refusals["batch"].startswith("budget")
+    assert d.fence == frozenset()
+
+
 def test_a_fenced_sleeper_is_lent_kept_and_metered_at_its_host_memory() -> None:
     s = spec()
     observed = [inst(s, "chat", 0), inst(s, "chat", 1, 10), inst(s, "batch", 0, 20)]
