@@ -72,6 +72,23 @@ reclaims, budgets), warm standby (launched, and counted by quota) and crash-loop
 Warm standby stays out of rotation as the live routing keeps it: a group serves from its
 oldest ready instances, as many as its count in force (`rotate`).
 
+Sleeping standby (`autoscaling.sleeping_standby`) is placed by the live placement itself,
+`sluice.policy.standby.split_standby` (`place`, after every change of the ready instances
+and every tick): the count in force serves, then `warm_standby`, awake ones oldest first;
+an awake instance in a sleeping place that serves nothing is put to sleep and is asleep the
+model's `sim.sleep_s` later (1 s), out of the routing from the moment the sleep starts; an
+asleep one a serving or warm place needs is woken (`sim.wake_s`, 3 s). The gateway (`route`,
+as `GroupRuntime` and `GatewayState.watch_queue`): a request that waits promotes the warm
+standby, or, with none left, wakes the oldest asleep instance (one wake at a time); once
+awake it joins the warm standby, in rotation at once and held as a promoted one, so the
+`GroupLoad`'s `standby_in_rotation` counts it and the kernel takes it into the count (the
+`woken` a live gateway reports). An asleep instance-second is counted apart
+(`SimResult.sleeping_seconds`) and priced at `sleeping_cost_ratio` of an awake one
+(`sluice.sim.result`: the host memory its weights hold, `sim.host_memory_gb`, against an
+H100's on-demand price); falling asleep and waking count as awake. Not simulated: the live
+sleep's wait for in-flight requests is polled every tick here (every 0.2 s live) and not
+bounded by the drain timeout; the controller learns of a gateway's wake at once.
+
 A rollout is simulated by its floor only (`FleetOptions.rollouts`: from the second it
 starts to the second it ends, its baseline keeps at least the count in force when it
 started, as `RolloutRunner.start` floors it; no canary, split or analysis). Not
