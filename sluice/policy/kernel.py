@@ -268,6 +268,6 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
         groups=groups,
         quota=alloc.state,
         advice=decision.allocation.advice.state,
-        meter=meter.holding(alloc, decision.sleep_rate),
+        meter=meter.holding(alloc),
         crashes=crashes,
     )

@@ -22,7 +22,7 @@ A group's sleeping standby (`autoscaling.sleeping_standby`) leaves its claim onc
 may wake it (`TickInput.fenced`): its units are idle guarantee, lent like any other and
 reclaimed when the count needs it awake (`sluice.policy.standby.sleeping_units`); the tick
 says which sleepers to fence (`TickDecision.fence`) and which wait for their units before a
-wake (`unwoken`), and meters a released sleeper at its host memory.
+wake (`unwoken`), and its grant's spend is a released sleeper's host memory.
 
 Every instance is also told its tier (S9): `stable` while it runs on the group's own
 guaranteed units, `burst` above them (borrowed or unassigned units). Scale-down, reclaim,
@@ -183,8 +183,6 @@ class TickDecision:
     unwoken: frozenset[str] = frozenset()
     """fenced sleepers the count needs awake whose units quota has not granted yet (a
     reclaim frees them): not woken until it does"""
-    sleep_rate: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    """per group, the spend per hour of its released sleepers (their host memory)"""
 
 
 def clipped(
@@ -295,6 +293,8 @@ def decide(inp: TickInput) -> TickDecision:
     for name in by_group.keys() - index.groups.keys():  # groups gone from the spec
         actions += plan_group(GroupTarget(name, "", 0), by_group[name])
     fence, unwoken, sleep_rate = _fences(index, sleeps, woken, claims, alloc) if sleeps else _NONE
+    if sleep_rate:
+        advised = dataclasses.replace(advised, enforced=_metered_asleep(alloc, sleep_rate))
     return TickDecision(
         scaled=tuple(scaled),
         counts=counts,
@@ -309,7 +309,6 @@ def decide(inp: TickInput) -> TickDecision:
         memories=memories,
         fence=fence,
         unwoken=unwoken,
-        sleep_rate=sleep_rate,
     )
 
 
@@ -317,6 +316,17 @@ _OWN_LIMITS = ("budget", "limit ", "borrow_limit ")
 """how a refusal for a group's own cap or budget begins (`sluice.policy.quota.allocate`):
 lending it units would not help it"""
 _NONE: tuple[frozenset[str], frozenset[str], Mapping[str, float]] = (frozenset(), frozenset(), {})
+
+
+def _metered_asleep(alloc: Allocation, rate: Mapping[str, float]) -> Allocation:
+    """`alloc` with the host memory of released sleepers in the groups' spend per hour (what
+    the meter counts and the fleet shows); units held stay the accelerators'."""
+    grants = dict(alloc.grants)
+    for name, extra in rate.items():
+        g = grants[name]
+        grants[name] = dataclasses.replace(g, spend_per_hour=g.spend_per_hour + extra)
+    total = alloc.spend_per_hour + sum(rate.values())
+    return dataclasses.replace(alloc, grants=grants, spend_per_hour=total)
 
 
 def _sleeping(
@@ -359,9 +369,10 @@ def _fences(
     claims: Sequence[GroupClaim],
     alloc: Allocation,
 ) -> tuple[frozenset[str], frozenset[str], dict[str, float]]:
-    """(sleepers to fence, released sleepers left asleep for want of units, host-memory
-    spend per group). A group's lendable sleepers are fenced while another group of its
-    pool waits for units or it lends any; released ones stay fenced while it lends."""
+    """(sleepers to fence, released sleepers left asleep for want of units, their host
+    memory's spend per hour per group). A group's lendable sleepers are fenced while
+    another group of its pool waits for units or it lends any; released ones stay fenced
+    while it lends."""
     grants, refusals = alloc.grants, alloc.refusals
     short = {  # groups that wait for units, not for their own cap or budget
         c.pool

@@ -95,7 +95,8 @@ def test_a_sleeper_on_the_lendable_guarantee_is_fenced_when_another_group_waits(
     # not fenced yet: it holds its unit; batch (3 wanted, 2 running) finds the pool full
     assert d.allocation.enforced.grants["batch"].instances == 2
     assert d.fence == {"chat-1"}
-    assert d.held["chat"] == 2 and not d.sleep_rate
+    assert d.held["chat"] == 2
+    assert d.allocation.enforced.grants["chat"].spend_per_hour == 2 * 2.0
     # nobody waits (batch wants 2): nothing is fenced, a gateway may wake it in seconds
     fits = load_spec_text(
         SPEC.replace("QUOTA", "priority: 0").replace("replicas: 3", "replicas: 2")
@@ -123,7 +124,8 @@ def test_a_fenced_sleeper_is_lent_kept_and_metered_at_its_host_memory() -> None:
     assert not [a for a in d.actions if isinstance(a, Drain)]  # the sleeper is kept
     assert d.held["chat"] == 1
     assert d.fence == {"chat-1"}  # still lent: still fenced
-    assert d.sleep_rate == {"chat": 16 * 0.01}
+    # one unit at 2.0/h, and the sleeper's 16 GiB of host memory at 0.01/GiB-h
+    assert d.allocation.enforced.grants["chat"].spend_per_hour == 2.0 + 16 * 0.01
     assert not d.scaled[0].guards  # the count is not clipped by its sleeper's place
 
 
@@ -163,7 +165,7 @@ def test_a_sleeper_on_a_pool_that_pins_devices_keeps_its_units() -> None:
     s = load_spec_text(text.replace("QUOTA", "priority: 0")).spec
     observed = [inst(s, "chat", 0), inst(s, "chat", 1, 10), inst(s, "batch", 0, 20)]
     d = tick(s, observed, asleep=frozenset({"chat-1"}), fenced=frozenset({"chat-1"}))
-    assert d.held["chat"] == 2 and d.fence == frozenset() and not d.sleep_rate
+    assert d.held["chat"] == 2 and d.fence == frozenset()
 
 
 @given(

@@ -52,14 +52,10 @@ class Meter:
                 hours_used[name] = hours_used.get(name, 0.0) + units * hours
         return Meter(month, spent, hours_used, now, self.rate, self.units)
 
-    def holding(self, alloc: Allocation, asleep: Mapping[str, float] | None = None) -> Meter:
-        """Meter `alloc`'s grants from now on; `asleep`: the spend per hour of groups'
-        sleepers that hold no units (their host memory), on top."""
+    def holding(self, alloc: Allocation) -> Meter:
+        """Meter `alloc`'s grants from now on."""
         rate = {name: g.spend_per_hour for name, g in alloc.grants.items()}
         rate[TOTAL] = alloc.spend_per_hour
-        for name, extra in (asleep or {}).items():
-            rate[name] = rate.get(name, 0.0) + extra
-            rate[TOTAL] += extra
         units = {name: g.units_held for name, g in alloc.grants.items()}
         units[TOTAL] = alloc.units_held
         return Meter(self.month, self.spent, self.unit_hours, self.at, rate, units)
