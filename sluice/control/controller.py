@@ -634,7 +634,7 @@ class Controller:
             pins=self.pins.counts(now),
             floors=dict(self._rollouts.baseline_floors()),
             holds=dict(self._holds()),
-            asleep=frozenset(self._sleepers.asleep),
+            asleep=self._asleep_now(spec),
             fenced=self._fenced(),
         )
         # 2. Decide: the one pure step the simulator runs too (`sluice.policy.kernel`):
@@ -723,6 +723,12 @@ class Controller:
         self._sleepers.published(self._routing.published[1])
         if placed:
             self._sleepers.act(spec, placed)
+
+    def _asleep_now(self, spec: PlatformSpec) -> frozenset[str]:
+        """The sleepers asleep as this tick begins: a gateway's wake reported since the last
+        tick counts first (a sleeper it woke must not have its units lent)."""
+        self._woken_by_gateways(spec)
+        return frozenset(self._sleepers.asleep)
 
     def _fenced(self) -> frozenset[str]:
         """Sleepers left out of a snapshot every gateway serves: their units may be lent."""
