@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sluice.control.accelerators import AcceleratorWatch
@@ -36,7 +36,7 @@ from sluice.control.sleepers import Sleepers
 from sluice.control.spec_work import offload
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.ticks import TickLoop
-from sluice.core import Clock, Conflict, InstanceState, NotFound
+from sluice.core import Clock, Conflict, InstanceState, InstanceStatus, NotFound
 from sluice.policy import (
     Drain,
     Launch,
@@ -654,7 +654,7 @@ class Controller:
         self._decisions.keep_only({g.name for g in spec.groups if is_advisory(g)})
         self._tiers = decision.tiers  # worked out when first read
         self._sleepers.fence(decision.fence, decision.unwoken)
-        self._lent = world.fenced
+        await self._lending(observed, world.fenced)
         # 4. Apply (the kernel held back the launches of crash-looping groups).
         for group_name, backoff in decision.crash_waits:
             await self._events.emit(
@@ -723,6 +723,21 @@ class Controller:
         self._sleepers.published(self._routing.published[1])
         if placed:
             self._sleepers.act(spec, placed)
+
+    async def _lending(self, observed: Sequence[InstanceStatus], lent: frozenset[str]) -> None:
+        """Keep which sleepers' units serve other groups now, with an event when that
+        changes (`units-lent`, `units-back`)."""
+        before, self._lent = self._lent, lent
+        if lent == before:
+            return
+        group = {i.id: i.group for i in observed}
+        for iid in sorted(lent - before):
+            if iid in group:
+                text = "asleep: its units may serve other groups"
+                await self._events.emit(group[iid], iid, "units-lent", text)
+        for iid in sorted(before - lent):
+            if iid in group:  # (an instance gone needs no word)
+                await self._events.emit(group[iid], iid, "units-back", "its units are its own")
 
     def _asleep_now(self, spec: PlatformSpec) -> frozenset[str]:
         """The sleepers asleep as this tick begins: a gateway's wake reported since the last

@@ -241,6 +241,8 @@ def test_a_sleepers_units_are_lent_and_reclaimed_when_a_burst_needs_it(tmp_path:
         woken = [e for e in events if e.get("instance") == sleeper and e["kind"] == "woken"]
         assert drained and woken, [(e["kind"], e["message"]) for e in events[-30:]]
         assert min(e["at"] for e in drained) <= min(e["at"] for e in woken)
+        kinds = [e["kind"] for e in events[::-1] if e.get("instance") == sleeper]
+        assert kinds.index("units-lent") < kinds.index("units-back") < kinds.index("woken"), kinds
         assert borrowed not in {i["id"] for i in s.ready("batch")}
         # reclaim grace 1 s + the borrower's drain + a 1 s wake; a new instance takes 15 s
         to_serve = min(e["at"] for e in woken) - started
