@@ -8,6 +8,7 @@ from sluice.policy.autoscale.base import (
     GroupLoad,
     ScalingPolicy,
     Stateful,
+    TokenLoad,
 )
 from sluice.policy.autoscale.factory import POLICY_NAMES, build_autoscaler, build_policy
 from sluice.policy.autoscale.fixed import FixedPolicy, NoMemory
@@ -32,6 +33,7 @@ __all__ = [
     "SluiceMemory",
     "SluicePolicy",
     "Stateful",
+    "TokenLoad",
     "build_autoscaler",
     "build_policy",
     "resolve_schedules",

@@ -28,6 +28,7 @@ __all__ = [
     "GroupLoad",
     "ScalingPolicy",
     "Stateful",
+    "TokenLoad",
     "TrafficSample",
     "window_quantile",
 ]
@@ -87,6 +88,21 @@ class GroupLoad:
     standby_in_rotation: int = 0
     """instances a gateway routes to while it has put the group's warm standby in rotation
     (requests waited: the fast tier, before any decision); 0 when no gateway has"""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLoad(GroupLoad):
+    """A `GroupLoad` with the tokens of the group's answers counted (a generative group
+    whose gateway reads their usage): the means of the lengths size a batching group on its
+    capacity at the SLO (`sluice.policy.autoscale.batching`). A subclass, so that a load
+    without token counts stays the value (and the serialized decision) it was."""
+
+    token_requests: int = 0
+    """cumulative requests whose tokens `prompt_tokens` and `output_tokens` count"""
+    prompt_tokens: int = 0
+    """cumulative prompt tokens of those requests"""
+    output_tokens: int = 0
+    """cumulative output tokens of those requests"""
 
 
 @fast_init

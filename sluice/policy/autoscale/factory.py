@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sluice.policy.autoscale.base import Autoscaler, ScalingPolicy, Stateful
+from sluice.policy.autoscale.batching import BatchingServer, ServerModel
 from sluice.policy.autoscale.fixed import FixedPolicy
 from sluice.policy.autoscale.hpa import HpaPolicy
 from sluice.policy.autoscale.kpa import KpaPolicy
@@ -14,7 +15,7 @@ from sluice.policy.autoscale.sluice import SluicePolicy
 from sluice.spec.autoscaling import AutoscalingSpec, ScheduleEntry
 from sluice.spec.models import GroupSpec
 
-__all__ = ["POLICY_NAMES", "build_autoscaler", "build_policy"]
+__all__ = ["POLICY_NAMES", "build_autoscaler", "build_policy", "declared_server"]
 
 POLICY_NAMES = ("sluice", "hpa", "kpa", "fixed", "fixed:N")
 
@@ -23,10 +24,11 @@ def build_autoscaler(
     group: GroupSpec,
     templates: Mapping[str, Sequence[ScheduleEntry]],
     policy: str | None = None,
+    server: BatchingServer | None = None,
 ) -> Autoscaler:
     """`build_policy` with its memory kept: `Stateful(policy)`, or for a fixed count the
     `FixedPolicy` itself (it remembers nothing and decides as it is)."""
-    built = build_policy(group, templates, policy)
+    built = build_policy(group, templates, policy, server)
     if isinstance(built, FixedPolicy):
         return built
     return Stateful(built)
@@ -36,13 +38,17 @@ def build_policy(
     group: GroupSpec,
     templates: Mapping[str, Sequence[ScheduleEntry]],
     policy: str | None = None,
+    server: BatchingServer | None = None,
 ) -> ScalingPolicy[Any]:
     """The scaling policy for `group`. `policy` overrides `group.autoscaling.policy`:
     'sluice', 'hpa', 'kpa', 'fixed' (the group's `replicas`) or 'fixed:N'.
     A group without an `autoscaling` block gets `FixedPolicy(replicas)` unless told otherwise.
     HPA and KPA take `max(min, stable)` as their minimum and ignore schedules (upstream has
     neither); Sluice takes the group's `slo.latency_ms` as p95 target when none is set, and
-    `slo.ttft_ms` / `slo.tpot_ms` as its TTFT / TPOT targets.
+    `slo.ttft_ms` / `slo.tpot_ms` as its TTFT / TPOT targets, and sizes a batching group
+    on its capacity at the SLO: `server` (e.g. `ServerModel.from_fit` of what `sluice
+    loadtest --fit` measured), else the batching server its models declare (`sim.batching`,
+    `declared_server`); HPA and KPA read neither.
     Raises ValueError for an unknown policy or template name.
     """
     spec = group.autoscaling
@@ -71,7 +77,21 @@ def build_policy(
     schedules = ScheduleFloors(resolve_schedules(spec.schedules, templates))
     slo_ms = group.slo.latency_ms if group.slo is not None else None
     auto = _slo_token_targets(spec, group)
-    return SluicePolicy(auto, schedules=schedules, latency_target_ms=slo_ms, slo=group.slo)
+    if server is None:
+        server = declared_server(group)
+    return SluicePolicy(
+        auto, schedules=schedules, latency_target_ms=slo_ms, slo=group.slo, server=server
+    )
+
+
+def declared_server(group: GroupSpec) -> ServerModel | None:
+    """The batching server the group's models declare (`sim.batching`, one per instance):
+    None where none does, or where they do not all declare the same one."""
+    blocks = {m.sim.batching if m.sim is not None else None for m in group.models.values()}
+    if len(blocks) != 1:
+        return None
+    block = blocks.pop()
+    return None if block is None else ServerModel.from_spec(block)
 
 
 def _slo_token_targets(spec: AutoscalingSpec, group: GroupSpec) -> AutoscalingSpec:

@@ -97,7 +97,8 @@ import math
 from dataclasses import dataclass, replace
 
 from sluice.core.frozen import fast_init
-from sluice.policy.autoscale.base import Decision, GroupLoad
+from sluice.policy.autoscale.base import Decision, GroupLoad, TokenLoad
+from sluice.policy.autoscale.batching import BatchingServer, ServerCapacity, batching_capacity
 from sluice.policy.autoscale.queueing import (
     Objective,
     burst_slots,
@@ -190,8 +191,15 @@ class SluicePolicy:
         schedules: ScheduleFloors | None = None,
         latency_target_ms: float | None = None,
         slo: SloSpec | None = None,
+        server: BatchingServer | None = None,
     ) -> None:
         self.spec = spec
+        self.server = server
+        """the group's batching server model (declared or fitted): sizes the group on its
+        capacity at the SLO instead of its slots; None: slots (`_capacity`)"""
+        self._capacities: dict[tuple[float, float], ServerCapacity] = {}
+        """a cache of `batching_capacity` by mean lengths (3 significant digits): a pure
+        function's answers, not memory"""
         self.slo = slo if slo is not None else DEFAULT_SLO
         self.schedules = schedules if schedules is not None else ScheduleFloors()
         self.latency_target_ms = spec.targets.latency_p95_ms or latency_target_ms
@@ -217,6 +225,17 @@ class SluicePolicy:
         """the share of requests the steady need lets wait past their allowance"""
         self._waits = (self.slo.slowdown, self.slo.slack_s, self.slo.latency_ms)
         """the objective's terms `Objective.of` and `wait_allowance_s` take"""
+        # the bounds a batching group's capacity is sized at: the SLO's TTFT / TPOT at its
+        # target, else the TTFT / TPOT p95 targets at 0.95
+        if self.slo.ttft_ms is not None or self.slo.tpot_ms is not None:
+            ttft_ms, tpot_ms, q = self.slo.ttft_ms, self.slo.tpot_ms, self.slo.target
+        else:
+            ttft_ms, tpot_ms, q = t.ttft_p95_ms, t.tpot_p95_ms, 0.95
+        self._bounds = (
+            None if ttft_ms is None else ttft_ms / 1000.0,
+            None if tpot_ms is None else tpot_ms / 1000.0,
+            q,
+        )
 
     def initial(self) -> SluiceMemory:
         """The memory before the first sample: empty windows, nothing asked yet."""
@@ -271,13 +290,15 @@ class SluicePolicy:
         if not horizon > spec.targets.window_s:
             horizon = spec.targets.window_s
         arrived, traffic = m.traffic.observe(load, now, horizon)
-        signals, proposals, traffic = self._signals(load, now, traffic, lead)
+        signals, proposals, traffic, sizing = self._signals(load, now, traffic, lead)
         panic_over_at, panic_max = self._update_panic(load, signals, m.panic_over_at, m.panic_max)
         rec, winner, top, notes, panic_max = self._combine(
             load, signals, proposals, panic_over_at is not None, panic_max
         )
         if load.server_waiting:
             notes.append(f"{load.server_waiting} requests wait inside the servers")
+        if sizing is not None:
+            notes.append(sizing)
         cold = current == 0 and (arrived > 0 or load.queued > 0 or load.in_flight > 0)
         active_at = traffic.active_at
         idle = now - active_at if active_at is not None else math.inf
@@ -354,13 +375,50 @@ class SluicePolicy:
     def _lead(self, load: GroupLoad) -> float:
         return self.spec.lead_time_s if self.spec.lead_time_s is not None else load.startup_s
 
+    def _capacity(self, load: GroupLoad) -> ServerCapacity | None:
+        """The batching server's capacity at the SLO at the mean lengths of the requests
+        counted so far (`batching_capacity`); None without a server model or token counts
+        (a `TokenLoad`)."""
+        if self.server is None or not isinstance(load, TokenLoad) or load.token_requests <= 0:
+            return None
+        n = load.token_requests
+        prompt = float(f"{load.prompt_tokens / n:.3g}")
+        output = float(f"{max(load.output_tokens / n, 1.0):.3g}")
+        key = (prompt, output)
+        cap = self._capacities.get(key)
+        if cap is None:
+            if len(self._capacities) >= 4096:
+                self._capacities.clear()
+            ttft_s, tpot_s, q = self._bounds
+            cap = batching_capacity(self.server, prompt, output, ttft_s, tpot_s, q)
+            self._capacities[key] = cap
+        return cap
+
     def _signals(
         self, load: GroupLoad, now: float, traffic: TrafficWindows, lead: float
-    ) -> tuple[dict[str, float], dict[str, int], TrafficWindows]:
-        """The signals and each one's proposal, and the windows once read (`settle`);
-        `lead` is `_lead(load)`."""
+    ) -> tuple[dict[str, float], dict[str, int], TrafficWindows, str | None]:
+        """The signals and each one's proposal, the windows once read (`settle`), and a
+        note when a batching group is sized on its capacity at the SLO (`_capacity`): its
+        slots per instance are then that capacity x the measured service time, the
+        concurrency the instance holds at that rate by Little's law, where it is under
+        `max_concurrency`; `lead` is `_lead(load)`."""
         t = self.spec.targets
-        slots = load.slots_per_instance
+        rate, span, burst_rate = traffic.rates()
+        measured = traffic.service()
+        service, service_cv2 = measured if measured is not None else (None, 1.0)
+        slots: float = load.slots_per_instance
+        sizing = None
+        cap = self._capacity(load) if service is not None else None
+        if cap is not None and service is not None:
+            if cap.rps > 0 and cap.rps * service < slots:
+                slots = cap.rps * service
+                sizing = (
+                    f"batching capacity {cap.rps:.3g} req/s per instance ({cap.limit} bound) "
+                    f"x service {service:.3g}s = {slots:.3g} slots per instance, not "
+                    f"{load.slots_per_instance}"
+                )
+            elif cap.rps <= 0:
+                sizing = "batching capacity: the mean request misses its bounds alone; slots"
         target = t.utilization * slots
         ready = load.ready if load.ready >= 1 else 1  # max(load.ready, 1) without the call
         in_flight, queue_w = traffic.busy(now)
@@ -377,10 +435,10 @@ class SluicePolicy:
         }
         if load.server_waiting:
             signals["server_queue"] = float(load.server_waiting)
+        if cap is not None:
+            signals["capacity_rps"] = round(cap.rps, 3)
+            signals["capacity_batch"] = round(cap.batch, 1)
         proposals: dict[str, int] = {}
-        rate, span, burst_rate = traffic.rates()
-        measured = traffic.service()
-        service, service_cv2 = measured if measured is not None else (None, 1.0)
         # the backlog still waiting when instances asked for now are ready (S7): a queue
         # the ready instances drain within the lead time needs no new instance; its work
         # (requests x service) is spread over the lead time, the soonest new instances
@@ -413,7 +471,7 @@ class SluicePolicy:
             signals["rate_projected"] = round(projected, 3)
             if service is not None:
                 self._size_from_model(
-                    load, traffic, projected, service, service_cv2, dispersion, signals, proposals
+                    slots, traffic, projected, service, service_cv2, dispersion, signals, proposals
                 )
         over = queue > t.queue_per_instance * ready + _EPS and backlog > _EPS
         sustained = rate * service if service is not None else in_flight
@@ -435,7 +493,7 @@ class SluicePolicy:
             or load.kv_cache_usage is not None
         ):
             self._caller_signals(load, signals, proposals)
-        return signals, proposals, traffic
+        return signals, proposals, traffic, sizing
 
     def _caller_signals(
         self, load: GroupLoad, signals: dict[str, float], proposals: dict[str, int]
@@ -474,7 +532,7 @@ class SluicePolicy:
 
     def _size_from_model(
         self,
-        load: GroupLoad,
+        slots: float,
         traffic: TrafficWindows,
         rate: float,
         service: float,
@@ -508,7 +566,6 @@ class SluicePolicy:
         signals["steady_slots_hold"] = float(hold)
         signals["envelope_slots"] = round(envelope, 3)
         signals["envelope_window_s"] = window
-        slots = load.slots_per_instance
         proposals["steady"] = _need(steady, slots)
         proposals["envelope"] = _need(envelope, slots)
 
