@@ -87,7 +87,10 @@ awake it joins the warm standby, in rotation at once and held as a promoted one,
 (`sluice.sim.result`: the host memory its weights hold, `sim.host_memory_gb`, against an
 H100's on-demand price); falling asleep and waking count as awake. Not simulated: the live
 sleep's wait for in-flight requests is polled every tick here (every 0.2 s live) and not
-bounded by the drain timeout; the controller learns of a gateway's wake at once.
+bounded by the drain timeout; the controller learns of a gateway's wake at once. The kernel
+reads the instances asleep (`World.asleep`, from the sleep's end to the wake's); lending a
+sleeper's units to another group (`TickDecision.fence`) is not simulated: no sleeper is
+fenced (`World.fenced` stays empty), so every sleeper keeps its units.
 
 A rollout is simulated by its floor only (`FleetOptions.rollouts`: from the second it
 starts to the second it ends, its baseline keeps at least the count in force when it
@@ -308,7 +311,7 @@ class _Lane:
             lane.warm_n = g.autoscaling.warm_standby
             lane.sleepers = g.autoscaling.sleeping_standby
             sp = sleep_params(g)
-            lane.sleep_s, lane.wake_s, lane.ratio = sp.sleep_s, sp.wake_s, sp.ratio
+            lane.sleep_s, lane.wake_s = sp.sleep_s, sp.wake_s
         return lane
 
     def kv_usage(self, now: float) -> float:
@@ -409,6 +412,9 @@ def run_fleet(
     spec = with_pool_counts(spec, o.pool_counts)
     works = workloads_for(spec, workloads)
     lanes = [_Lane.of(gi, g, works[g.name]) for gi, g in enumerate(spec.groups)]
+    sleepy = [L for L in lanes if L.sleepers]
+    for L in sleepy:
+        L.ratio = sleep_params(L.g, spec.pool(L.g.resources.pool)).ratio
     by_name = {L.g.name: L for L in lanes}
     unknown = sorted(set(o.rollouts) - set(by_name))
     if unknown:
@@ -927,7 +933,11 @@ def run_fleet(
                 floors.pop(name, None)
             elif name not in floors:
                 floors[name] = by_name[name].count
-        d, after = step(memory, World(compiled, observed, loads, floors=floors), at)
+        asleep = frozenset(  # as `Sleepers.asleep`: from the sleep's end to the wake's
+            sids[k] for L in sleepy for k, nap in L.naps.items() if nap != _DOZING
+        )
+        world = World(compiled, observed, loads, floors=floors, asleep=asleep)
+        d, after = step(memory, world, at)
         alloc = d.allocation.enforced
         keep(alloc, now)
         memory = after

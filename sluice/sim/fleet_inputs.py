@@ -18,6 +18,7 @@ from sluice.sim.result import sleeping_cost_ratio
 from sluice.sim.trace import trace_from_rows
 from sluice.sim.workload import Workload, prepare
 from sluice.spec import GroupSpec, PlatformSpec
+from sluice.spec.models import PoolSpec
 from sluice.spec.runtimes import SimParams
 
 __all__ = ["SleepParams", "compiled_for", "sleep_params", "with_pool_counts", "workloads_for"]
@@ -35,16 +36,22 @@ class SleepParams:
     """an asleep instance-second's price, as a share of an awake one's"""
 
 
-def sleep_params(g: GroupSpec) -> SleepParams:
+def sleep_params(g: GroupSpec, pool: PoolSpec | None = None) -> SleepParams:
     """The group's models' `sim` sleep and wake times (the longest of them) and the host
-    memory they hold asleep (all of them: one instance holds every model), priced by
-    `sleeping_cost_ratio`."""
+    memory they hold asleep (all of them: one instance holds every model), priced at the
+    pool's prices where it prices both host memory (`host_memory_price_per_gb_hour`) and
+    its accelerators, else at the public prices `sleeping_cost_ratio` assumes."""
     params = [m.sim or SimParams() for m in g.models.values()]
     host = sum(p.memory_gb if p.host_memory_gb is None else p.host_memory_gb for p in params)
+    units = max(1, g.resources.accelerators)
+    if pool is not None and pool.host_memory_price_per_gb_hour > 0 and pool.price_per_hour > 0:
+        ratio = host * pool.host_memory_price_per_gb_hour / (units * pool.price_per_hour)
+    else:
+        ratio = sleeping_cost_ratio(host, units)
     return SleepParams(
         sleep_s=max((p.sleep_s for p in params), default=SimParams().sleep_s),
         wake_s=max((p.wake_s for p in params), default=SimParams().wake_s),
-        ratio=sleeping_cost_ratio(host, g.resources.accelerators),
+        ratio=ratio,
     )
 
 

@@ -36,7 +36,9 @@ def sleeping_cost_ratio(host_memory_gb: float, accelerators: int = 1) -> float:
     its accelerators at `ACCELERATOR_PRICE_PER_HOUR` (40 GB on one H100: 0.0146). The
     accelerator itself is not charged: its memory is free for other work while it sleeps
     (sluice's quota may lend a sleeper's units, `sluice.policy.standby`); where nothing
-    else can use it, count asleep time at full price (`instance_seconds`)."""
+    else can use it, count asleep time at full price (`instance_seconds`). A pool that
+    prices host memory (`host_memory_price_per_gb_hour`) is priced at its own prices
+    instead (`sluice.sim.fleet_inputs.sleep_params`)."""
     return (
         host_memory_gb
         * HOST_MEMORY_PRICE_PER_GB_HOUR

@@ -13,6 +13,7 @@ import pytest
 
 import sluice.sim.fleet
 from sluice.sim import InstanceModel, SimResult, make_policy, prepare, run, trace_from_rows
+from sluice.sim.fleet_inputs import sleep_params
 from sluice.sim.result import (
     ACCELERATOR_PRICE_PER_HOUR,
     HOST_MEMORY_PRICE_PER_GB_HOUR,
@@ -150,3 +151,14 @@ def test_asleep_time_is_priced_at_host_memory_over_the_accelerator() -> None:
     w = run(prepare(warm, trace_from_rows(QUIET)), make_policy(warm, "fixed:1")).summary()
     assert "sleeping_instance_seconds" not in w
     assert w["cost"] == pytest.approx(w["instance_seconds"] / 3600 * warm.price_per_hour)
+
+
+def test_a_pool_that_prices_host_memory_prices_the_sleepers_at_its_own_prices() -> None:
+    model = sleepy(1, host_memory_gb=16)
+    pool = model.platform.pool(model.group.resources.pool) if model.platform else None
+    assert pool is not None and pool.price_per_hour > 0
+    assert sleep_params(model.group, pool).ratio == pytest.approx(sleeping_cost_ratio(16))
+    priced = pool.model_copy(update={"host_memory_price_per_gb_hour": 0.01})
+    assert sleep_params(model.group, priced).ratio == pytest.approx(
+        16 * 0.01 / (model.group.resources.accelerators * pool.price_per_hour)
+    )
