@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from scipy.stats import poisson
 
+from bench._autoscale_batching import CountsTokens, policy_for
 from sluice.policy.autoscale import (
     Decision,
     GroupLoad,
@@ -21,7 +22,9 @@ from sluice.policy.autoscale import (
 )
 from sluice.policy.autoscale.batching import ServerModel, batching_capacity
 from sluice.policy.autoscale.factory import declared_server
+from sluice.sim import InstanceModel, generate, prepare
 from sluice.sim.batching import LLAMA3_8B_H100, BatchingParams
+from sluice.sim.model import batch_tokens
 from sluice.spec import load_spec_file
 from sluice.spec.autoscaling import SloSpec
 from tests.unit.test_autoscale_sluice import World, spec
@@ -90,6 +93,20 @@ def test_a_tpot_bound_with_prefill_counts_the_poisson_quantile_of_prefills() -> 
     assert tpot_q(cap.rps) <= tau < tpot_q(cap.rps * 1.001)
     # a looser quantile serves more
     assert batching_capacity(LLAMA3_8B_H100, p, o, None, tau, 0.9).rps > cap.rps
+
+
+def test_both_bounds_share_the_miss_budget() -> None:
+    """With TTFT and TPOT bounds, each is held at 1 - (1 - q) / 2, so the typical request
+    meets both with probability q (Bonferroni): the capacity is the lower of the two."""
+    p, o = 2048.0, 28.0
+    both = batching_capacity(LLAMA3_8B_H100, p, o, 2.0, 0.1, 0.99)
+    ttft = batching_capacity(LLAMA3_8B_H100, p, o, 2.0, None, 0.995)
+    tpot = batching_capacity(LLAMA3_8B_H100, p, o, None, 0.1, 0.995)
+    assert both.rps == pytest.approx(min(ttft.rps, tpot.rps), abs=1e-6)
+    assert both.limit == min((ttft, tpot), key=lambda c: c.rps).limit
+    # a one-token answer has no TPOT: the TTFT bound alone, at q
+    one = batching_capacity(LLAMA3_8B_H100, p, 1.0, 2.0, 0.1, 0.99)
+    assert one.rps == batching_capacity(LLAMA3_8B_H100, p, 1.0, 2.0, None, 0.99).rps
 
 
 def test_the_kv_cache_bounds_the_mean_sequences_it_holds() -> None:
@@ -177,13 +194,14 @@ def _world(with_server: bool, counted: bool = True) -> World:
 def test_a_batching_group_is_sized_on_its_capacity_and_says_so() -> None:
     """10 requests in flight at 0.5 s: 20 req/s. On 4 slots an instance, 3 instances hold
     them at the default utilization with the steady margin (5); the batching server's
-    capacity at 6,000-token prompts and 28-token answers is about 0.55 req/s (its TTFT
-    bound: 0.4 s prefills), so at least 37 are needed, and the reason names the sizing."""
+    capacity at 6,000-token prompts and 28-token answers is about 0.37 req/s (its TTFT
+    bound: 0.4 s prefills), so at least 54 are needed, and the reason names the sizing."""
     slots = _world(False)
     d_slots = slots.run(90, 10)
     batch = _world(True)
     d_batch = batch.run(90, 10)
     cap = batching_capacity(LLAMA3_8B_H100, 6000, 28, 2.0, 0.1, 0.99)
+    assert cap.limit == "ttft"
     assert d_batch.signals["capacity_rps"] == round(cap.rps, 3)
     per_instance = cap.rps * d_batch.signals["service_s"]
     assert d_batch.signals["slots_per_instance"] == pytest.approx(per_instance, rel=1e-2)
@@ -196,3 +214,28 @@ def test_without_token_counts_a_batching_group_keeps_its_slots() -> None:
     a, b = _world(False, counted=False), _world(True, counted=False)
     da, db = a.run(90, 10), b.run(90, 10)
     assert a.counts == b.counts and da.signals == db.signals and da.reason == db.reason
+
+
+def test_the_bench_feeds_the_tokens_of_the_requests_answered_so_far() -> None:
+    loaded = load_spec_file(ROOT / "examples" / "reference-sim-batching.yaml").spec
+    work = prepare(InstanceModel.from_spec(loaded, loaded.groups[0]), generate("poisson-1", 0))
+    seen: list[GroupLoad] = []
+
+    class Spy:
+        name = "spy"
+
+        def initial(self) -> None:
+            return None
+
+        def step(self, memory: None, load: GroupLoad, now: float) -> tuple[Decision, None]:
+            seen.append(load)
+            return Decision(1, "spy"), None
+
+    fed = CountsTokens(Spy(), work)  # type: ignore[arg-type]
+    fed.step(None, GroupLoad(0.0, 1, 1, 256, 0, 0, arrivals=15, completions=10), 0.0)
+    prompt, output = batch_tokens(LLAMA3_8B_H100, work.trace.input_tokens, work.trace.output_tokens)
+    load = seen[0]
+    assert isinstance(load, TokenLoad) and load.token_requests == 10 and load.arrivals == 15
+    assert load.prompt_tokens == int(prompt[:10].sum())
+    assert load.output_tokens == int(output[:10].sum())
+    assert isinstance(policy_for(work, "sluice"), CountsTokens)

@@ -21,9 +21,12 @@ arrivals at `rate` to one instance, every request of `P` prompt and `O` output t
   S)`), then its own prefill and one decode step: `ttft_q = W_q + S + step(b)`;
 - the KV cache holds `b x K <= kv_tokens`; at most `max_seqs` sequences run: `b <= max_seqs`.
 
-`batching_capacity` is the largest rate at which all of them hold at quantile `q` (each
-bound is nondecreasing in the rate: `scipy.optimize.brentq` on the first bound to fail),
-and names the bound that sets it. What it leaves out: the spread of prompt and output
+`batching_capacity` is the largest rate at which the typical request meets every bound
+with probability `q` (the SLO target), each of the `k` bounds on the caller's time (TTFT,
+and TPOT for an answer of more than one token) at quantile `1 - (1 - q) / k`, so that
+together they miss at most `1 - q` (Bonferroni: a request is in SLO when all hold); each
+bound is nondecreasing in the rate (`scipy.optimize.brentq` on the first one to fail), and
+it names the bound that sets it. What it leaves out: the spread of prompt and output
 lengths (the typical request is the mean one; short answers feel a prefill more), arrival
 bursts (the autoscaler's dispersion and envelope see those), preemption (the KV bound keeps
 the mean occupancy under the cache) and chunked prefill (not modelled by the simulator
@@ -158,8 +161,9 @@ def batching_capacity(
 ) -> ServerCapacity:
     """The largest arrival rate (requests/s) one instance of `server` serves while a request
     of the mean `prompt_tokens` and `output_tokens` meets `ttft_s` and `tpot_s` (None: no
-    such bound) at `quantile`, and the bound that sets it (module docstring). Raises
-    ValueError for lengths or bounds that are not positive finite numbers."""
+    such bound) together with probability `quantile`, and the bound that sets it (module
+    docstring). Raises ValueError for lengths or bounds that are not positive finite
+    numbers."""
     if not (math.isfinite(prompt_tokens) and prompt_tokens >= 0):
         raise ValueError(f"prompt_tokens must be a finite number >= 0, not {prompt_tokens}")
     if not (math.isfinite(output_tokens) and output_tokens >= 1):
@@ -169,7 +173,9 @@ def batching_capacity(
             raise ValueError(f"{name} must be a positive finite number, not {bound}")
     if not 0 < quantile < 1:
         raise ValueError(f"quantile must be in (0, 1), not {quantile}")
-    p, o, q = prompt_tokens, output_tokens, quantile
+    p, o = prompt_tokens, output_tokens
+    bounds = (ttft_s is not None) + (tpot_s is not None and o > 1.0)
+    q = 1.0 - (1.0 - quantile) / bounds if bounds > 1 else quantile
     excess0 = _worst(server, 0.0, p, o, ttft_s, tpot_s, q)[1]
     if excess0 > 0:
         _, phi, t, b = _state(server, 0.0, p, o)
