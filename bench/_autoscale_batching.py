@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from sluice.policy.autoscale import GroupLoad, ScalingPolicy, TokenLoad
 from sluice.sim import (
     InstanceModel,
     SimResult,
@@ -93,42 +92,6 @@ def _row(trace: str, kind: str, policy: str, res: SimResult, **extra: Any) -> di
     }
 
 
-class CountsTokens:
-    """`policy` fed the token counts a gateway keeps (a `TokenLoad`), which the simulator's
-    `GroupLoad` does not carry yet: those of the first `load.completions` requests of the
-    trace (about the ones answered so far; their tokens as the server takes them,
-    `batch_tokens`). The Sluice policy sizes a batching group on its capacity at the SLO at
-    their mean lengths (`SluicePolicy._capacity`); HPA and KPA read no tokens."""
-
-    def __init__(self, policy: ScalingPolicy[Any], work: Workload) -> None:
-        self.policy = policy
-        self.name = policy.name
-        b = work.model.batching
-        assert b is not None
-        prompt, output = batch_tokens(b, work.trace.input_tokens, work.trace.output_tokens)
-        self.prompt = np.concatenate([[0.0], np.cumsum(prompt)])
-        self.output = np.concatenate([[0.0], np.cumsum(output)])
-
-    def initial(self) -> Any:
-        return self.policy.initial()
-
-    def step(self, memory: Any, load: GroupLoad, now: float) -> tuple[Any, Any]:
-        n = min(load.completions, len(self.prompt) - 1)
-        fields = {f.name: getattr(load, f.name) for f in dataclasses.fields(load)}
-        fed = TokenLoad(
-            **fields,
-            token_requests=n,
-            prompt_tokens=int(self.prompt[n]),
-            output_tokens=int(self.output[n]),
-        )
-        return self.policy.step(memory, fed, now)
-
-
-def policy_for(work: Workload, name: str) -> ScalingPolicy[Any]:
-    """The workload's policy `name`, fed token counts (`CountsTokens`)."""
-    return CountsTokens(make_policy(work.model, name), work)
-
-
 def with_standby(work: Workload, standby: int, sleeping: int = 0) -> Workload:
     """The workload on the same instances, the group keeping `standby` warm standby and
     `sleeping` sleeping standby (set after loading: the spec's check asks a live group's
@@ -167,12 +130,14 @@ def study(
     work = prepare(model, trace)
     ws = warm_start(work)
     o = ws.oracle
-    rows = [_row(name, kind, p, run(work, policy_for(work, p), ws.options)) for p in POLICIES]
+    rows = [
+        _row(name, kind, p, run(work, make_policy(work.model, p), ws.options)) for p in POLICIES
+    ]
     if name in FAST_TIER:
         for label, k, asleep in TIERS:
             opts = dataclasses.replace(ws.options, initial=ws.count + k + asleep)
             sw = with_standby(work, k, asleep)
-            res = run(sw, policy_for(sw, "sluice"), opts)
+            res = run(sw, make_policy(sw.model, "sluice"), opts)
             rows.append(
                 _row(name, kind, f"sluice+{label}", res, warm_standby=k, sleeping_standby=asleep)
             )

@@ -117,7 +117,7 @@ import numpy.typing as npt
 
 from sluice.core.instances import InstanceState, InstanceStatus
 from sluice.policy.admission import COMPLETION_WEIGHT, PROMPT_WEIGHT, GroupAdmission, Offer
-from sluice.policy.autoscale import GroupLoad, ScalingPolicy
+from sluice.policy.autoscale import GroupLoad, ScalingPolicy, TokenLoad
 from sluice.policy.kernel import Memory, World, due, step
 from sluice.policy.plan import Drain, Launch
 from sluice.policy.quota import Allocation, Loan
@@ -236,6 +236,10 @@ class _Lane:
     refused: str | None = None
     served: float = 0.0
     served_sq: float = 0.0
+    prompt_tokens: float = 0.0
+    """a batching group's: the tokens of the requests it answered (as a gateway counts
+    their usage), which size it on its capacity at the SLO (`TokenLoad`)"""
+    output_tokens: float = 0.0
     unit_s: float = 0.0
     borrowed_s: float = 0.0
     lent_s: float = 0.0
@@ -353,7 +357,7 @@ class _Lane:
             kv = self.kv_usage(now)
             kv = None if kv != kv else kv  # NaN: an unbounded cache has no share in use
             waiting = self.server_waiting(now)
-        return GroupLoad(
+        load = GroupLoad(
             at=at,
             current=self.count,
             ready=len(self.active) + len(self.spare),
@@ -372,6 +376,16 @@ class _Lane:
             ttft_p95_s=ttft,
             tpot_p95_s=tpot,
             kv_cache_usage=kv,
+        )
+        if self.batch is None:
+            return load
+        # the gateway counts a generative group's tokens: they size it on its capacity
+        fields = {f.name: getattr(load, f.name) for f in dataclasses.fields(load)}
+        return TokenLoad(
+            **fields,
+            token_requests=len(self.lat_log),
+            prompt_tokens=round(self.prompt_tokens),
+            output_tokens=round(self.output_tokens),
         )
 
 
@@ -568,6 +582,8 @@ def run_fleet(
             x = f.latency_s
             L.served += x
             L.served_sq += x * x
+            L.prompt_tokens += ptok[r]
+            L.output_tokens += otok[r]
             first = lat - x + f.ttft_s
             ttft[r] = first
             L.ttft_log.append(first)

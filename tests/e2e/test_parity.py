@@ -1,10 +1,11 @@
 """One brain, two bodies, end to end: the same spec and the same arrivals through
 `sluice simulate` and through a live `sluice up` (sim runtime) scale the group the same
 way: the counts it passes through, the warm standby the gateway puts in rotation when
-requests wait, where quota clips it (a limit of 3 units, one of them held by that
-standby), where a rollout's floor holds it (a rollout
-of the group runs from 20 s to 80 s: live, started and aborted with `sluice rollout`;
-simulated, `--rollout chat@20-80`), and back down, within the live clock's jitter.
+requests wait, where quota clips it (a limit of 3 units: the count takes the standby's
+unit before the standby keeps it, instances serve rather than wait), where a rollout's
+floor holds it (a rollout of the group runs from 20 s to 80 s: live, started and aborted
+with `sluice rollout`; simulated, `--rollout chat@20-80`), and back down, within the live
+clock's jitter.
 
 The simulator keeps the floor only, not the canary's 5 % of the traffic: at these rates
 that share moves no decision."""
@@ -156,8 +157,9 @@ def test_simulate_and_a_live_run_scale_the_same_way(tmp_path: Path) -> None:
     assert all(code == 200 for code, _ in results)
     print(f"\nsimulated: {[(round(t), a, b) for t, a, b, _ in sim]}, clipped {clipped}")
     print(f"live:      {[(round(t), a, b) for t, a, b, _ in live]}")
-    # the same counts, in the same order: up to what quota leaves (2), then back to 1
-    assert path_of(sim) == path_of(live) == [1, 2, 1], (sim, live)
+    # the same counts, in the same order: up to what quota leaves (3, the standby's unit
+    # serving), then back to 1
+    assert path_of(sim) == path_of(live) == [1, 2, 3, 2, 1], (sim, live)
     # the step up: the warm standby the gateway put in rotation as requests waited (live,
     # the autoscaler's own signal may see the burst in the same tick: either names it)
     assert "a gateway promoted the warm standby" in sim[0][3], sim[0]

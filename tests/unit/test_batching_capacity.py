@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from scipy.stats import poisson
 
-from bench._autoscale_batching import CountsTokens, policy_for
 from sluice.policy.autoscale import (
     Decision,
     GroupLoad,
@@ -22,7 +21,7 @@ from sluice.policy.autoscale import (
 )
 from sluice.policy.autoscale.batching import ServerModel, batching_capacity
 from sluice.policy.autoscale.factory import declared_server
-from sluice.sim import InstanceModel, generate, prepare
+from sluice.sim import InstanceModel, generate, prepare, run
 from sluice.sim.batching import LLAMA3_8B_H100, BatchingParams
 from sluice.sim.model import batch_tokens
 from sluice.spec import load_spec_file
@@ -216,7 +215,7 @@ def test_without_token_counts_a_batching_group_keeps_its_slots() -> None:
     assert a.counts == b.counts and da.signals == db.signals and da.reason == db.reason
 
 
-def test_the_bench_feeds_the_tokens_of_the_requests_answered_so_far() -> None:
+def test_the_simulator_feeds_the_tokens_of_the_requests_answered_so_far() -> None:
     loaded = load_spec_file(ROOT / "examples" / "reference-sim-batching.yaml").spec
     work = prepare(InstanceModel.from_spec(loaded, loaded.groups[0]), generate("poisson-1", 0))
     seen: list[GroupLoad] = []
@@ -229,13 +228,16 @@ def test_the_bench_feeds_the_tokens_of_the_requests_answered_so_far() -> None:
 
         def step(self, memory: None, load: GroupLoad, now: float) -> tuple[Decision, None]:
             seen.append(load)
-            return Decision(1, "spy"), None
+            return Decision(load.current, "spy"), None
 
-    fed = CountsTokens(Spy(), work)  # type: ignore[arg-type]
-    fed.step(None, GroupLoad(0.0, 1, 1, 256, 0, 0, arrivals=15, completions=10), 0.0)
+    run(work, Spy())  # type: ignore[arg-type]
     prompt, output = batch_tokens(LLAMA3_8B_H100, work.trace.input_tokens, work.trace.output_tokens)
-    load = seen[0]
-    assert isinstance(load, TokenLoad) and load.token_requests == 10 and load.arrivals == 15
-    assert load.prompt_tokens == int(prompt[:10].sum())
-    assert load.output_tokens == int(output[:10].sum())
-    assert isinstance(policy_for(work, "sluice"), CountsTokens)
+    last = seen[-1]
+    assert all(isinstance(x, TokenLoad) for x in seen)
+    assert isinstance(last, TokenLoad) and last.token_requests == last.completions > 0
+    # the answered ones' tokens: at most all of the trace's, and their mean lengths
+    assert 0 < last.prompt_tokens <= round(prompt.sum())
+    assert 0 < last.output_tokens <= round(output.sum())
+    mean = last.prompt_tokens / last.token_requests
+    assert 0.5 * prompt.mean() < mean < 2 * prompt.mean()
+
