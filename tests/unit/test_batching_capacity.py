@@ -240,4 +240,3 @@ def test_the_simulator_feeds_the_tokens_of_the_requests_answered_so_far() -> Non
     assert 0 < last.output_tokens <= round(output.sum())
     mean = last.prompt_tokens / last.token_requests
     assert 0.5 * prompt.mean() < mean < 2 * prompt.mean()
-
