@@ -654,7 +654,8 @@ class Controller:
         self._decisions.keep_only({g.name for g in spec.groups if is_advisory(g)})
         self._tiers = decision.tiers  # worked out when first read
         self._sleepers.fence(decision.fence, decision.unwoken)
-        await self._lending(observed, world.fenced)
+        # lent now: released (fenced) and still fenced; one this tick lets wake is back
+        await self._lending(observed, world.fenced & decision.fence)
         # 4. Apply (the kernel held back the launches of crash-looping groups).
         for group_name, backoff in decision.crash_waits:
             await self._events.emit(
