@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sluice.core.errors import SpecError, SpecIssue
+from sluice.policy.autoscale.batching import ServerModel
 from sluice.sim.batching import BatchingParams
 from sluice.spec.autoscaling import SloSpec
 from sluice.spec.models import GroupSpec, ModelSpec, PlatformSpec
@@ -254,16 +255,9 @@ def describe_instances(b: BatchingParams | None, slots: int) -> dict[str, object
 
 
 def batching_params(spec: BatchingSpec) -> BatchingParams:
-    """The simulator's `BatchingParams` of a spec's `batching:` block (unset: unbounded KV
-    cache, instant prefill)."""
-    return BatchingParams(
-        max_seqs=spec.max_seqs,
-        kv_tokens=math.inf if spec.kv_tokens is None else spec.kv_tokens,
-        prefill_tps=math.inf if spec.prefill_tps is None else spec.prefill_tps,
-        step_base_s=spec.step_base_s,
-        step_per_seq_s=spec.step_per_seq_s,
-        step_per_kv_token_s=spec.step_per_kv_token_s,
-    )
+    """The simulator's `BatchingParams` of a spec's `batching:` block, read as the policy
+    reads it (`ServerModel.from_spec`: unset is an unbounded KV cache, an instant prefill)."""
+    return BatchingParams(**dataclasses.asdict(ServerModel.from_spec(spec)))
 
 
 def group_batching(group: GroupSpec) -> BatchingParams | None:
