@@ -32,7 +32,7 @@ from sluice.control.rollouts import ACTIONS, RolloutRunner
 from sluice.control.routing_publisher import RoutingPublisher
 from sluice.control.samples import GatewaySampleSource, SampleCollector
 from sluice.control.scraper import ServerScraper, scrape_targets
-from sluice.control.sleepers import Sleepers
+from sluice.control.sleepers import FENCES_KEY, Sleepers, fences_record
 from sluice.control.spec_work import offload
 from sluice.control.supervisor import InstanceSupervisor
 from sluice.control.ticks import TickLoop
@@ -145,6 +145,8 @@ class Controller:
         )
         self._oldest_served = oldest_served
         self._lent: frozenset[str] = frozenset()
+        self._fences_kept = fences_record((), ())
+        """the fence as the store keeps it (`_keep_fences`)"""
         self._loop = TickLoop(self._leader_tick, self._wake, store, events, clock)
         self._deposed = False
         self._refused: str | None = None
@@ -319,6 +321,10 @@ class Controller:
         self._failovers = await asyncio.to_thread(self._store.failovers)
         await self.pins.load()
         await self._quota.load()
+        fences = await asyncio.to_thread(self._store.get_state, FENCES_KEY)
+        if fences:  # a previous controller's: lent units stay lent, their sleepers unwakeable
+            self._lent = self._sleepers.restore(fences)
+            self._fences_kept = fences_record(self._sleepers.fencing, self._lent)
         quota, advice = self._quota.memory
         self._memory = Memory(quota=quota, advice=advice, meter=self._quota.metered)
         if self._spec is not None:
@@ -646,6 +652,7 @@ class Controller:
         # follow-ups setting a no-gain hold) sees this decision with the holds it obeyed
         if self.journal is not None:
             self.journal(before, world, now, decision)
+        await self._keep_fences(decision.fence, world.fenced & decision.fence, now)
         # 3. Keep what follows: quota memory and ledger, the decisions' journal.
         await self._quota.record(spec, decision, self._memory.meter, now)
         for scaled in decision.scaled:
@@ -724,6 +731,15 @@ class Controller:
         self._sleepers.published(self._routing.published[1])
         if placed:
             self._sleepers.act(spec, placed)
+
+    async def _keep_fences(self, fencing: frozenset[str], lent: frozenset[str], now: float) -> None:
+        """Keep the tick's fence in the store before anything acts on it (a borrower's
+        launch, a snapshot, a wake), so that the next controller takes it up
+        (`Sleepers.restore`); written only when it changed."""
+        record = fences_record(fencing, lent)
+        if record != self._fences_kept:
+            await asyncio.to_thread(self._store.put_state, FENCES_KEY, record, now)
+            self._fences_kept = record
 
     async def _lending(self, observed: Sequence[InstanceStatus], lent: frozenset[str]) -> None:
         """Keep which sleepers' units serve other groups now, with an event when that

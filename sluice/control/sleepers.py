@@ -15,6 +15,12 @@ A sleeper whose units the tick lends (`sluice.policy.standby.sleeping_units`) is
 left out of the gateways' wakeable standby, and counted fenced (its units free to lend)
 only once every gateway serves a snapshot that leaves it out. A fenced sleeper the count
 needs is woken only once quota grants its units back (`TickDecision.unwoken`).
+
+The fence outlives this controller: each tick keeps it in the store (`FENCES_KEY`: the
+sleepers fenced, and of them those whose units are lent) before it acts, and the next
+controller (a restart, a takeover) reads it back before its first snapshot (`restore`):
+a sleeper whose units a borrower may hold is never published wakeable, nor counted as
+holding its units, and is woken only once a tick of the new controller lets it.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from sluice.policy.standby import StandbySplit
 from sluice.spec import PlatformSpec
 from sluice.spec.servers import SleepSpec
 
-__all__ = ["RETRY_S", "Sleepers"]
+__all__ = ["FENCES_KEY", "RETRY_S", "Sleepers", "fences_record"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,15 @@ POLL_S = 0.2
 """How often the in-flight count is read while an instance waits to be put to sleep."""
 ASK_S = 5.0
 """How long an adopted instance has to say whether it sleeps."""
+FENCES_KEY = "sleepers"
+"""The controller state (`Store.put_state`) that keeps the fence across controllers."""
+
+
+def fences_record(fencing: Iterable[str], lent: Iterable[str]) -> dict[str, list[str]]:
+    """What the store keeps of the fence: `fencing`, the sleepers no gateway is to wake
+    (`TickDecision.fence`); `lent`, those of them whose units other groups may hold (fenced
+    in a snapshot every gateway served, and released by the tick)."""
+    return {"fencing": sorted(fencing), "lent": sorted(lent)}
 
 
 class Sleepers:
@@ -75,6 +90,23 @@ class Sleepers:
         self._fenced_at: dict[str, int] = {}
         """fencing sleeper -> the first snapshot version that left it out"""
         self._unwoken: frozenset[str] = frozenset()
+
+    def restore(self, record: Mapping[str, Any]) -> frozenset[str]:
+        """Take up the fence a previous controller kept (`fences_record`), before the first
+        tick and snapshot; returns the sleepers whose units are lent. They all count asleep
+        (as every adopted sleeper does until it says otherwise) and stay out of the
+        wakeable standby; the lent ones count fenced at once (every gateway serves a
+        snapshot without them, of the old epoch or of this one: none offered them since
+        they were fenced) and are not woken until a tick says so. Those fenced but not yet
+        lent are fenced anew on this epoch (a gateway may have served an older snapshot
+        that offered them)."""
+        fencing = frozenset(str(i) for i in record.get("fencing", ()))
+        lent = fencing & frozenset(str(i) for i in record.get("lent", ()))
+        self.asleep |= fencing
+        self.fencing, self._unwoken = fencing, lent
+        for iid in lent:
+            self._fenced_at[iid] = 0  # any version of any epoch a gateway serves leaves it out
+        return lent
 
     def fence(self, fencing: frozenset[str], unwoken: frozenset[str]) -> None:
         """The tick's fence (`TickDecision.fence`) and the fenced sleepers it does not let

@@ -251,3 +251,72 @@ def test_a_sleepers_units_are_lent_and_reclaimed_when_a_burst_needs_it(tmp_path:
         assert to_serve < 15, to_serve
         for inst in api.ready("chat"):
             assert sleep_state(inst)["refused"] == 0, inst
+
+
+def test_a_restart_while_a_sleepers_units_are_lent_keeps_the_loan_and_the_fence(
+    tmp_path: Path,
+) -> None:
+    """As above, but `sluice up` is killed (SIGKILL) while batch runs on the sleeper's unit
+    and started again: the new controller reads the fence back from the store, so its very
+    first snapshot keeps the sleeper unwakeable and its first tick keeps the sleeper's unit
+    lent (batch's borrowed instance is not drained as over a shrunk pool, units-lent is not
+    said again). A burst sent at once then finds the sleeper fenced: a gateway cannot wake
+    it onto batch's unit; the count's scale-up reclaims batch's instance first, then the
+    controller wakes the sleeper, and units-back is said once."""
+    with running(tmp_path, LENT_SPEC, "chat's two", lambda s: len(s.ready("chat")) == 2, 120) as s:
+        with Api(s) as api:
+            wait_until("the standby asleep", lambda: len(asleep(api)) == 1, 30)
+            (sleeper,) = asleep(api)
+
+            def lent() -> bool:
+                return any(i["units_lent"] for i in s.instances("chat") if i["id"] == sleeper)
+
+            wait_until(
+                "its unit lent, batch on it", lambda: lent() and len(s.ready("batch")) == 2, 60
+            )
+            borrowed = max(s.ready("batch"), key=lambda i: i["created_at"])["id"]
+            fleet = {i["id"] for i in s.ready("chat")} | {i["id"] for i in s.ready("batch")}
+            sleeper_url = next(i["url"] for i in api.ready("chat") if i["id"] == sleeper)
+        s.kill()
+        restarted = time.time()
+        s.start(with_spec=False)
+        with Api(s) as api:
+            s.wait_routing()
+            rows = {i["id"]: i for i in s.instances()}
+            assert set(rows) == fleet, rows  # all adopted, nothing launched or drained
+            assert rows[sleeper]["asleep"] and rows[sleeper]["units_lent"], rows[sleeper]
+            plane = api.get("/v1/dataplane")["groups"]["chat"]
+            assert plane["sleeping"] == 0, plane  # fenced from the first snapshot on
+            time.sleep(3.0)  # a few ticks: the loan stands
+            assert borrowed in {i["id"] for i in s.ready("batch")}
+
+            started = time.time()
+            with ThreadPoolExecutor(8) as pool:
+                answers = list(pool.map(lambda _: ask(s), range(8)))
+            assert all(code == 200 for code, _, _ in answers), answers
+            events = api.events()
+            shrank = [e for e in events if "shrank" in e["message"]]
+            assert not shrank, shrank
+            drained = [
+                e for e in events if e.get("instance") == borrowed and "reclaim" in e["message"]
+            ]
+            woken = [e for e in events if e.get("instance") == sleeper and e["kind"] == "woken"]
+            assert drained and woken, [(e["kind"], e["message"]) for e in events[-30:]]
+            assert started <= min(e["at"] for e in drained) <= min(e["at"] for e in woken)
+            kinds = [e["kind"] for e in events[::-1] if e.get("instance") == sleeper]
+            assert kinds.count("units-lent") == 1 and kinds.count("units-back") == 1, kinds
+            assert kinds.index("units-lent") < kinds.index("units-back") < kinds.index("woken")
+            back = next(
+                e for e in events if e.get("instance") == sleeper and e["kind"] == "units-back"
+            )
+            assert back["at"] > restarted, back
+            woke = min(e["at"] for e in woken)
+            print(
+                f"after the restart: burst at +{started - restarted:.1f} s, borrower reclaimed "
+                f"+{min(e['at'] for e in drained) - started:.1f} s and sleeper woken "
+                f"+{woke - started:.1f} s into it; the sleeper's events: {kinds}"
+            )
+            state = sleep_state({"url": sleeper_url})
+            assert state["wakes"] == 1 and state["refused"] == 0, state
+            for inst in api.ready("chat"):
+                assert sleep_state(inst)["refused"] == 0, inst

@@ -1,13 +1,14 @@
 """The fence that keeps a sleeper whose units are lent from being woken by a gateway: a
 sleeper counts fenced only once every live gateway serves a snapshot that leaves it out
-(`GatewayFleet.oldest_served`, `Sleepers.fenced`)."""
+(`GatewayFleet.oldest_served`, `Sleepers.fenced`); the next controller takes the fence up
+from what the store kept (`Sleepers.restore`)."""
 
 from __future__ import annotations
 
 import asyncio
 
 from sluice.control.gateways import GATEWAY_TTL_S, GatewayFleet
-from sluice.control.sleepers import Sleepers
+from sluice.control.sleepers import Sleepers, fences_record
 from sluice.core import ManualClock
 
 
@@ -45,4 +46,30 @@ def test_a_sleeper_counts_fenced_once_every_gateway_serves_a_snapshot_without_it
     assert sleepers.fenced(9) == {"b"}
     sleepers.asleep.discard("b")  # woken: no longer fenced
     assert sleepers.fenced(9) == frozenset()
+    asyncio.run(sleepers.close())
+
+
+def test_the_next_controller_takes_up_the_kept_fence() -> None:
+    """`a` was lent, `b` fenced but not yet lent (a gateway may still have served a
+    snapshot that offered it); `c` is not fenced, so it cannot be lent."""
+
+    async def events(*_: object) -> None:
+        return None
+
+    async def inflight(_: str) -> int:
+        return 0
+
+    def fresh() -> Sleepers:
+        return Sleepers(events, inflight, lambda _: True, lambda: None, lambda: 0.0)  # type: ignore[arg-type]
+
+    assert fresh().restore({}) == frozenset()  # nothing kept
+    sleepers = fresh()
+    lent = sleepers.restore(fences_record(["a", "b"], ["a", "c"]))
+    assert lent == {"a"}
+    assert sleepers.asleep == {"a", "b"} and sleepers.fencing == {"a", "b"}
+    # a remote gateway still on the old epoch counts 0: every snapshot it may serve, of
+    # either epoch, leaves `a` out
+    assert sleepers.fenced(0) == {"a"} and sleepers.fenced(None) == {"a"}
+    sleepers.published(1)  # `b` is fenced anew on this epoch
+    assert sleepers.fenced(0) == {"a"} and sleepers.fenced(1) == {"a", "b"}
     asyncio.run(sleepers.close())
