@@ -25,6 +25,7 @@ from typing import Any
 from sluice.core.frozen import fast_init
 from sluice.core.instances import InstanceStatus
 from sluice.policy.autoscale import GroupLoad, ScalingPolicy, build_policy
+from sluice.policy.autoscale.batching import ServerModel
 from sluice.policy.backoff import CrashLoops
 from sluice.policy.gain import NoGainHold
 from sluice.policy.plan import Action, Launch
@@ -43,6 +44,7 @@ from sluice.spec import GroupSpec, PlatformSpec
 
 __all__ = [
     "Compiled",
+    "FittedServer",
     "GroupMemory",
     "Memory",
     "World",
@@ -75,19 +77,49 @@ class Compiled:
     """each autoscaled group's `policy_key`, plus the policy it was told to run"""
 
 
-def compile_spec(spec: PlatformSpec, policies: Mapping[str, str] | None = None) -> Compiled:
+@dataclass(frozen=True, slots=True)
+class FittedServer:
+    """A group's batching server as a capacity test measured it (`sluice loadtest --fit`,
+    stored under the group's model version): what the live controller hands `compile_spec`
+    (the kernel reads no store)."""
+
+    server: ServerModel
+    source: str
+    """where it came from, for the decisions' reasons: e.g. 'load test #12 (v3)'"""
+
+
+def compile_spec(
+    spec: PlatformSpec,
+    policies: Mapping[str, str] | None = None,
+    servers: Mapping[str, FittedServer] | None = None,
+    declared: bool = True,
+) -> Compiled:
     """`spec` ready for `step`; `policies` names another policy for a group (a study's
-    `--policy`). Raises ValueError for an unknown policy name (`build_policy`)."""
+    `--policy`); `servers` gives a group's fitted batching server, which sizes it on its
+    capacity at the SLO (`build_policy`'s `server`; its policy key then names the fit, so
+    a new fit builds the policy anew); `declared` False: the models' `sim.batching` blocks
+    do not describe the instances (the live controller's: its `sim` worker does not batch).
+    Raises ValueError for an unknown policy name (`build_policy`)."""
     chosen = policies or {}
+    fits = servers or {}
     scaled = [g for g in spec.groups if g.autoscaling is not None]
-    return Compiled(
-        spec=spec,
-        index=index_spec(spec),
-        policies={
-            g.name: build_policy(g, spec.schedule_templates, chosen.get(g.name)) for g in scaled
-        },
-        keys={g.name: policy_key(g, spec) + f"|{chosen.get(g.name)}" for g in scaled},
-    )
+    built: dict[str, ScalingPolicy[Any]] = {}
+    keys: dict[str, str] = {}
+    for g in scaled:
+        fit = fits.get(g.name)
+        built[g.name] = build_policy(
+            g,
+            spec.schedule_templates,
+            chosen.get(g.name),
+            fit.server if fit is not None else None,
+            declared=declared,
+            server_from=fit.source if fit is not None else None,
+        )
+        key = policy_key(g, spec) + f"|{chosen.get(g.name)}"
+        if fit is not None:
+            key += f"|fit:{fit.server!r}"
+        keys[g.name] = key
+    return Compiled(spec=spec, index=index_spec(spec), policies=built, keys=keys)
 
 
 @fast_init

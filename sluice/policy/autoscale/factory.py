@@ -25,10 +25,15 @@ def build_autoscaler(
     templates: Mapping[str, Sequence[ScheduleEntry]],
     policy: str | None = None,
     server: BatchingServer | None = None,
+    *,
+    declared: bool = True,
+    server_from: str | None = None,
 ) -> Autoscaler:
     """`build_policy` with its memory kept: `Stateful(policy)`, or for a fixed count the
     `FixedPolicy` itself (it remembers nothing and decides as it is)."""
-    built = build_policy(group, templates, policy, server)
+    built = build_policy(
+        group, templates, policy, server, declared=declared, server_from=server_from
+    )
     if isinstance(built, FixedPolicy):
         return built
     return Stateful(built)
@@ -39,6 +44,9 @@ def build_policy(
     templates: Mapping[str, Sequence[ScheduleEntry]],
     policy: str | None = None,
     server: BatchingServer | None = None,
+    *,
+    declared: bool = True,
+    server_from: str | None = None,
 ) -> ScalingPolicy[Any]:
     """The scaling policy for `group`. `policy` overrides `group.autoscaling.policy`:
     'sluice', 'hpa', 'kpa', 'fixed' (the group's `replicas`) or 'fixed:N'.
@@ -48,7 +56,10 @@ def build_policy(
     `slo.ttft_ms` / `slo.tpot_ms` as its TTFT / TPOT targets, and sizes a batching group
     on its capacity at the SLO: `server` (e.g. `ServerModel.from_fit` of what `sluice
     loadtest --fit` measured), else the batching server its models declare (`sim.batching`,
-    `declared_server`); HPA and KPA read neither.
+    `declared_server`) unless `declared` is False (live: the `sim` worker sleeps its
+    `service_time` and does not batch, so that block describes only the simulator's
+    instances); HPA and KPA read neither. `server_from` says where `server` came from (e.g.
+    'load test #12 (v3)'), for the decisions' reasons.
     Raises ValueError for an unknown policy or template name.
     """
     spec = group.autoscaling
@@ -77,10 +88,15 @@ def build_policy(
     schedules = ScheduleFloors(resolve_schedules(spec.schedules, templates))
     slo_ms = group.slo.latency_ms if group.slo is not None else None
     auto = _slo_token_targets(spec, group)
-    if server is None:
+    if server is None and declared:
         server = declared_server(group)
     return SluicePolicy(
-        auto, schedules=schedules, latency_target_ms=slo_ms, slo=group.slo, server=server
+        auto,
+        schedules=schedules,
+        latency_target_ms=slo_ms,
+        slo=group.slo,
+        server=server,
+        server_from=server_from,
     )
 
 

@@ -111,13 +111,17 @@ from sluice.policy.autoscale.traffic import TrafficWindows
 from sluice.policy.autoscale.windows import RollingExtreme
 from sluice.spec.autoscaling import AutoscalingSpec, SloSpec
 
-__all__ = ["SluiceMemory", "SluicePolicy"]
+__all__ = ["SluiceMemory", "SluicePolicy", "TokenMemory"]
 
 _LATENCY_OK = 0.8
 """p95 under this share of its target counts as 'well under' (S4 veto)"""
 _TREND_SIGMAS = 4.0
 """a slope must stand this many standard errors clear of zero to be projected"""
 _EPS = 1e-9
+_LENGTH_SNAPSHOTS = 10
+"""the mean prompt and output lengths are read over the policy's memory span
+(`down.stabilization_s`, where the steady rate is), from a snapshot of the token counts
+every tenth of it: a recent mix of requests, at one small tuple a group"""
 _CALLER_TARGETS = (
     ("latency", "p95_ms", "p95_target_ms"),
     ("ttft", "ttft_p95_ms", "ttft_target_ms"),
@@ -175,6 +179,21 @@ class SluiceMemory:
     """the scheduled floors' cached firings (`ScheduleFloors.floor_in`)"""
 
 
+LengthSnapshot = tuple[float, int, int, int]
+"""(t, requests, prompt tokens, output tokens): a `TokenLoad`'s cumulative token counts"""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenMemory(SluiceMemory):
+    """A `SluiceMemory` with snapshots of the token counts, for a group sized on its
+    batching server's capacity (`SluicePolicy._lengths`): a subclass, so that the memory of
+    every other group stays the value it was."""
+
+    lengths: tuple[LengthSnapshot, ...] = ()
+    """oldest first, one every `_LENGTH_SNAPSHOTS`th of the memory span, the oldest at or
+    before its start"""
+
+
 class SluicePolicy:
     """Sluice's multi-signal policy: configuration only (its memory is a `SluiceMemory`
     value, see `ScalingPolicy`). Reads every `GroupLoad` field except `draining`.
@@ -192,11 +211,14 @@ class SluicePolicy:
         latency_target_ms: float | None = None,
         slo: SloSpec | None = None,
         server: BatchingServer | None = None,
+        server_from: str | None = None,
     ) -> None:
         self.spec = spec
         self.server = server
         """the group's batching server model (declared or fitted): sizes the group on its
         capacity at the SLO instead of its slots; None: slots (`_capacity`)"""
+        self.server_from = server_from
+        """where `server` came from (e.g. 'load test #12 (v3)'), said in the sizing note"""
         self._capacities: dict[tuple[float, float], ServerCapacity] = {}
         """a cache of `batching_capacity` by mean lengths (3 significant digits): a pure
         function's answers, not memory"""
@@ -268,17 +290,14 @@ class SluicePolicy:
         if not load.fresh or now - load.at > spec.metrics_max_age_s:
             decision = self._hold_missing(load, now, floor, floor_by, m.last_out)
             ups, downs, last_up_at, last_out = self._commit(now, current, decision.desired, m)
-            return decision, SluiceMemory(
-                traffic=m.traffic,
+            return decision, replace(  # the rest as it was (a `TokenMemory`'s lengths too)
+                m,
                 down_max=down_max,
-                up_min=m.up_min,
                 ups=ups,
                 downs=downs,
                 last_up_at=last_up_at,
                 last_out=last_out,
                 seeded=True,
-                panic_over_at=m.panic_over_at,
-                panic_max=m.panic_max,
                 schedule=schedule,
             )
         if load.server_waiting:
@@ -290,7 +309,13 @@ class SluicePolicy:
         if not horizon > spec.targets.window_s:
             horizon = spec.targets.window_s
         arrived, traffic = m.traffic.observe(load, now, horizon)
-        signals, proposals, traffic, sizing = self._signals(load, now, traffic, lead)
+        lengths: tuple[LengthSnapshot, ...] | None = None
+        means = None
+        if self.server is not None and isinstance(load, TokenLoad):
+            means, lengths = self._lengths(load, now, m)
+        elif isinstance(m, TokenMemory):  # a sample without token counts: keep the snapshots
+            lengths = m.lengths
+        signals, proposals, traffic, sizing = self._signals(load, now, traffic, lead, means)
         panic_over_at, panic_max = self._update_panic(load, signals, m.panic_over_at, m.panic_max)
         rec, winner, top, notes, panic_max = self._combine(
             load, signals, proposals, panic_over_at is not None, panic_max
@@ -329,6 +354,21 @@ class SluicePolicy:
             tuple(clipped),  # clipped_by
             rec if rec != desired else None,  # unclipped
         )
+        if lengths is not None:
+            return decision, TokenMemory(  # by position, as declared
+                traffic,
+                down_max,
+                up_min,
+                ups,
+                downs,
+                last_up_at,
+                last_out,
+                True,  # seeded
+                panic_over_at,
+                panic_max,
+                schedule,
+                lengths,
+            )
         return decision, SluiceMemory(  # by position, as declared
             traffic,
             down_max,
@@ -375,15 +415,42 @@ class SluicePolicy:
     def _lead(self, load: GroupLoad) -> float:
         return self.spec.lead_time_s if self.spec.lead_time_s is not None else load.startup_s
 
-    def _capacity(self, load: GroupLoad) -> ServerCapacity | None:
+    def _lengths(
+        self, load: TokenLoad, now: float, m: SluiceMemory
+    ) -> tuple[tuple[int, int, int], tuple[LengthSnapshot, ...]]:
+        """The token counts (requests, prompt, output) of the requests counted over the
+        memory span (`_LENGTH_SNAPSHOTS`): `load`'s less the oldest snapshot's, where that
+        window counted any; else `load`'s, cumulative (the first ticks; a quiet span; the
+        counts went back, a gateway restarted). And the next snapshots."""
+        span = self.spec.down.stabilization_s
+        snaps = m.lengths if isinstance(m, TokenMemory) else ()
+        n, p, o = load.token_requests, load.prompt_tokens, load.output_tokens
+        if snaps and n < snaps[-1][1]:  # the counts went back: a new start
+            snaps = ()
+        cutoff = now - span
+        k = 0
+        while k + 1 < len(snaps) and snaps[k + 1][0] <= cutoff:  # the oldest at or before it
+            k += 1
+        if k:
+            snaps = snaps[k:]
+        means = (n, p, o)
+        if snaps:
+            _, n0, p0, o0 = snaps[0]
+            if n > n0:
+                means = (n - n0, p - p0, o - o0)
+        if not snaps or now - snaps[-1][0] >= span / _LENGTH_SNAPSHOTS:
+            snaps = (*snaps, (now, n, p, o))
+        return means, snaps
+
+    def _capacity(self, counts: tuple[int, int, int] | None) -> ServerCapacity | None:
         """The batching server's capacity at the SLO at the mean lengths of the requests
-        counted so far (`batching_capacity`); None without a server model or token counts
-        (a `TokenLoad`)."""
-        if self.server is None or not isinstance(load, TokenLoad) or load.token_requests <= 0:
+        `counts` counts, (requests, prompt tokens, output tokens) (`batching_capacity`);
+        None without a server model or requests counted."""
+        if self.server is None or counts is None or counts[0] <= 0:
             return None
-        n = load.token_requests
-        prompt = float(f"{load.prompt_tokens / n:.3g}")
-        output = float(f"{max(load.output_tokens / n, 1.0):.3g}")
+        n, prompt_tokens, output_tokens = counts
+        prompt = float(f"{max(prompt_tokens / n, 0.0):.3g}")
+        output = float(f"{max(output_tokens / n, 1.0):.3g}")
         key = (prompt, output)
         cap = self._capacities.get(key)
         if cap is None:
@@ -395,10 +462,16 @@ class SluicePolicy:
         return cap
 
     def _signals(
-        self, load: GroupLoad, now: float, traffic: TrafficWindows, lead: float
+        self,
+        load: GroupLoad,
+        now: float,
+        traffic: TrafficWindows,
+        lead: float,
+        lengths: tuple[int, int, int] | None = None,
     ) -> tuple[dict[str, float], dict[str, int], TrafficWindows, str | None]:
         """The signals and each one's proposal, the windows once read (`settle`), and a
-        note when a batching group is sized on its capacity at the SLO (`_capacity`): its
+        note when a batching group is sized on its capacity at the SLO at the mean lengths
+        of `lengths`' (requests, prompt, output tokens; `_lengths`) (`_capacity`): its
         slots per instance are then that capacity x the measured service time, the
         concurrency the instance holds at that rate by Little's law, where it is under
         `max_concurrency`; `lead` is `_lead(load)`."""
@@ -408,14 +481,15 @@ class SluicePolicy:
         service, service_cv2 = measured if measured is not None else (None, 1.0)
         slots: float = load.slots_per_instance
         sizing = None
-        cap = self._capacity(load) if service is not None else None
+        cap = self._capacity(lengths) if service is not None else None
         if cap is not None and service is not None:
             if cap.rps > 0 and cap.rps * service < slots:
                 slots = cap.rps * service
+                source = f", server from {self.server_from}" if self.server_from else ""
                 sizing = (
-                    f"batching capacity {cap.rps:.3g} req/s per instance ({cap.limit} bound) "
-                    f"x service {service:.3g}s = {slots:.3g} slots per instance, not "
-                    f"{load.slots_per_instance}"
+                    f"batching capacity {cap.rps:.3g} req/s per instance ({cap.limit} "
+                    f"bound{source}) x service {service:.3g}s = {slots:.3g} slots per "
+                    f"instance, not {load.slots_per_instance}"
                 )
             elif cap.rps <= 0:
                 sizing = "batching capacity: the mean request misses its bounds alone; slots"
