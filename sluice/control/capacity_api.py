@@ -111,6 +111,8 @@ def capacity_routes(
             report=body.report,
         )
         stored = await asyncio.to_thread(store.get_capacity_run, run_id)
+        if body.kind == "loadtest":  # it may hold a fit the group is sized on
+            controller.fits.recorded()
         out = stored.to_json(False)
         if stale is not None and body.kind == "loadtest" and body.mode == "live":
             out["stale"] = await stale.check(g, stored, me.name, now())

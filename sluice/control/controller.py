@@ -21,6 +21,7 @@ from sluice.control.autoscaling import LiveAutoscaling, TrafficSource
 from sluice.control.decisions import DecisionJournal
 from sluice.control.events import EventLog, store_error_text, store_outage
 from sluice.control.explain import tier_counts
+from sluice.control.fits import StoredFits
 from sluice.control.fleet_metrics import FleetView, fleet_metrics
 from sluice.control.inventory import ClusterPools
 from sluice.control.keysources import spec_with_key_sources
@@ -49,6 +50,7 @@ from sluice.policy.autoscale import ScalingPolicy
 from sluice.policy.gain import NoGainHold
 from sluice.policy.kernel import (
     Compiled,
+    FittedServer,
     Memory,
     World,
     compile_spec,
@@ -120,6 +122,9 @@ class Controller:
         counts (journaled as decisions, so they survive a restart), the policies' memories,
         quota's (kept by `LiveQuota`)"""
         self._compiled: Compiled | None = None
+        self.fits = StoredFits(store)
+        """each autoscaled group's newest stored batching fit, handed to `compile_spec`"""
+        self._compiled_fits: Mapping[str, FittedServer] = {}
         self.journal: Callable[[Memory, World, float, TickDecision], None] | None = None
         """told every tick's memory, world, time and decision (a replay's record)"""
         self._decisions = DecisionJournal(store, events)
@@ -627,6 +632,7 @@ class Controller:
         # 1. Snapshot: desired state (spec + overrides) and what the instances report.
         observed = self._supervisor.statuses()
         await self.pins.expire(now, {g.name for g in spec.groups})
+        await self.fits.refresh(spec, now)
         compiled = self._compiled_for(spec)
         due_now = due(self._memory, compiled, now)
         loads = self._autoscaling.read(spec, observed, due_now, now, self.desired_replicas)
@@ -689,9 +695,13 @@ class Controller:
         self._publish_routing(spec)
 
     def _compiled_for(self, spec: PlatformSpec) -> Compiled:
-        """The spec's lookups and policies, built again only when the spec changes."""
-        if self._compiled is None or self._compiled.spec is not spec:
-            self._compiled = compile_spec(spec)
+        """The spec's lookups and policies, built again only when the spec or a group's
+        stored fit changes. A `sim` group's declared batching server is the simulator's:
+        the live `sim` worker sleeps its service time, it does not batch."""
+        fits = self.fits.servers()
+        if self._compiled is None or self._compiled.spec is not spec or fits != self._compiled_fits:
+            self._compiled = compile_spec(spec, servers=fits, declared=False)
+            self._compiled_fits = fits
         return self._compiled
 
     def _policy(self, group: str) -> ScalingPolicy[Any] | None:
