@@ -15,15 +15,21 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from sluice.core import InstanceState, InstanceStatus
-from sluice.policy.autoscale import GroupLoad
+from sluice.policy.autoscale import GroupLoad, TokenLoad
 from sluice.policy.autoscale.base import TrafficSample, window_quantile
 from sluice.policy.server_metrics import ServerLoad, server_view
 from sluice.spec import GroupSpec, PlatformSpec
 
-__all__ = ["GroupScaling", "LiveAutoscaling", "ServerLoadSource", "TrafficSource"]
+__all__ = [
+    "GroupScaling",
+    "LiveAutoscaling",
+    "ServerLoadSource",
+    "TrafficSource",
+    "with_tokens",
+]
 
 TrafficSource = Callable[[], Mapping[str, TrafficSample]]
 """The gateway's per-group counters (`Gateway.traffic`)."""
@@ -134,7 +140,7 @@ class LiveAutoscaling:
         # no counters this tick: the newest we have, marked as not fresh (never read as zero)
         src = sample or (samples[-1] if samples else TrafficSample(now, 0, 0, 0, 0, (), ()))
         in_flight, server_waiting = server_view(src.in_flight, server)
-        return GroupLoad(
+        load = GroupLoad(
             at=src.at,
             current=current,
             ready=ready,
@@ -155,3 +161,23 @@ class LiveAutoscaling:
             served_sq_s=src.served_sq_s,
             standby_in_rotation=sample.standby_in_rotation if sample else 0,
         )
+        return with_tokens(load, src)
+
+
+def with_tokens(load: GroupLoad, sample: TrafficSample) -> GroupLoad:
+    """`load` as a `TokenLoad` when the gateway read the usage of some of the group's
+    answers (`sample.usage_answers`): a batching group is then sized on its server's
+    capacity at the mean lengths (`SluicePolicy`); else `load` as it is (the value it was
+    before tokens were counted). A stream answered without usage adds its chunks to the
+    completion tokens, not to the count: the mean output reads long, the capacity low
+    (more instances, not fewer); where no answer carries usage there is no token mean."""
+    if sample.usage_answers <= 0:
+        return load
+    values = {f: getattr(load, f) for f in _LOAD_FIELDS}
+    values["token_requests"] = sample.usage_answers
+    values["prompt_tokens"] = sample.prompt_tokens
+    values["output_tokens"] = sample.completion_tokens
+    return TokenLoad(**values)
+
+
+_LOAD_FIELDS = tuple(f.name for f in fields(GroupLoad))

@@ -838,6 +838,8 @@ class Exchange:
             counts = tokens[self.tenant or ""] = [0, 0]
         counts[0] += prompt
         counts[1] += completion
+        if usage is not None:  # the autoscaler's mean lengths count these answers
+            g.metrics.usage_answers += 1
         if self.t_body > 0.0 and completion > 1:
             g.metrics.tpot.observe((now - self.t_body) / (completion - 1))
         if self.queue_ms and usage is not None:

@@ -495,6 +495,7 @@ class GroupRuntime:
             tpot_counts=tuple(m.tpot.counts),
             prompt_tokens=sum(t[0] for t in m.tokens.values()),
             completion_tokens=sum(t[1] for t in m.tokens.values()),
+            usage_answers=m.usage_answers,
             standby_in_rotation=len(self.endpoints) if self.promoted_until else 0,
             woken=tuple(sorted(self.woken)) if self.promoted_until else (),
         )

@@ -173,6 +173,7 @@ class GroupMetrics:
         "tokens",
         "tpot",
         "ttfb",
+        "usage_answers",
     )
 
     def __init__(self) -> None:
@@ -194,6 +195,9 @@ class GroupMetrics:
         """Time from a streamed request's first byte to its answer's first body byte."""
         self.tokens: dict[str, list[int]] = {}
         """tenant -> [prompt tokens, completion tokens] of its answers (`Exchange._count_tokens`)"""
+        self.usage_answers = 0
+        """Answers whose usage was read (their tokens are in `tokens`): the denominator of
+        the mean prompt and output lengths a batching group is sized on."""
         self.tpot = Histogram(TPOT_BUCKETS_S)
         """A streamed answer's time per output token after the first."""
         self.served_s = 0.0
@@ -203,12 +207,15 @@ class GroupMetrics:
         """the sum of their squares: the service time's variability"""
         self.instances: dict[str, InstanceStats] = {}
 
-    def count_tokens(self, tenant: str, prompt: int, completion: int) -> None:
+    def count_tokens(self, tenant: str, prompt: int, completion: int, usage: bool = True) -> None:
+        """One answer's tokens; `usage`: read from its usage (else a stream's chunks)."""
         counts = self.tokens.get(tenant)
         if counts is None:
             counts = self.tokens[tenant] = [0, 0]
         counts[0] += prompt
         counts[1] += completion
+        if usage:
+            self.usage_answers += 1
 
     def prune(self, routed: Collection[str], now: float) -> None:
         """Mark the instances in `routed` as in routing; drop those out of it for longer

@@ -292,7 +292,11 @@ async def test_tokens_are_counted_per_tenant_from_usage_or_a_streams_events(ask:
         ) as resp:
             body = await resp.aread()
         value = metric_values(gw.metrics_text()[0].decode())
+        sample = gw.traffic()["g1"]
     asked = up.requests[-1][3]
+    # the answers whose usage was read: the autoscaler's mean lengths' denominator
+    assert sample.usage_answers == 2 + ask
+    assert (sample.prompt_tokens, sample.completion_tokens) == (2 + 2 * ask, 2 * 3 + 3)
     assert ("stream_options" in asked) is ask
     assert b'"usage"' not in body  # the caller did not ask for it: it gets none either way
     assert body.count(b"data: ") == 4 and body.endswith(b"data: [DONE]\n\n")

@@ -211,6 +211,11 @@ class TrafficSample:
     """cumulative prompt tokens of the group's answers, every tenant's (their usage)"""
     completion_tokens: int = 0
     """cumulative completion tokens of those answers"""
+    usage_answers: int = 0
+    """cumulative answers whose `usage` the gateway read (their prompt and completion tokens
+    are in the two counts above; a stream answered without usage adds its chunks to
+    `completion_tokens` only): the mean lengths' denominator. 0 from a gateway that does not
+    count them (an older one): no token means"""
     standby_in_rotation: int = 0
     """now: the instances this gateway routes to, if it has put the group's warm standby in
     rotation because requests waited (`GroupRuntime.promote`); else 0"""
