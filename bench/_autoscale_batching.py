@@ -20,10 +20,13 @@ what-ifs, which are reported):
   reaches it too, at <= 1.15x that reference's instance-seconds (not applicable where the
   reference misses it);
 - `fast_tier`: on Azure code and flash-crowd, the Sluice policy with the fast tier (the
-  cheaper of 1 and 2 standby that reaches the SLO, else the better attainment) reaches the
-  SLO target at <= 0.9x the best fixed fleet's instance-seconds, standby included;
-  `fast_tier_sleeping` judges the sleeping-standby rows by the same rule, their
-  instance-seconds as priced (asleep ones at the sleeping cost ratio).
+  cheapest of its rows, 1 or 2 warm or sleeping standby, that reaches the SLO, else the
+  best attainment) reaches the SLO target at <= 0.9x the best fixed fleet's
+  instance-seconds, standby included and priced (asleep ones at the sleeping cost ratio).
+  `by_kind` judges the warm and the sleeping rows apart, for the record; `warm_floor` is
+  the least a warm row can cost against the best fixed fleet (min 1 plus the standby all
+  the run: 1.5x on flash-crowd, whose best fixed fleet is 2 instances, so there only
+  sleeping standby can meet the bound).
 `targets_met` is true when every applicable target is met (and false under `--quick`, which
 runs no causal reference to judge the first target by).
 """
@@ -188,14 +191,9 @@ def judge(rows: list[dict[str, Any]], target: float, quick: bool) -> list[dict[s
                 }
             )
         fixed = rs.get("best_fixed")
-        if name in FAST_TIER and fixed is not None:
-            for target_name, prefix in (
-                ("fast_tier", "standby"),
-                ("fast_tier_sleeping", "sleeping"),
-            ):
-                tiers = [r for p, r in rs.items() if p.startswith(f"sluice+{prefix}")]
-                if tiers:
-                    out.append(_fast_tier(name, target_name, tiers, fixed, target))
+        tiers = [r for p, r in rs.items() if p.startswith("sluice+")]
+        if name in FAST_TIER and fixed is not None and tiers:
+            out.append(_fast_tier(name, tiers, fixed, target))
     return out
 
 
@@ -205,19 +203,34 @@ def _priced(row: dict[str, Any]) -> float:
 
 
 def _fast_tier(
-    name: str, target_name: str, tiers: list[dict[str, Any]], fixed: dict[str, Any], target: float
+    name: str, tiers: list[dict[str, Any]], fixed: dict[str, Any], target: float
 ) -> dict[str, Any]:
-    """The fast tier's target on one workload: the cheapest of `tiers` that reaches the SLO
-    target (else the best attainment), at <= `FIXED_COST_CAP` x the best fixed fleet."""
+    """The fast tier's target on one workload: its cheapest row (warm or sleeping standby)
+    that reaches the SLO target, else its best attainment, at <= `FIXED_COST_CAP` x the
+    best fixed fleet, priced. `by_kind` reports the warm and the sleeping rows' picks apart,
+    and `warm_floor` what warm standby costs at rest at the least (the policy's `min` plus
+    the standby, all the run long): where it is over the bound no warm row can meet it."""
+    entry = {"trace": name, "target": "fast_tier", "applies": True, **_pick(tiers, fixed, target)}
+    warm = [t for t in tiers if not t.get("sleeping_standby")]
+    asleep = [t for t in tiers if t.get("sleeping_standby")]
+    entry["by_kind"] = {
+        kind: _pick(rows, fixed, target)
+        for kind, rows in (("warm", warm), ("sleeping", asleep))
+        if rows
+    }
+    if warm and fixed.get("n"):
+        least = min(t["warm_standby"] for t in warm)
+        entry["warm_floor"] = round((1 + least) / fixed["n"], 3)
+    return entry
+
+
+def _pick(tiers: list[dict[str, Any]], fixed: dict[str, Any], target: float) -> dict[str, Any]:
     ok = [t for t in tiers if t["slo_attainment"] >= target]
     pick = (
         min(ok, key=_priced) if ok else max(tiers, key=lambda t: (t["slo_attainment"], -_priced(t)))
     )
     ratio = _priced(pick) / fixed["instance_seconds"]
     return {
-        "trace": name,
-        "target": target_name,
-        "applies": True,
         "met": pick["slo_attainment"] >= target and ratio <= FIXED_COST_CAP,
         "warm_standby": pick.get("warm_standby", 0),
         "sleeping_standby": pick.get("sleeping_standby", 0),

@@ -114,7 +114,21 @@ def test_sleeping_standby_rows_are_judged_by_the_fast_tier_rule_at_their_priced_
         _r(AZURE, "best_fixed", 0.999, 110.0),
     ]  # fmt: skip
     got = {(t["trace"], t["target"]): t for t in judge(rows, 0.99, quick=True)}
-    assert got[AZURE, "fast_tier"]["met"] is False  # warm: 100 / 110 = 0.91x
-    sleeping = got[AZURE, "fast_tier_sleeping"]
-    assert (sleeping["sleeping_standby"], sleeping["met"]) == (1, True)
-    assert sleeping["cost_vs_best_fixed"] == pytest.approx(80.5 / 110, abs=1e-3)
+    fast = got[AZURE, "fast_tier"]  # one target: the cheapest fast-tier row in SLO, priced
+    assert (fast["sleeping_standby"], fast["warm_standby"], fast["met"]) == (1, 0, True)
+    assert fast["cost_vs_best_fixed"] == pytest.approx(80.5 / 110, abs=1e-3)
+    assert fast["by_kind"]["warm"]["met"] is False  # warm: 100 / 110 = 0.91x
+    assert fast["by_kind"]["sleeping"]["met"] is True
+    assert (AZURE, "fast_tier_sleeping") not in got
+
+
+def test_warm_standby_cannot_meet_the_bound_where_the_best_fixed_fleet_is_small() -> None:
+    rows = [
+        _r("family:flash-crowd@0", "sluice", 0.995, 85.0, kind="family"),
+        _r("family:flash-crowd@0", "sluice+standby1", 1.0, 134.0, kind="family",
+           warm_standby=1),
+        _r("family:flash-crowd@0", "best_fixed", 1.0, 100.0, kind="family", n=2),
+    ]  # fmt: skip
+    (fast,) = [t for t in judge(rows, 0.99, quick=True) if t["target"] == "fast_tier"]
+    assert fast["met"] is False
+    assert fast["warm_floor"] == 1.0  # min 1 + 1 warm standby, over a fleet of 2
