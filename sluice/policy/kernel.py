@@ -74,7 +74,8 @@ class Compiled:
     policies: Mapping[str, ScalingPolicy[Any]]
     """each autoscaled group's policy (configuration only: its memory is in `Memory`)"""
     keys: Mapping[str, str]
-    """each autoscaled group's `policy_key`, plus the policy it was told to run"""
+    """each autoscaled group's `policy_key`, plus the policy it was told to run and the
+    fitted server it was given (`compile_spec`)"""
 
 
 @dataclass(frozen=True, slots=True)

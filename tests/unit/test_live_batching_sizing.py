@@ -197,30 +197,44 @@ def capacity(prompt: float, output: float) -> float:
 
 
 def test_the_capacity_reads_the_recent_lengths_not_those_since_the_start() -> None:
-    """Long prompts for 300 s, then short ones: 60 s of memory later the capacity is the
-    short prompts' (the cumulative mean, about 2,600 tokens, would size for many more)."""
+    """Long prompts for 300 s, then short ones, 100 a second: a memory span (60 s here,
+    6,000 requests) later the capacity is the short prompts' (the cumulative mean, about
+    4,600 tokens, would size for many more)."""
     pol = SluicePolicy(spec(panic={"enabled": False}), slo=SLO, server=LLAMA3_8B_H100)
-    fed = Tokens(pol, lambda t: (6000, 28) if t < 300 else (500, 28))
+    fed = Tokens(pol, lambda t: (6000, 28) if t < 300 else (500, 28), per_s=100)
     w = World(fed, current=2, service_s=0.5)  # type: ignore[arg-type]
     d_long = w.run(300, 10)
     assert d_long.signals["capacity_rps"] == capacity(6000, 28)
     d_short = w.run(100, 10)
-    assert d_short.signals["capacity_rps"] == capacity(500, 28) > capacity(2600, 28)
-    # a snapshot every tenth of the memory (60 s here), the oldest at or before its start
+    assert d_short.signals["capacity_rps"] == capacity(500, 28) > capacity(4600, 28)
+    # a snapshot every 30 s, the oldest at or before the memory span's start
     m = fed.memories[-1]
     assert isinstance(m, TokenMemory)
     times = [s[0] for s in m.lengths]
-    assert all(b - a >= 6.0 for a, b in itertools.pairwise(times))
+    assert all(b - a >= 30.0 for a, b in itertools.pairwise(times))
     assert times[0] <= w.t - 1 - 60 < times[1]
+
+
+def test_a_slow_group_reads_at_least_4000_requests() -> None:
+    """10 a second: 1,000 short prompts after 3,000 long ones are not yet a window of their
+    own; the mean is over the 3,990 since the first snapshot (the first tick's)."""
+    pol = SluicePolicy(spec(panic={"enabled": False}), slo=SLO, server=LLAMA3_8B_H100)
+    fed = Tokens(pol, lambda t: (6000, 28) if t < 300 else (500, 28))
+    w = World(fed, current=2, service_s=0.5)  # type: ignore[arg-type]
+    d = w.run(400, 10)
+    mixed = float(f"{(2990 * 6000 + 1000 * 500) / 3990:.3g}")
+    assert d.signals["capacity_rps"] == capacity(mixed, 28)
 
 
 def test_a_quiet_window_or_a_restarted_count_reads_the_lengths_since_the_start() -> None:
     pol = SluicePolicy(spec(panic={"enabled": False}), slo=SLO, server=LLAMA3_8B_H100)
-    fed = Tokens(pol, lambda t: (6000, 28))
+    fed = Tokens(pol, lambda t: (6000, 28), per_s=100)
     w = World(fed, current=2, service_s=0.5)  # type: ignore[arg-type]
     w.run(120, 10)
-    fed.per_s = 0  # nothing counted for a whole memory span: the cumulative means
-    d = w.run(100, 10)
+    fed.per_s = 0  # nothing counted for an hour: the cumulative means
+    d = w.run(3700, 10)
+    m = fed.memories[-1]
+    assert isinstance(m, TokenMemory) and {s[1] for s in m.lengths} == {12_000}
     assert d.signals["capacity_rps"] == capacity(6000, 28)
     fed.counts, fed.per_s = (0, 0, 0), 10  # a gateway's count started again
     fed.lengths = lambda t: (1000, 28)
