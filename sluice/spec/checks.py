@@ -298,12 +298,14 @@ def _advisory(spec: PlatformSpec) -> Iterator[Problem]:
 
 def _sleeping_standby(spec: PlatformSpec) -> Iterator[Problem]:
     """Sleeping standby is put to sleep and woken through the server's own endpoints: every
-    model of the group must be a `command` server that declares them."""
+    model of the group must be a `command` server that declares them, or a `sim` model (the
+    sim worker has vLLM's)."""
     for i, g in enumerate(spec.groups):
         if g.autoscaling is None or not g.autoscaling.sleeping_standby:
             continue
         for name, m in g.models.items():
-            if m.runtime != "command" or m.command is None or m.command.sleep is None:
+            declared = m.runtime == "command" and m.command is not None and m.command.sleep
+            if m.runtime != "sim" and not declared:
                 yield (
                     ("groups", i, "models", name),
                     f"sleeping_standby needs servers that can sleep: give model {name!r} "

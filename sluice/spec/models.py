@@ -324,11 +324,20 @@ class GroupSpec(_Strict):
     @property
     def sleep(self) -> SleepSpec | None:
         """The sleep and wake calls of the group's servers (`command.sleep`; sleeping standby
-        needs every model to declare them: the spec's checks), else None."""
+        needs every model to declare them: the spec's checks), else None. A group of `sim`
+        models only has the sim worker's (vLLM's paths; it holds `sim.host_memory_gb`, else
+        `sim.memory_gb`, of host memory asleep, and a wake fails after twice its `sim.wake_s`
+        plus 30 s)."""
         for m in self.models.values():
             if m.command is not None and m.command.sleep is not None:
                 return m.command.sleep
-        return None
+        sims = [m.sim for m in self.models.values() if m.runtime == "sim"]
+        if not sims or len(sims) != len(self.models):
+            return None
+        params = [p if p is not None else SimParams() for p in sims]
+        host = sum(p.memory_gb if p.host_memory_gb is None else p.host_memory_gb for p in params)
+        wake = max(p.wake_s for p in params)
+        return SleepSpec(host_memory_gb=host, wake_timeout_s=min(600.0, 2 * wake + 30.0))
 
     def template(self) -> str:
         """Fingerprint of what an instance runs; a change rolls the group's instances."""

@@ -54,6 +54,45 @@ class Worker:
         self._loaded: set[str] = set()
         self._gate = asyncio.Semaphore(config.max_concurrency)
         self._loading: list[asyncio.Task[None]] = []
+        self.sleep_state = "awake"
+        """'awake', 'falling asleep', 'asleep' or 'waking' (`sleep`, `wake`)"""
+        self._napping = asyncio.Lock()
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether the instance has vLLM's sleep mode: only `sim` models do here (their
+        `sim.sleep_s` / `sim.wake_s`); a real server declares its own (`command.sleep`)."""
+        return all(spec.runtime == "sim" for spec in self.config.models.values())
+
+    @property
+    def is_sleeping(self) -> bool:
+        """Asleep, falling asleep or waking: it serves nothing (as vLLM's /is_sleeping)."""
+        return self.sleep_state != "awake"
+
+    async def sleep(self) -> None:
+        """vLLM's POST /sleep: the weights leave the accelerator; asleep `sim.sleep_s`
+        after (the longest of the models'). Asleep already: nothing to do."""
+        async with self._napping:
+            if self.sleep_state == "asleep":
+                return
+            self.sleep_state = "falling asleep"
+            await asyncio.sleep(max(self._sim("sleep_s"), 0.0))
+            self.sleep_state = "asleep"
+
+    async def wake(self) -> None:
+        """vLLM's POST /wake_up: the weights come back; awake `sim.wake_s` after."""
+        async with self._napping:
+            if self.sleep_state == "awake":
+                return
+            self.sleep_state = "waking"
+            await asyncio.sleep(max(self._sim("wake_s"), 0.0))
+            self.sleep_state = "awake"
+
+    def _sim(self, name: str) -> float:
+        return max(
+            (float(getattr(spec.sim, name)) for spec in self.config.models.values() if spec.sim),
+            default=0.0,
+        )
 
     @property
     def ready(self) -> bool:

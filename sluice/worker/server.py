@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sluice.core.errors import SluiceError, Unavailable
+from sluice.core.errors import NotFound, SluiceError, Unavailable
 from sluice.worker import protocol
 from sluice.worker.engine import Worker
 from sluice.worker.logfile import LogFile
@@ -186,6 +186,28 @@ def build_app(worker: Worker) -> Starlette:
         limit = _int_param(request, "limit", _SAMPLES_LIMIT, 1, worker.samples.capacity)
         return JSONResponse(worker.samples.page(after, limit))
 
+    def sleep_mode() -> None:
+        if not worker.can_sleep:
+            raise NotFound("this instance has no sleep mode (only sim models have one)")
+
+    async def sleep(request: Request) -> Response:
+        """vLLM's POST /sleep?level=N (1: weights to host memory, 2: dropped; the sim's
+        are the same): answers once asleep."""
+        sleep_mode()
+        _int_param(request, "level", 1, 1, 2)
+        await worker.sleep()
+        return Response(status_code=200)
+
+    async def wake_up(_request: Request) -> Response:
+        """vLLM's POST /wake_up: answers once awake."""
+        sleep_mode()
+        await worker.wake()
+        return Response(status_code=200)
+
+    async def is_sleeping(_request: Request) -> Response:
+        sleep_mode()
+        return JSONResponse({"is_sleeping": worker.is_sleeping})
+
     async def metrics(_request: Request) -> Response:
         return Response(worker.metrics.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
@@ -228,6 +250,8 @@ def build_app(worker: Worker) -> Starlette:
             )
         if not worker.is_loaded(model):
             raise Unavailable(f"model {model!r} is still loading; retry when /ready is 200")
+        if worker.is_sleeping:
+            raise Unavailable(f"instance is {worker.sleep_state}; POST /wake_up first")
         runtime.inject_fault()
         return body, runtime
 
@@ -331,6 +355,9 @@ def build_app(worker: Worker) -> Starlette:
             Route("/metrics", metrics),
             Route("/sluice/samples", samples),
             Route("/v1/models", models),
+            Route("/sleep", sleep, methods=["POST"]),
+            Route("/wake_up", wake_up, methods=["POST"]),
+            Route("/is_sleeping", is_sleeping),
             Route(_PATHS[Endpoint.CHAT], chat_completions, methods=["POST"]),
             Route(_PATHS[Endpoint.COMPLETIONS], completions, methods=["POST"]),
             Route(_PATHS[Endpoint.EMBEDDINGS], embeddings, methods=["POST"]),

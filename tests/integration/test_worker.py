@@ -576,3 +576,31 @@ def test_deeply_nested_json_is_a_400_on_the_worker(worker: Worker) -> None:
     response = httpx.post(worker.url + "/v1/completions", content=deep, timeout=5)
     assert response.status_code == 400, response.text
     assert "nested too deeply" in response.json()["error"]["message"]
+
+
+def test_a_sim_worker_sleeps_and_wakes_as_vllms_sleep_mode(launch: Launch) -> None:
+    """POST /sleep answers once asleep (`sim.sleep_s` later); asleep it refuses requests with
+    a 503 naming the wake but stays ready (weights in host memory, the process healthy);
+    POST /wake_up answers once awake (`sim.wake_s` later) and it serves again."""
+    w = launch({"m": sim(0.01, sleep_s=0.3, wake_s=0.6)})
+    w.wait_for("/ready", START_TIMEOUT_S)
+    assert w.get("/is_sleeping").json() == {"is_sleeping": False}
+    t0 = time.monotonic()
+    assert httpx.post(w.url + "/sleep?level=1", timeout=10).status_code == 200
+    assert time.monotonic() - t0 >= 0.3
+    assert w.get("/is_sleeping").json() == {"is_sleeping": True}
+    refused = w.post("/v1/completions", {"model": "m", "prompt": "hi"})
+    assert refused.status_code == 503 and "/wake_up" in refused.json()["error"]["message"]
+    assert w.get("/ready").status_code == 200
+    assert httpx.post(w.url + "/sleep?level=3", timeout=10).status_code == 400
+    t0 = time.monotonic()
+    assert httpx.post(w.url + "/wake_up", timeout=10).status_code == 200
+    assert time.monotonic() - t0 >= 0.6
+    assert w.get("/is_sleeping").json() == {"is_sleeping": False}
+    assert w.post("/v1/completions", {"model": "m", "prompt": "hi"}).status_code == 200
+
+
+def test_a_worker_of_real_models_has_no_sleep_mode(launch: Launch) -> None:
+    w = launch({"m": sim(0.01), "e": {"runtime": "embedding", "version": "v1"}})
+    assert httpx.post(w.url + "/sleep", timeout=10).status_code == 404
+    assert w.get("/is_sleeping").status_code == 404

@@ -55,7 +55,11 @@ def test_the_gateway_holds_no_request_for_an_advisory_group_at_zero() -> None:
 
 
 def test_sleeping_standby_needs_servers_that_sleep_and_an_active_autoscaler() -> None:
-    text = scaled("{max: 3, sleeping_standby: 1}")  # a `sim` group: nothing to put to sleep
+    text = scaled("{max: 3, sleeping_standby: 1}")  # a `sim` group: the sim worker sleeps
+    sleep = load_spec_text(text).spec.groups[0].sleep  # loads: no issue
+    assert sleep is not None and (sleep.sleep_path, sleep.wake_path) == ("/sleep", "/wake_up")
+    argv = '["srv", "--port", "{port}"]'  # a command server that declares no sleep mode
+    text = text.replace("runtime: sim, version: v1", f"runtime: command, command: {{argv: {argv}}}")
     [msg] = issues(text)
     assert "groups[0].models.m-a" in msg, msg
     assert "command.sleep" in msg and "sleeping_standby: 0" in msg
