@@ -88,9 +88,12 @@ awake it joins the warm standby, in rotation at once and held as a promoted one,
 H100's on-demand price); falling asleep and waking count as awake. Not simulated: the live
 sleep's wait for in-flight requests is polled every tick here (every 0.2 s live) and not
 bounded by the drain timeout; the controller learns of a gateway's wake at once. The kernel
-reads the instances asleep (`World.asleep`, from the sleep's end to the wake's); lending a
-sleeper's units to another group (`TickDecision.fence`) is not simulated: no sleeper is
-fenced (`World.fenced` stays empty), so every sleeper keeps its units.
+reads the instances asleep (`World.asleep`, from the sleep's end to the wake's) and lends
+a sleeper's units as live (`TickDecision.fence`): a fenced sleeper is one the gateway does
+not wake, released from its group's claim the next tick (`World.fenced`: the one gateway
+has the fence at once), so quota lends its units; one the count needs is woken once quota
+grants them back (`TickDecision.unwoken`: after the reclaim's grace and the borrower's
+drain).
 
 A rollout is simulated by its floor only (`FleetOptions.rollouts`: from the second it
 starts to the second it ends, its baseline keeps at least the count in force when it
@@ -711,7 +714,7 @@ def run_fleet(
                 push(heap, (now + L.sleep_s, _SLEPT, k))
         for e in split.to_wake:
             k = index[e.instance_id]
-            if naps.get(k) == _ASLEEP:
+            if naps.get(k) == _ASLEEP and e.instance_id not in unwoken:
                 wake(L, k, now)
         route(L)
 
@@ -763,7 +766,7 @@ def run_fleet(
         """Requests wait and no warm standby is left: the gateway wakes the oldest asleep
         instance (`GatewayState._wake_sleeping`, one wake at a time)."""
         naps = L.naps
-        asleep = [k for k, nap in naps.items() if nap == _ASLEEP]
+        asleep = [k for k, nap in naps.items() if nap == _ASLEEP and sids[k] not in fence]
         if asleep:
             k = min(asleep, key=lambda k: (status[k].ready_at or 0.0, sids[k]))
             L.waking = k
@@ -886,6 +889,10 @@ def run_fleet(
     for name, count in memory.counts.items():
         by_name[name].count = count
     loans: tuple[Loan, ...] = ()
+    fence: frozenset[str] = frozenset()
+    """sleepers the last tick fenced: no gateway wakes them (`TickDecision.fence`)"""
+    unwoken: frozenset[str] = frozenset()
+    """fenced sleepers the count needs, left asleep until quota grants their units back"""
     book = Ledger(epoch)
     tiers: Mapping[str, str] = {}
     last_tick = 0.0
@@ -919,7 +926,7 @@ def run_fleet(
 
     def tick(now: float, arrived: int) -> bool:
         """One controller tick at `now`; True when the run is over."""
-        nonlocal memory, loans, tiers, last_tick, ticks
+        nonlocal memory, loans, tiers, last_tick, ticks, fence, unwoken
         at = epoch + now
         dt = now - last_tick
         last_tick = now
@@ -952,8 +959,13 @@ def run_fleet(
         asleep = frozenset(  # as `Sleepers.asleep`: from the sleep's end to the wake's
             sids[k] for L in sleepy for k, nap in L.naps.items() if nap != _DOZING
         )
-        world = World(compiled, observed, loads, floors=floors, asleep=asleep)
+        # fenced: the last tick's fence, published to the one gateway at once (live, once
+        # every gateway serves it: `Sleepers.fenced`)
+        world = World(
+            compiled, observed, loads, floors=floors, asleep=asleep, fenced=fence & asleep
+        )
         d, after = step(memory, world, at)
+        fence, unwoken = d.fence, d.unwoken
         alloc = d.allocation.enforced
         keep(alloc, now)
         memory = after
