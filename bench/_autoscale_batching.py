@@ -97,8 +97,7 @@ def _row(trace: str, kind: str, policy: str, res: SimResult, **extra: Any) -> di
 
 def with_standby(work: Workload, standby: int, sleeping: int = 0) -> Workload:
     """The workload on the same instances, the group keeping `standby` warm standby and
-    `sleeping` sleeping standby (set after loading: the spec's check asks a live group's
-    servers to sleep, which the `sim` runtime's do not)."""
+    `sleeping` sleeping standby (the reference spec keeps none: the bench adds them)."""
     m = work.model
     auto = m.group.autoscaling
     assert auto is not None

@@ -5,7 +5,6 @@ and the kernel takes it into the count; asleep time is priced at `sleeping_cost_
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -29,8 +28,8 @@ BURST = QUIET + [(60 + i / 20, 100, 10) for i in range(1200)]
 
 def sleepy(sleeping: int = 1, warm: int = 0, **sim: Any) -> InstanceModel:
     """0.5 s a request, 4 slots, 30 s start-up; the group keeps `sleeping` sleeping standby
-    (set after loading: the spec's check asks a live group for servers that can sleep)."""
-    model = model_with(
+    (a `sim` worker has vLLM's sleep mode)."""
+    return model_with(
         models={
             "m": {
                 "runtime": "sim",
@@ -42,13 +41,8 @@ def sleepy(sleeping: int = 1, warm: int = 0, **sim: Any) -> InstanceModel:
                 },
             }
         },
-        autoscaling={"min": 1, "max": 8},
+        autoscaling={"min": 1, "max": 8, "sleeping_standby": sleeping, "warm_standby": warm},
     )
-    auto = model.group.autoscaling
-    assert auto is not None
-    update = {"sleeping_standby": sleeping, "warm_standby": warm}
-    group = model.group.model_copy(update={"autoscaling": auto.model_copy(update=update)})
-    return dataclasses.replace(model, group=group)
 
 
 def dispatches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, int, int]]:
