@@ -56,6 +56,8 @@ class Worker:
         self._loading: list[asyncio.Task[None]] = []
         self.sleep_state = "awake"
         """'awake', 'falling asleep', 'asleep' or 'waking' (`sleep`, `wake`)"""
+        self.refused_asleep = 0
+        """requests refused because the instance slept (none, where the routing is right)"""
         self._napping = asyncio.Lock()
 
     @property
@@ -191,6 +193,8 @@ class Worker:
             "cpu_s_total": time.process_time(),
             "rss_bytes": _rss_bytes(),
             "memory_gb": self.memory_gb,
+            "sleep_state": self.sleep_state,
+            "refused_asleep": self.refused_asleep,
         }
 
 

@@ -251,6 +251,7 @@ def build_app(worker: Worker) -> Starlette:
         if not worker.is_loaded(model):
             raise Unavailable(f"model {model!r} is still loading; retry when /ready is 200")
         if worker.is_sleeping:
+            worker.refused_asleep += 1
             raise Unavailable(f"instance is {worker.sleep_state}; POST /wake_up first")
         runtime.inject_fault()
         return body, runtime

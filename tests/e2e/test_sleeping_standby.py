@@ -320,3 +320,60 @@ def test_a_restart_while_a_sleepers_units_are_lent_keeps_the_loan_and_the_fence(
             assert state["wakes"] == 1 and state["refused"] == 0, state
             for inst in api.ready("chat"):
                 assert sleep_state(inst)["refused"] == 0, inst
+
+
+SIM_SPEC = f"""
+gateway: {{host: 127.0.0.1, port: 0}}
+pools:
+  - {{name: gpu, accelerator: fake-gpu, count: 4, memory_gb: 16}}
+groups:
+  - name: chat
+    owner: ops@example.com
+    business: search
+    alert_channel: "#ops"
+    models:
+      m-chat:
+        runtime: sim
+        sim: {{startup_s: 15, sleep_s: 0.2, wake_s: 1.0,
+               service_time: {{kind: fixed, seconds: 1.0}}}}
+    resources: {{pool: gpu, accelerators: 1, memory_gb: 1}}
+    max_concurrency: 1
+    slow_start_s: 0
+    queue: {{max_length: 50, max_wait_s: 20}}
+    health: {{interval_s: 0.5, failure_threshold: 2, timeout_s: 1, startup_timeout_s: 40}}
+    drain_timeout_s: 5
+    autoscaling: {{min: 1, max: 3, sleeping_standby: 1}}
+tenants:
+  - {{name: search, api_keys: [{KEY}]}}
+routes:
+  - {{tag: chat, match: {{models: [m-chat]}}, to: chat}}
+"""
+
+
+def worker_stats(instance: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.get(instance["url"] + "/stats", timeout=5, trust_env=False)
+    r.raise_for_status()
+    return dict(r.json())
+
+
+def test_a_sim_group_keeps_sleeping_standby_from_its_spec_and_a_burst_wakes_it(
+    tmp_path: Path,
+) -> None:
+    """The same fast tier on `runtime: sim` workers (their sleep mode: sim.sleep_s,
+    sim.wake_s), as `sluice simulate` runs it from the same spec."""
+    with (
+        running(tmp_path, SIM_SPEC, "chat's two", lambda s: len(s.ready("chat")) == 2, 120) as s,
+        Api(s) as api,
+    ):
+        wait_until("the standby asleep", lambda: len(asleep(api)) == 1, 20)
+        (sleeper,) = asleep(api)
+        plane = api.get("/v1/dataplane")["groups"]["chat"]
+        assert (plane["instances"], plane["sleeping"]) == (1, 1), plane
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda _: ask(s), range(3)))
+        assert all(code == 200 for code, _, _ in answers), answers
+        slowest = max(seconds for _, seconds, _ in answers)
+        assert slowest < 3.5, answers  # 1 s wake + 1 s answer; a new instance takes 15 s
+        assert sleeper in {iid for _, _, iid in answers}, answers
+        for inst in api.ready("chat"):  # no request ever reached a sleeping worker
+            assert worker_stats(inst)["refused_asleep"] == 0, inst

@@ -592,6 +592,7 @@ def test_a_sim_worker_sleeps_and_wakes_as_vllms_sleep_mode(launch: Launch) -> No
     refused = w.post("/v1/completions", {"model": "m", "prompt": "hi"})
     assert refused.status_code == 503 and "/wake_up" in refused.json()["error"]["message"]
     assert w.get("/ready").status_code == 200
+    assert w.stats()["refused_asleep"] == 1 and w.stats()["sleep_state"] == "asleep"
     assert httpx.post(w.url + "/sleep?level=3", timeout=10).status_code == 400
     t0 = time.monotonic()
     assert httpx.post(w.url + "/wake_up", timeout=10).status_code == 200
