@@ -424,6 +424,7 @@ class _Up:
         await self.supervisor.recover(
             {g.name: g for g in spec.groups}, {p.name: p for p in spec.pools}
         )
+        await controller.adopted()
         if gateway is not None:
             try:
                 await gateway.start()

@@ -313,6 +313,11 @@ class Controller:
             "no_gain_hold": hold.to_json() if (hold := self._holds().get(group)) else None,
         }
 
+    async def adopted(self) -> None:
+        """The supervisor has adopted the previous run's instances: learn which of them sleep
+        before the first tick publishes a routing snapshot (`Sleepers.ask_adopted`)."""
+        await self._sleepers.ask_adopted(self.spec, self._supervisor.ready_endpoints())
+
     async def load_state(self) -> None:
         """Resume from the store: the latest revision and live overrides."""
         latest = await asyncio.to_thread(self._store.latest_revision)

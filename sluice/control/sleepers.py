@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -107,6 +107,31 @@ class Sleepers:
         for iid in lent:
             self._fenced_at[iid] = 0  # any version of any epoch a gateway serves leaves it out
         return lent
+
+    async def ask_adopted(
+        self, spec: PlatformSpec, ready: Mapping[str, Sequence[Endpoint]]
+    ) -> None:
+        """Before the first routing snapshot after a start (a restart, a takeover): ask the
+        adopted instances of every group that keeps sleeping standby whether they sleep, all
+        at once (each within `ASK_S`), so that no snapshot puts a sleeping one in rotation,
+        even for a tick (the placement serves from the oldest awake instances, and an
+        adopted one counts awake until it says otherwise). One that does not answer counts
+        asleep, as `act` counts it."""
+        asks = []
+        for g in spec.groups:
+            a, sleep = g.autoscaling, g.sleep
+            if a is None or not a.sleeping_standby or sleep is None:
+                continue
+            for ep in ready.get(g.name, ()):
+                iid = ep.instance_id
+                if not self._adopted(iid) or iid in self._known:
+                    continue
+                self._known.add(iid)  # asked: `act` does not count it asleep again
+                self.asleep.add(iid)
+                self._doubtful.add(iid)
+                if sleep.status_path is not None:
+                    asks.append(self._ask(g.name, ep, sleep.status_path))
+        await asyncio.gather(*asks)
 
     def fence(self, fencing: frozenset[str], unwoken: frozenset[str]) -> None:
         """The tick's fence (`TickDecision.fence`) and the fenced sleepers it does not let

@@ -232,3 +232,42 @@ async def test_without_a_kept_fence_an_adopted_sleeper_is_not_counted_lent(
     assert not ctl2.units_lent("chat-0") and not ctl2.asleep("chat-0")
     await ctl2.close()
     store.close()
+
+
+@pytest.mark.asyncio
+async def test_an_adopted_sleeper_older_than_the_serving_one_is_never_routed(
+    tmp_path: Path,
+) -> None:
+    """The placement serves from the oldest awake instances: a new controller asks the
+    adopted ones whether they sleep before its first snapshot, so an older sleeper (the
+    newer instance took its place in the count, say) is not put in rotation for a tick."""
+    clock = ManualClock(1_800_000_000.0)
+    store = Store.for_home(tmp_path)
+    servers = Servers()
+    ctl, _ = controller(store, Supervisor(), clock, servers)
+    await ctl.load_state()
+    loaded = spec()
+    await ctl.apply(loaded, "tester", "test")
+    await ctl.close()
+    chat = loaded.spec.group("chat")
+    assert chat is not None
+    t0 = clock.now() - 600
+    old, new = "chat-9001", "chat-9002"
+    servers.asleep[9001] = True
+    instances = {
+        iid: InstanceStatus(
+            iid, "chat", chat.template(), InstanceState.READY, t, ready_at=t, url="http://x:9"
+        )
+        for iid, t in ((old, t0), (new, t0 + 10))
+    }
+    ctl2, published = controller(store, Supervisor(instances), clock, servers)
+    await ctl2.load_state()
+    await ctl2.adopted()
+    assert ctl2.asleep(old) and not ctl2.asleep(new)
+    await tick(ctl2, clock, 2)
+    assert published
+    for snap, _ in published:
+        assert [e.instance_id for e in snap.endpoints.get("chat", ())] == [new], snap.endpoints
+    assert servers.wakes.get(9001) is None
+    await ctl2.close()
+    store.close()
