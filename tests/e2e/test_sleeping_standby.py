@@ -322,32 +322,14 @@ def test_a_restart_while_a_sleepers_units_are_lent_keeps_the_loan_and_the_fence(
                 assert sleep_state(inst)["refused"] == 0, inst
 
 
-SIM_SPEC = f"""
-gateway: {{host: 127.0.0.1, port: 0}}
-pools:
-  - {{name: gpu, accelerator: fake-gpu, count: 4, memory_gb: 16}}
-groups:
-  - name: chat
-    owner: ops@example.com
-    business: search
-    alert_channel: "#ops"
-    models:
-      m-chat:
+SIM_SPEC = SPEC.replace(
+    SPEC[SPEC.index("      m-chat:") : SPEC.index("    resources:")],
+    """      m-chat:
         runtime: sim
-        sim: {{startup_s: 15, sleep_s: 0.2, wake_s: 1.0,
-               service_time: {{kind: fixed, seconds: 1.0}}}}
-    resources: {{pool: gpu, accelerators: 1, memory_gb: 1}}
-    max_concurrency: 1
-    slow_start_s: 0
-    queue: {{max_length: 50, max_wait_s: 20}}
-    health: {{interval_s: 0.5, failure_threshold: 2, timeout_s: 1, startup_timeout_s: 40}}
-    drain_timeout_s: 5
-    autoscaling: {{min: 1, max: 3, sleeping_standby: 1}}
-tenants:
-  - {{name: search, api_keys: [{KEY}]}}
-routes:
-  - {{tag: chat, match: {{models: [m-chat]}}, to: chat}}
-"""
+        sim: {startup_s: 15, sleep_s: 0.2, wake_s: 1.0,
+              service_time: {kind: fixed, seconds: 1.0}}
+""",
+)
 
 
 def worker_stats(instance: dict[str, Any]) -> dict[str, Any]:

@@ -361,22 +361,7 @@ class SluicePolicy:
             tuple(clipped),  # clipped_by
             rec if rec != desired else None,  # unclipped
         )
-        if lengths is not None:
-            return decision, TokenMemory(  # by position, as declared
-                traffic,
-                down_max,
-                up_min,
-                ups,
-                downs,
-                last_up_at,
-                last_out,
-                True,  # seeded
-                panic_over_at,
-                panic_max,
-                schedule,
-                lengths,
-            )
-        return decision, SluiceMemory(  # by position, as declared
+        carried = (  # a `SluiceMemory`'s fields, by position, as declared
             traffic,
             down_max,
             up_min,
@@ -389,6 +374,9 @@ class SluicePolicy:
             panic_max,
             schedule,
         )
+        if lengths is not None:
+            return decision, TokenMemory(*carried, lengths)
+        return decision, SluiceMemory(*carried)
 
     # -- steps -----------------------------------------------------------------------------
 
