@@ -236,8 +236,8 @@ class AutoscalingSpec(_Strict):
     sleeping_standby: int = Field(
         default=0,
         ge=0,
-        description="loaded and put to sleep (command servers with `sleep`): woken when "
-        "requests wait and no warm standby is left",
+        description="loaded and put to sleep (command servers with `sleep`, sim workers): "
+        "woken when requests wait and no warm standby is left",
     )
     interval_s: float = Field(default=1.0, gt=0, le=60, description="decision tick")
     lead_time_s: float | None = Field(
