@@ -118,6 +118,26 @@ def path_of(moves: list[tuple[float, int, int, str]]) -> list[int]:
     return [moves[0][1], *(m[2] for m in moves)] if moves else []
 
 
+JITTER_S = 2.5
+"""How far apart two live ticks may land: the live loop ticks every second, but under load a
+tick comes late, and the next one then takes in what two simulated ticks decided apart"""
+
+
+def merged(moves: list[tuple[float, int, int, str]]) -> list[tuple[float, int, int, str]]:
+    """`moves` with each run of steps the same way, each within `JITTER_S` of the one before,
+    made one step (first time, first count, last count): what a late live tick decides at once."""
+    out: list[tuple[float, int, int, str]] = []
+    for t, before, after, reason in moves:
+        if out:
+            t0, b0, a0, r0 = out[-1]
+            same_way = (a0 - b0) * (after - before) > 0
+            if same_way and a0 == before and t - t0 <= JITTER_S:
+                out[-1] = (t0, b0, after, r0)
+                continue
+        out.append((t, before, after, reason))
+    return out
+
+
 def test_simulate_and_a_live_run_scale_the_same_way(tmp_path: Path) -> None:
     trace = trace_csv(tmp_path / "arrivals.csv")
     with running(
@@ -158,8 +178,12 @@ def test_simulate_and_a_live_run_scale_the_same_way(tmp_path: Path) -> None:
     print(f"\nsimulated: {[(round(t), a, b) for t, a, b, _ in sim]}, clipped {clipped}")
     print(f"live:      {[(round(t), a, b) for t, a, b, _ in live]}")
     # the same counts, in the same order: up to what quota leaves (3, the standby's unit
-    # serving), then back to 1
-    assert path_of(sim) == path_of(live) == [1, 2, 3, 2, 1], (sim, live)
+    # serving), then back to 1; a late live tick may take two simulated steps at once
+    assert path_of(sim) == [1, 2, 3, 2, 1], sim
+    assert path_of(live) == path_of(sim) or path_of(merged(live)) == path_of(merged(sim)), (
+        sim,
+        live,
+    )
     # the step up: the warm standby the gateway put in rotation as requests waited (live,
     # the autoscaler's own signal may see the burst in the same tick: either names it)
     assert "a gateway promoted the warm standby" in sim[0][3], sim[0]
