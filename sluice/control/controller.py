@@ -772,16 +772,18 @@ class Controller:
                 await self._events.emit(group[iid], iid, "units-back", "its units are its own")
 
     def _asleep_now(self, spec: PlatformSpec) -> frozenset[str]:
-        """The sleepers asleep as this tick begins: a gateway's wake reported since the last
-        tick counts first (a sleeper it woke must not have its units lent)."""
+        """The sleepers asleep as this tick begins, as far as their units go
+        (`Sleepers.holding_nothing`): a gateway's wake reported since the last tick counts
+        first (a sleeper it woke must not have its units lent)."""
         self._woken_by_gateways(spec)
-        return frozenset(self._sleepers.asleep)
+        return self._sleepers.holding_nothing()
 
     def _fenced(self) -> frozenset[str]:
         """Sleepers left out of a snapshot every gateway serves: their units may be lent."""
         if not self._sleepers.fencing:
             return frozenset()
-        return self._sleepers.fenced(self._oldest_served(self._routing.published[0]))
+        fenced = self._sleepers.fenced(self._oldest_served(self._routing.published[0]))
+        return fenced & self._sleepers.holding_nothing()
 
     def _woken_by_gateways(self, spec: PlatformSpec) -> frozenset[str]:
         """The sleeping standby the gateways woke and route to (requests waited): awake now,

@@ -9,7 +9,8 @@ was generating. A call that fails is tried again on a later tick, not sooner tha
 instances (a restart, a takeover) cannot know which sleep, so it counts them asleep (never
 routed before a wake, which an awake server answers at once) and sends a sleep to those in
 sleeping places (which a sleeping server takes as done), until each answers `status_path`
-(vLLM's GET /is_sleeping), which settles it in milliseconds.
+(vLLM's GET /is_sleeping), which settles it in milliseconds. Until it is settled its units
+are not lent: it may be awake, holding its accelerator memory (`holding_nothing`).
 
 A sleeper whose units the tick lends (`sluice.policy.standby.sleeping_units`) is fenced:
 left out of the gateways' wakeable standby, and counted fenced (its units free to lend)
@@ -81,6 +82,8 @@ class Sleepers:
         """instances known (or, adopted, assumed) to sleep: never routed before a wake"""
         self._doubtful: set[str] = set()
         """adopted instances counted asleep without knowing it: a sleep is sent to be sure"""
+        self._restored_lent: frozenset[str] = frozenset()
+        """sleepers the previous controller had lent (`restore`): asleep, doubt or not"""
         self._known: set[str] = set()
         self._calls: dict[str, asyncio.Task[None]] = {}
         self._failed_at: dict[str, float] = {}
@@ -103,7 +106,7 @@ class Sleepers:
         fencing = frozenset(str(i) for i in record.get("fencing", ()))
         lent = fencing & frozenset(str(i) for i in record.get("lent", ()))
         self.asleep |= fencing
-        self.fencing, self._unwoken = fencing, lent
+        self.fencing, self._unwoken, self._restored_lent = fencing, lent, lent
         for iid in lent:
             self._fenced_at[iid] = 0  # any version of any epoch a gateway serves leaves it out
         return lent
@@ -132,6 +135,16 @@ class Sleepers:
                 if sleep.status_path is not None:
                     asks.append(self._ask(g.name, ep, sleep.status_path))
         await asyncio.gather(*asks)
+
+    def holding_nothing(self) -> frozenset[str]:
+        """The sleepers a tick may count as holding no accelerator (whose units it may lend):
+        those known asleep, not those only assumed asleep (adopted, not yet settled by an
+        answer or a sleep: one may be awake and hold its memory), save the ones the previous
+        controller had lent (a borrower may hold their units now; no gateway was offered
+        them since, so only a controller's wake could have woken them)."""
+        return frozenset(
+            i for i in self.asleep if i not in self._doubtful or i in self._restored_lent
+        )
 
     def fence(self, fencing: frozenset[str], unwoken: frozenset[str]) -> None:
         """The tick's fence (`TickDecision.fence`) and the fenced sleepers it does not let

@@ -106,9 +106,13 @@ class Servers:
     def __init__(self) -> None:
         self.asleep: dict[int, bool] = {}
         self.wakes: dict[int, int] = {}
+        self.silent: set[int] = set()
+        """ports whose server answers nothing but 503 (stuck loading, say)"""
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         port, path = request.url.port or 0, request.url.path
+        if port in self.silent:
+            return httpx.Response(503, json={"error": "not ready"})
         if path == "/sleep":
             self.asleep[port] = True
         elif path == "/wake_up":
@@ -269,5 +273,48 @@ async def test_an_adopted_sleeper_older_than_the_serving_one_is_never_routed(
     for snap, _ in published:
         assert [e.instance_id for e in snap.endpoints.get("chat", ())] == [new], snap.endpoints
     assert servers.wakes.get(9001) is None
+    await ctl2.close()
+    store.close()
+
+
+@pytest.mark.asyncio
+async def test_an_adopted_sleeper_that_does_not_answer_lends_no_units(tmp_path: Path) -> None:
+    """A new controller counts an adopted instance in a sleeping place asleep (never routed)
+    until it says so or takes a sleep; one that answers neither may be awake and hold its
+    accelerator memory, so its unit is not lent to batch, which waits. Once it takes the
+    sleep (tried again after `RETRY_S`), the unit is lent: batch gets its second instance."""
+    clock = ManualClock(1_800_000_000.0)
+    store = Store.for_home(tmp_path)
+    servers = Servers()
+    ctl, _ = controller(store, Supervisor(), clock, servers)
+    await ctl.load_state()
+    loaded = spec()
+    await ctl.apply(loaded, "tester", "test")
+    await ctl.close()
+    t0 = clock.now() - 600
+    instances = {}
+    for iid, t in (("chat-9001", t0), ("chat-9002", t0 + 10), ("batch-9003", t0)):
+        g = loaded.spec.group(iid.split("-")[0])
+        assert g is not None
+        instances[iid] = InstanceStatus(
+            iid, g.name, g.template(), InstanceState.READY, t, ready_at=t, url="http://x:9"
+        )
+    servers.silent.add(9002)  # the sleeper of the placement: awake, for all we know
+    sup = Supervisor(instances)
+    ctl2, _ = controller(store, sup, clock, servers)
+    await ctl2.load_state()
+    await ctl2.adopted()
+    assert ctl2.asleep("chat-9002")  # never routed
+    await tick(ctl2, clock, 4)
+    assert ctl2.asleep("chat-9002") and not ctl2.units_lent("chat-9002")
+    assert sup.launched == [], sup.launched  # batch waits: the unit may be held
+
+    servers.silent.clear()  # it answers now: the sleep, tried again, settles it
+    for _ in range(12):
+        await tick(ctl2, clock)
+        if sup.launched:
+            break
+    assert ctl2.units_lent("chat-9002") and servers.asleep.get(9002) is True
+    assert [i.split("-")[0] for i in sup.launched] == ["batch"], sup.launched
     await ctl2.close()
     store.close()
