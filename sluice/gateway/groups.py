@@ -105,6 +105,7 @@ class GroupRuntime:
         "timeout_s",
         "traffic",
         "unejects_at",
+        "wake_refused",
         "waking",
         "was_up",
         "woken",
@@ -139,8 +140,10 @@ class GroupRuntime:
         """The snapshot's sleeping standby that this gateway has not woken."""
         self.woken: set[str] = set()
         """Sleeping standby this gateway woke (requests waited), reported while promoted."""
-        self.waking = False
-        """A wake call is under way (one at a time)."""
+        self.waking: dict[str, int] = {}
+        """Sleeping standby being woken (wake calls under way): instance -> its slots."""
+        self.wake_refused: set[str] = set()
+        """Sleeping standby that did not wake: passed over until the next snapshot."""
         self.promoted_until = 0.0
         """Monotonic time the promoted standby may leave rotation again; 0.0: not promoted."""
         self.candidates: tuple[Endpoint, ...] = ()
@@ -210,6 +213,7 @@ class GroupRuntime:
         self.prefix = traffic.prefix
         self.prefix_min_bytes = NO_PREFIX if traffic.prefix is None else traffic.prefix.block_bytes
         self.rotation, self.standby_given, self.sleeping_given = endpoints, standby, sleeping
+        self.wake_refused.clear()
         self._place_standby()
         if not self.standby:
             self.promoted_until = 0.0

@@ -38,7 +38,15 @@ from sluice.policy.route_choice import (
     plan_route,
     route_of,
 )
-from sluice.policy.routing import GroupTraffic, Route, RouteTable, RoutingSnapshot, TenantAccess
+from sluice.policy.routing import (
+    Endpoint,
+    GroupTraffic,
+    Route,
+    RouteTable,
+    RoutingSnapshot,
+    TenantAccess,
+)
+from sluice.policy.standby import sleepers_to_wake
 
 log = logging.getLogger(__name__)
 
@@ -356,8 +364,9 @@ class GatewayState:
 
     def watch_queue(self, group: GroupRuntime) -> None:
         """`group` has waiters: its warm standby, if any, joins the rotation now (their slots
-        admit the waiters on the next loop iteration); make sure the queue timer runs (it
-        also takes promoted standby out again, `GroupRuntime.demote`)."""
+        admit the waiters on the next loop iteration), and sleeping standby is woken for
+        those still waiting; make sure the queue timer runs (it also takes promoted standby
+        out again, `GroupRuntime.demote`)."""
         self._waiting.add(group)
         if group.standby:
             now = time.monotonic()
@@ -365,38 +374,59 @@ class GatewayState:
             self._promoted.add(group)
             if woken:
                 self.wake(group, woken, now)
-        elif group.sleeping and group.traffic.wake is not None and not group.waking:
-            group.waking = True
-            task = asyncio.get_running_loop().create_task(self._wake_sleeping(group))
-            self._wakes.add(task)
-            task.add_done_callback(self._wakes.discard)
+        if group.sleeping and group.traffic.wake is not None:
+            self._wake_sleeping(group)
         if self._queue_timer is None:
             self._queue_timer = asyncio.get_running_loop().call_later(QUEUE_TICK_S, self._tick)
 
-    async def _wake_sleeping(self, group: GroupRuntime) -> None:
-        """Requests wait and no warm standby is left: wake the group's oldest sleeping
-        standby (its server's wake call, bounded by `WakeCall.timeout_s`) and put it in
-        rotation; one that will not wake is passed over for the next, once each."""
-        call = group.traffic.wake
+    def _wake_sleeping(self, group: GroupRuntime) -> None:
+        """Requests wait beyond what the warm standby took in: wake as many sleeping standby
+        at once as they need (`sleepers_to_wake`), oldest first, each its own call."""
+        waking, refused = group.waking, group.wake_refused
+        wanted = sleepers_to_wake(
+            group.admission.queue_length,
+            sum(waking.values()),
+            [
+                (ep.instance_id, ep.max_concurrency)
+                for ep in group.sleeping
+                if ep.instance_id not in waking and ep.instance_id not in refused
+            ],
+        )
+        if not wanted:
+            return
+        loop = asyncio.get_running_loop()
+        for ep in group.sleeping:
+            if ep.instance_id in wanted:
+                waking[ep.instance_id] = ep.max_concurrency
+                task = loop.create_task(self._wake_one(group, ep))
+                self._wakes.add(task)
+                task.add_done_callback(self._wakes.discard)
+
+    async def _wake_one(self, group: GroupRuntime, ep: Endpoint) -> None:
+        """Wake one sleeping standby (its server's wake call, bounded by `WakeCall.timeout_s`)
+        and put it in rotation; one that will not wake is passed over for another while
+        requests still wait."""
+        call, iid = group.traffic.wake, ep.instance_id
         try:
-            for ep in group.sleeping:
-                if call is None or not group.admission.queue_length:
-                    return
-                started = time.monotonic()
-                why = await wake_instance(ep, call)
-                if why is not None:
-                    log.warning("%s: %s did not wake: %s", group.name, ep.instance_id, why)
-                    continue
-                group.metrics.standby_wakes += 1
-                now = time.monotonic()
-                log.info("%s: woke %s in %.2fs", group.name, ep.instance_id, now - started)
-                woken = group.awake(ep.instance_id, now)
-                self._promoted.add(group)
-                if woken:
-                    self.wake(group, woken, now)
+            if call is None:
                 return
+            started = time.monotonic()
+            why = await wake_instance(ep, call)
         finally:
-            group.waking = False
+            group.waking.pop(iid, None)
+        now = time.monotonic()
+        if why is not None:
+            log.warning("%s: %s did not wake: %s", group.name, iid, why)
+            group.wake_refused.add(iid)
+            if group.admission.queue_length and group.traffic.wake is not None:
+                self._wake_sleeping(group)
+            return
+        group.metrics.standby_wakes += 1
+        log.info("%s: woke %s in %.2fs", group.name, iid, now - started)
+        woken = group.awake(iid, now)
+        self._promoted.add(group)
+        if woken:
+            self.wake(group, woken, now)
 
     def _tick(self) -> None:
         self._queue_timer = None

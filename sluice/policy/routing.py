@@ -346,8 +346,9 @@ class RoutingSnapshot:
     puts them in at once when requests start to wait (`GroupRuntime.promote`), before the
     controller's next tick has seen the burst."""
     sleeping: Mapping[str, tuple[Endpoint, ...]] = field(default_factory=dict)
-    """A group's sleeping standby (asleep, out of rotation): a gateway whose requests wait
-    with no warm standby left wakes one (`GroupTraffic.wake`) and puts it in rotation."""
+    """A group's sleeping standby (asleep, out of rotation): a gateway whose requests still
+    wait once its warm standby is in rotation wakes as many as they need, at once
+    (`GroupTraffic.wake`, `sleepers_to_wake`), and puts them in rotation."""
     epoch: int = 0
     """The lease epoch of the leader that published it (0: no leader election, a test): a
     gateway never swaps in a snapshot of an older epoch than it has, so a deposed leader's

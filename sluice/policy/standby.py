@@ -3,7 +3,8 @@
 The count in force serves; `autoscaling.warm_standby` more wait loaded and out of rotation
 for a gateway to put in the moment requests wait; `autoscaling.sleeping_standby` more are
 loaded and then put to sleep (vLLM's sleep mode: accelerator memory freed, woken in
-seconds), for a gateway to wake when requests wait and no warm standby is left.
+seconds), for a gateway to wake when requests still wait once its warm standby is in
+rotation: as many at once as the waiting requests need (`sleepers_to_wake`).
 
 Awake instances fill the serving and warm places first, oldest first, so that an instance a
 gateway woke is not put back to sleep while an older one is; asleep ones come last. An awake
@@ -24,12 +25,22 @@ borrowed or unassigned units) keep their units: nobody would reclaim them for it
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sluice.policy.routing import Endpoint
 
-__all__ = ["SleepingUnits", "StandbySplit", "sleeping_units", "split_standby"]
+__all__ = [
+    "SleepingUnits",
+    "StandbySplit",
+    "sleepers_to_wake",
+    "sleeping_units",
+    "split_standby",
+]
+
+K = TypeVar("K", bound=Hashable)
+"""an instance's key: its id at a gateway, its index in the simulator"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +51,7 @@ class StandbySplit:
     warm: tuple[Endpoint, ...]
     """loaded, out of rotation: a gateway puts them in at once when requests wait"""
     sleeping: tuple[Endpoint, ...]
-    """asleep: a gateway wakes one when requests wait and no warm standby is left"""
+    """asleep: a gateway wakes as many as its waiting requests need (`sleepers_to_wake`)"""
     to_sleep: tuple[Endpoint, ...] = ()
     """awake instances in sleeping places that no gateway routes to: put them to sleep"""
     to_wake: tuple[Endpoint, ...] = ()
@@ -79,6 +90,23 @@ def split_standby(
 
 def _age(e: Endpoint) -> tuple[float, str]:
     return e.ready_at, e.instance_id
+
+
+def sleepers_to_wake(waiting: int, waking_slots: int, sleepers: Iterable[tuple[K, int]]) -> list[K]:
+    """The sleeping standby a gateway wakes now, all at once: of `sleepers` (instance, its
+    slots; in the order to wake them, oldest first, none already waking), as many as it
+    takes for the slots of those waking (`waking_slots` already) to cover the `waiting`
+    requests. One wake at a time would serve a burst larger than one instance a wake time
+    later for every instance it needs; as the queue grows during a wake, the next request
+    that waits asks again."""
+    out: list[K] = []
+    short = waiting - waking_slots
+    for key, slots in sleepers:
+        if short <= 0:
+            break
+        out.append(key)
+        short -= max(slots, 1)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

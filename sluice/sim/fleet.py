@@ -77,23 +77,23 @@ Sleeping standby (`autoscaling.sleeping_standby`) is placed by the live placemen
 and every tick): the count in force serves, then `warm_standby`, awake ones oldest first;
 an awake instance in a sleeping place that serves nothing is put to sleep and is asleep the
 model's `sim.sleep_s` later (1 s), out of the routing from the moment the sleep starts; an
-asleep one a serving or warm place needs is woken (`sim.wake_s`, 3 s). The gateway (`route`,
-as `GroupRuntime` and `GatewayState.watch_queue`): a request that waits promotes the warm
-standby, or, with none left, wakes the oldest asleep instance (one wake at a time); once
-awake it joins the warm standby, in rotation at once and held as a promoted one, so the
-`GroupLoad`'s `standby_in_rotation` counts it and the kernel takes it into the count (the
-`woken` a live gateway reports). An asleep instance-second is counted apart
-(`SimResult.sleeping_seconds`) and priced at `sleeping_cost_ratio` of an awake one
-(`sluice.sim.result`: the host memory its weights hold, `sim.host_memory_gb`, against an
-H100's on-demand price); falling asleep and waking count as awake. Not simulated: the live
-sleep's wait for in-flight requests is polled every tick here (every 0.2 s live) and not
-bounded by the drain timeout; the controller learns of a gateway's wake at once. The kernel
-reads the instances asleep (`World.asleep`, from the sleep's end to the wake's) and lends
-a sleeper's units as live (`TickDecision.fence`): a fenced sleeper is one the gateway does
-not wake, released from its group's claim the next tick (`World.fenced`: the one gateway
-has the fence at once), so quota lends its units; one the count needs is woken once quota
-grants them back (`TickDecision.unwoken`: after the reclaim's grace and the borrower's
-drain).
+asleep one a serving or warm place needs is woken (`sim.wake_s`, 3 s). The gateway
+(`route`, as `GroupRuntime` and `GatewayState.watch_queue`): a request that waits promotes
+the warm standby, and while requests still wait wakes as many asleep instances as they
+need, at once, oldest first (`sleepers_to_wake`); once awake each joins the warm standby,
+in rotation at once and held as a promoted one, so the `GroupLoad`'s `standby_in_rotation`
+counts it and the kernel takes it into the count (the `woken` a live gateway reports). An
+asleep instance-second is counted apart (`SimResult.sleeping_seconds`) and priced at
+`sleeping_cost_ratio` of an awake one (`sluice.sim.result`: the host memory its weights
+hold, `sim.host_memory_gb`, against an H100's on-demand price); falling asleep and waking
+count as awake. Not simulated: the live sleep's wait for in-flight requests is polled every
+tick here (every 0.2 s live) and not bounded by the drain timeout; the controller learns of
+a gateway's wake at once. The kernel reads the instances asleep (`World.asleep`, from the
+sleep's end to the wake's) and lends a sleeper's units as live (`TickDecision.fence`): a
+fenced sleeper is one the gateway does not wake, released from its group's claim the next
+tick (`World.fenced`: the one gateway has the fence at once), so quota lends its units; one
+the count needs is woken once quota grants them back (`TickDecision.unwoken`: after the
+reclaim's grace and the borrower's drain).
 
 A rollout is simulated by its floor only (`FleetOptions.rollouts`: from the second it
 starts to the second it ends, its baseline keeps at least the count in force when it
@@ -125,7 +125,7 @@ from sluice.policy.kernel import Memory, World, due, step
 from sluice.policy.plan import Drain, Launch
 from sluice.policy.quota import Allocation, Loan
 from sluice.policy.routing import PRIORITIES, STANDBY_HOLD_S, Endpoint
-from sluice.policy.standby import split_standby
+from sluice.policy.standby import sleepers_to_wake, split_standby
 from sluice.policy.tick import BURST, STABLE, TICK_S, is_advisory, spec_count, standby
 from sluice.sim.batching import BatchingInstance, BatchingParams
 from sluice.sim.codes import (
@@ -278,8 +278,8 @@ class _Lane:
     """sleeping standby: the warm standby the gateway sees (`GroupRuntime.standby`)"""
     woken: set[int] = field(default_factory=set)
     """sleeping standby the gateway woke (reported, as `routed`, while promoted)"""
-    waking: int = -1
-    """the instance the gateway is waking (one at a time); -1: none"""
+    waking: set[int] = field(default_factory=set)
+    """the instances the gateway is waking (`GroupRuntime.waking`)"""
     eps: dict[int, Endpoint] = field(default_factory=dict)
     """sleeping standby: the ready instances as `split_standby` reads them"""
     placed: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -759,17 +759,19 @@ def run_fleet(
         if since is not None:
             L.slept_s += now - since
         L.naps.pop(k, None)
-        if L.waking == k:
-            L.waking = -1
+        L.waking.discard(k)
 
-    def wake_one(L: _Lane, now: float) -> None:
-        """Requests wait and no warm standby is left: the gateway wakes the oldest asleep
-        instance (`GatewayState._wake_sleeping`, one wake at a time)."""
+    def wake_more(L: _Lane, now: float) -> None:
+        """Requests wait beyond what the warm standby took in: the gateway wakes as many
+        asleep instances at once as they need, oldest first (`GatewayState._wake_sleeping`)."""
         naps = L.naps
         asleep = [k for k, nap in naps.items() if nap == _ASLEEP and sids[k] not in fence]
-        if asleep:
-            k = min(asleep, key=lambda k: (status[k].ready_at or 0.0, sids[k]))
-            L.waking = k
+        if not asleep:
+            return
+        asleep.sort(key=lambda k: (status[k].ready_at or 0.0, sids[k]))
+        c = L.c
+        for k in sleepers_to_wake(L.adm.queue_length, len(L.waking) * c, ((k, c) for k in asleep)):
+            L.waking.add(k)
             wake(L, k, now)
 
     def slept(k: int, now: float) -> None:
@@ -786,7 +788,7 @@ def run_fleet(
         L = lane_of[k]
         if state[k] != ACTIVE or L.naps.get(k) != _WAKING:
             return
-        if L.waking != k:  # the controller's wake: it places the group again
+        if k not in L.waking:  # the controller's wake: it places the group again
             wake_up(L, k, now)
             rotate(L, now)
             return
@@ -1122,8 +1124,7 @@ def run_fleet(
                 if L.sleepers:  # `GatewayState.watch_queue`
                     if L.standby_n:
                         promote(L, ta)
-                    elif L.waking < 0:
-                        wake_one(L, ta)
+                    wake_more(L, ta)
                 elif L.warm and len(L.active) + len(L.spare) > L.count:
                     promote(L, ta)
             if evicted is not None:

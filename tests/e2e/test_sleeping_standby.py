@@ -359,3 +359,30 @@ def test_a_sim_group_keeps_sleeping_standby_from_its_spec_and_a_burst_wakes_it(
         assert sleeper in {iid for _, _, iid in answers}, answers
         for inst in api.ready("chat"):  # no request ever reached a sleeping worker
             assert worker_stats(inst)["refused_asleep"] == 0, inst
+
+
+def test_a_burst_wakes_both_sleepers_at_once(tmp_path: Path) -> None:
+    """Two sleeping standby and a burst of five on one 1-slot instance: four wait, more than
+    one sleeper can take, so the gateway wakes both together (two wake calls at once, not
+    one after the other) and both serve the burst."""
+    spec = SIM_SPEC.replace("wake_s: 1.0", "wake_s: 2.0").replace(
+        "{min: 1, max: 3, sleeping_standby: 1}", "{min: 1, max: 3, sleeping_standby: 2}"
+    )
+    with (
+        running(tmp_path, spec, "chat's three", lambda s: len(s.ready("chat")) == 3, 120) as s,
+        Api(s) as api,
+    ):
+        wait_until("both asleep", lambda: len(asleep(api)) == 2, 20)
+        sleepers = set(asleep(api))
+        with ThreadPoolExecutor(5) as pool:
+            answers = list(pool.map(lambda _: ask(s), range(5)))
+        assert all(code == 200 for code, _, _ in answers), answers
+        assert sleepers <= {iid for _, _, iid in answers}, answers
+        metrics = httpx.get(
+            s.control_url + "/metrics", headers=s.control_headers(), timeout=10, trust_env=False
+        ).text
+        assert 'sluice_gateway_standby_wakes_total{group="chat"} 2.0' in metrics
+        # both woke in the burst's first wake time: 2 s wake + 1 s answer, and the rest
+        assert max(seconds for _, seconds, _ in answers) < 4.5, answers
+        for inst in api.ready("chat"):  # no request ever reached a sleeping worker
+            assert worker_stats(inst)["refused_asleep"] == 0, inst

@@ -83,6 +83,20 @@ def test_a_burst_wakes_the_sleeper_which_serves_after_the_wake_not_a_start_up() 
     assert waited[1] < 0.5 * waited[0], waited
 
 
+@pytest.mark.parametrize("warm", [0, 1])
+def test_a_burst_wakes_as_many_sleepers_at_once_as_its_waiting_requests_need(warm: int) -> None:
+    """40 requests/s on instances serving 8/s each: the queue outgrows one sleeper's 4
+    slots at once, so the gateway wakes both sleepers (beside the warm standby it puts in
+    rotation first), not one after another: from 2 s after the burst began, all 1 + warm +
+    2 instances serve, busy."""
+    flood = QUIET + [(60 + i / 40, 100, 10) for i in range(1200)]
+    model = sleepy(2, warm=warm, wake_s=2.0)
+    res = run(prepare(model, trace_from_rows(flood)), make_policy(model, "sluice"))
+    assert res.initial_instances == 1 + warm + 2
+    served = served_between(res, 62.5, 65.0)
+    assert served >= 0.95 * (1 + warm + 2) * 8 * 2.5, served
+
+
 def test_the_woken_sleeper_is_promoted_into_the_count_as_warm_standby_is() -> None:
     # a wake shorter than a tick: the gateway routes to it before the autoscaler has seen
     # the burst, and the kernel's next decision takes it in (`standby_in_rotation`)

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.policy.routing import Endpoint
-from sluice.policy.standby import split_standby
+from sluice.policy.standby import sleepers_to_wake, split_standby
 
 
 def eps(n: int) -> list[Endpoint]:
@@ -74,3 +74,31 @@ def test_a_group_that_no_longer_keeps_sleeping_standby_has_its_sleepers_woken() 
     split = split_standby(eps(3), serving=2, warm=0, sleeping=0, asleep={"i2"})
     assert ids(split.rotation) == ["i0", "i1"] and ids(split.to_wake) == ["i2"]
     assert split.warm == () and ids(split.sleeping) == ["i2"]
+
+
+def test_a_gateway_wakes_as_many_sleepers_as_its_waiting_requests_need() -> None:
+    sleepers = [("a", 4), ("b", 4), ("c", 4)]
+    assert sleepers_to_wake(0, 0, sleepers) == []
+    assert sleepers_to_wake(1, 0, sleepers) == ["a"]
+    assert sleepers_to_wake(5, 0, sleepers) == ["a", "b"]
+    assert sleepers_to_wake(5, 4, sleepers) == ["a"]  # one is waking already
+    assert sleepers_to_wake(8, 8, sleepers) == []
+    assert sleepers_to_wake(99, 0, sleepers) == ["a", "b", "c"]  # all there are
+
+
+@given(
+    st.integers(0, 60),
+    st.integers(0, 20),
+    st.lists(st.integers(0, 8), max_size=8),
+)
+def test_the_wakes_cover_the_waiting_with_none_to_spare(
+    waiting: int, waking_slots: int, slots: list[int]
+) -> None:
+    sleepers = [(k, n) for k, n in enumerate(slots)]
+    woken = sleepers_to_wake(waiting, waking_slots, sleepers)
+    assert woken == list(range(len(woken)))  # oldest first
+    covered = waking_slots + sum(max(n, 1) for _, n in sleepers[: len(woken)])
+    if len(woken) < len(sleepers):
+        assert covered >= waiting  # enough (unless every sleeper is woken)
+    if woken:  # and not one more than it takes
+        assert covered - max(sleepers[len(woken) - 1][1], 1) < waiting
