@@ -238,6 +238,33 @@ async def test_without_a_kept_fence_an_adopted_sleeper_is_not_counted_lent(
     store.close()
 
 
+async def applied(tmp_path: Path) -> tuple[ManualClock, Store, Servers]:
+    """A store in which a first controller applied `spec()` and then died (a restart, or a
+    standby's takeover, comes next)."""
+    clock = ManualClock(1_800_000_000.0)
+    store = Store.for_home(tmp_path)
+    servers = Servers()
+    ctl, _ = controller(store, Supervisor(), clock, servers)
+    await ctl.load_state()
+    await ctl.apply(spec(), "tester", "test")
+    await ctl.close()
+    return clock, store, servers
+
+
+def running_since(t0: float, ready: dict[str, float]) -> dict[str, InstanceStatus]:
+    """Ready instances for a new controller to adopt: id -> seconds after `t0` it was
+    ready (its group is the id's first word)."""
+    out = {}
+    for iid, after in ready.items():
+        g = spec().spec.group(iid.split("-")[0])
+        assert g is not None
+        t = t0 + after
+        out[iid] = InstanceStatus(
+            iid, g.name, g.template(), InstanceState.READY, t, ready_at=t, url="http://x:9"
+        )
+    return out
+
+
 @pytest.mark.asyncio
 async def test_an_adopted_sleeper_older_than_the_serving_one_is_never_routed(
     tmp_path: Path,
@@ -245,25 +272,10 @@ async def test_an_adopted_sleeper_older_than_the_serving_one_is_never_routed(
     """The placement serves from the oldest awake instances: a new controller asks the
     adopted ones whether they sleep before its first snapshot, so an older sleeper (the
     newer instance took its place in the count, say) is not put in rotation for a tick."""
-    clock = ManualClock(1_800_000_000.0)
-    store = Store.for_home(tmp_path)
-    servers = Servers()
-    ctl, _ = controller(store, Supervisor(), clock, servers)
-    await ctl.load_state()
-    loaded = spec()
-    await ctl.apply(loaded, "tester", "test")
-    await ctl.close()
-    chat = loaded.spec.group("chat")
-    assert chat is not None
-    t0 = clock.now() - 600
+    clock, store, servers = await applied(tmp_path)
     old, new = "chat-9001", "chat-9002"
     servers.asleep[9001] = True
-    instances = {
-        iid: InstanceStatus(
-            iid, "chat", chat.template(), InstanceState.READY, t, ready_at=t, url="http://x:9"
-        )
-        for iid, t in ((old, t0), (new, t0 + 10))
-    }
+    instances = running_since(clock.now() - 600, {old: 0, new: 10})
     ctl2, published = controller(store, Supervisor(instances), clock, servers)
     await ctl2.load_state()
     await ctl2.adopted()
@@ -283,22 +295,8 @@ async def test_an_adopted_sleeper_that_does_not_answer_lends_no_units(tmp_path: 
     until it says so or takes a sleep; one that answers neither may be awake and hold its
     accelerator memory, so its unit is not lent to batch, which waits. Once it takes the
     sleep (tried again after `RETRY_S`), the unit is lent: batch gets its second instance."""
-    clock = ManualClock(1_800_000_000.0)
-    store = Store.for_home(tmp_path)
-    servers = Servers()
-    ctl, _ = controller(store, Supervisor(), clock, servers)
-    await ctl.load_state()
-    loaded = spec()
-    await ctl.apply(loaded, "tester", "test")
-    await ctl.close()
-    t0 = clock.now() - 600
-    instances = {}
-    for iid, t in (("chat-9001", t0), ("chat-9002", t0 + 10), ("batch-9003", t0)):
-        g = loaded.spec.group(iid.split("-")[0])
-        assert g is not None
-        instances[iid] = InstanceStatus(
-            iid, g.name, g.template(), InstanceState.READY, t, ready_at=t, url="http://x:9"
-        )
+    clock, store, servers = await applied(tmp_path)
+    instances = running_since(clock.now() - 600, {"chat-9001": 0, "chat-9002": 10, "batch-9003": 0})
     servers.silent.add(9002)  # the sleeper of the placement: awake, for all we know
     sup = Supervisor(instances)
     ctl2, _ = controller(store, sup, clock, servers)
