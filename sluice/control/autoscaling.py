@@ -168,15 +168,19 @@ def with_tokens(load: GroupLoad, sample: TrafficSample) -> GroupLoad:
     """`load` as a `TokenLoad` when the gateway read the usage of some of the group's
     answers (`sample.usage_answers`): a batching group is then sized on its server's
     capacity at the mean lengths (`SluicePolicy`); else `load` as it is (the value it was
-    before tokens were counted). A stream answered without usage adds its chunks to the
-    completion tokens, not to the count: the mean output reads long, the capacity low
-    (more instances, not fewer); where no answer carries usage there is no token mean."""
+    before tokens were counted). The means are those of the answers that carried usage: a
+    stream answered without it (a group that does not ask for it, a server that ignores
+    `stream_options`) has its chunks counted in the completion tokens but no prompt count,
+    so it is left out of both (had its chunks counted against the usage answers alone, a
+    group of mostly such streams would read its output many times too long). A gateway
+    that does not count the usage answers' own completion tokens (an older one) gives all
+    of them: long, on the safe side."""
     if sample.usage_answers <= 0:
         return load
     values = {f: getattr(load, f) for f in _LOAD_FIELDS}
     values["token_requests"] = sample.usage_answers
     values["prompt_tokens"] = sample.prompt_tokens
-    values["output_tokens"] = sample.completion_tokens
+    values["output_tokens"] = sample.usage_completion_tokens or sample.completion_tokens
     return TokenLoad(**values)
 
 

@@ -840,6 +840,7 @@ class Exchange:
         counts[1] += completion
         if usage is not None:  # the autoscaler's mean lengths count these answers
             g.metrics.usage_answers += 1
+            g.metrics.usage_completion += completion
         if self.t_body > 0.0 and completion > 1:
             g.metrics.tpot.observe((now - self.t_body) / (completion - 1))
         if self.queue_ms and usage is not None:

@@ -500,6 +500,7 @@ class GroupRuntime:
             prompt_tokens=sum(t[0] for t in m.tokens.values()),
             completion_tokens=sum(t[1] for t in m.tokens.values()),
             usage_answers=m.usage_answers,
+            usage_completion_tokens=m.usage_completion,
             standby_in_rotation=len(self.endpoints) if self.promoted_until else 0,
             woken=tuple(sorted(self.woken)) if self.promoted_until else (),
         )

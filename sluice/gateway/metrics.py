@@ -174,6 +174,7 @@ class GroupMetrics:
         "tpot",
         "ttfb",
         "usage_answers",
+        "usage_completion",
     )
 
     def __init__(self) -> None:
@@ -198,6 +199,9 @@ class GroupMetrics:
         self.usage_answers = 0
         """Answers whose usage was read (their tokens are in `tokens`): the denominator of
         the mean prompt and output lengths a batching group is sized on."""
+        self.usage_completion = 0
+        """Their completion tokens: the mean output length's numerator (`tokens` also
+        counts the chunks of streams answered without usage)."""
         self.tpot = Histogram(TPOT_BUCKETS_S)
         """A streamed answer's time per output token after the first."""
         self.served_s = 0.0
@@ -216,6 +220,7 @@ class GroupMetrics:
         counts[1] += completion
         if usage:
             self.usage_answers += 1
+            self.usage_completion += completion
 
     def prune(self, routed: Collection[str], now: float) -> None:
         """Mark the instances in `routed` as in routing; drop those out of it for longer

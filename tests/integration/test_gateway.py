@@ -296,6 +296,7 @@ async def test_tokens_are_counted_per_tenant_from_usage_or_a_streams_events(ask:
     asked = up.requests[-1][3]
     # the answers whose usage was read: the autoscaler's mean lengths' denominator
     assert sample.usage_answers == 2 + ask
+    assert sample.usage_completion_tokens == 2 * 3 + 3 * ask  # the stream's chunks: not these
     assert (sample.prompt_tokens, sample.completion_tokens) == (2 + 2 * ask, 2 * 3 + 3)
     assert ("stream_options" in asked) is ask
     assert b'"usage"' not in body  # the caller did not ask for it: it gets none either way

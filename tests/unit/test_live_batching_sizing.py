@@ -50,8 +50,18 @@ def test_a_load_carries_token_counts_only_where_answers_carried_usage() -> None:
     plain = load()
     assert with_tokens(plain, sample(prompt_tokens=0, completion_tokens=90)) is plain
     counted = with_tokens(plain, sample(prompt_tokens=4000, completion_tokens=900, usage_answers=9))
-    assert isinstance(counted, TokenLoad)
+    assert isinstance(counted, TokenLoad)  # (a gateway that counts no usage answers' own)
     assert (counted.token_requests, counted.prompt_tokens, counted.output_tokens) == (9, 4000, 900)
+    # 9 answers with usage (90 output tokens) and 81 streams without (810 chunks): the
+    # output mean is the usage answers' 10 tokens, not 900 / 9 = 100
+    counted = with_tokens(
+        plain,
+        sample(
+            prompt_tokens=4000, completion_tokens=900, usage_answers=9, usage_completion_tokens=90
+        ),
+    )
+    assert isinstance(counted, TokenLoad)
+    assert (counted.token_requests, counted.prompt_tokens, counted.output_tokens) == (9, 4000, 90)
     # every other field as it was
     assert GroupLoad(**{f.name: getattr(counted, f.name)
                         for f in dataclasses.fields(GroupLoad)}) == plain  # fmt: skip

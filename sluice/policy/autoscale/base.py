@@ -216,6 +216,10 @@ class TrafficSample:
     are in the two counts above; a stream answered without usage adds its chunks to
     `completion_tokens` only): the mean lengths' denominator. 0 from a gateway that does not
     count them (an older one): no token means"""
+    usage_completion_tokens: int = 0
+    """cumulative completion tokens of the `usage_answers` alone: the mean output length's
+    numerator (`completion_tokens` also counts streams' chunks, whose answers
+    `usage_answers` leaves out). 0 from a gateway that does not count them"""
     standby_in_rotation: int = 0
     """now: the instances this gateway routes to, if it has put the group's warm standby in
     rotation because requests waited (`GroupRuntime.promote`); else 0"""
