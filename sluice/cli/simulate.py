@@ -128,8 +128,19 @@ def simulate(
         simulate_spec,
         wants_fleet,
     )
+    from sluice.spec.loader import located
 
     def do() -> dict[str, Any]:
+        try:
+            return simulated()
+        except SpecError as exc:  # a check of what the spec says: name its file and line
+            try:
+                text = spec.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                raise exc from None
+            raise located(exc, text, str(spec)) from None
+
+    def simulated() -> dict[str, Any]:
         if speedup <= 0 or rate_scale <= 0:
             raise SpecError([SpecIssue("--speedup/--rate-scale", "must be > 0")])
         shape = TraceShape(start, duration, speedup, rate_scale)

@@ -21,7 +21,7 @@ from sluice.spec.checks import ModelReader, check_platform
 from sluice.spec.modeldir import read_loadable_model_dir
 from sluice.spec.models import SECRET_FIELDS, PlatformSpec
 
-__all__ = ["LoadedSpec", "load_spec_file", "load_spec_text"]
+__all__ = ["LoadedSpec", "load_spec_file", "load_spec_text", "located"]
 
 Path_ = tuple[str | int, ...]
 
@@ -191,6 +191,61 @@ def _line_for(path: Path_, lines: dict[Path_, int]) -> int | None:
             cur = (*cur, part)
             best = lines[cur]
     return best
+
+
+_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
+
+
+def located(error: SpecError, text: str, source: str) -> SpecError:
+    """`error` from a check made after loading (one that names its fields by group or pool
+    name, `groups.chat.slo`, and no file) with `source` and each field's line in `text`: the
+    field's own, or its nearest parent's where it is missing. Issues about anything else
+    (a command's option, `--trace`) or already located are kept as they are."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return error
+    if not isinstance(root, yaml.MappingNode):
+        return error
+    top = {str(k.value) for k, _ in root.value}
+    issues = []
+    for issue in error.issues:
+        parts = [m.group(2) or int(m.group(1)) for m in _PART.finditer(issue.field)]
+        if issue.file != "<spec>" or not parts or parts[0] not in top:
+            issues.append(issue)
+            continue
+        issues.append(SpecIssue(issue.field, issue.message, source, _named_line(root, parts)))
+    return SpecError(issues)
+
+
+def _named_line(node: yaml.Node, parts: list[str | int]) -> int:
+    """The line of the field at `parts` under `node`, a list item named by its index or
+    its `name`; the nearest parent's where the rest is missing."""
+    line = node.start_mark.line + 1
+    for part in parts:
+        child: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if str(key.value) == str(part):
+                    line, child = key.start_mark.line + 1, value
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                if part == i or _name_of(item) == part:
+                    line, child = item.start_mark.line + 1, item
+                    break
+        if child is None:
+            return line
+        node = child
+    return line
+
+
+def _name_of(node: yaml.Node) -> str | None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if key.value == "name" and isinstance(value, yaml.ScalarNode):
+                return str(value.value)
+    return None
 
 
 def _dotted(path: Iterable[str | int]) -> str:

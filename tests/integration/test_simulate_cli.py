@@ -120,3 +120,33 @@ def test_an_unknown_policy_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert r.returncode == 2
     assert "unknown autoscaling policy 'magic'" in r.stderr
+
+
+def test_a_spec_the_simulator_cannot_run_is_refused_at_its_file_and_line(tmp_path: Path) -> None:
+    """Checks made after loading name a field by its group's name (`groups.chat.slo`): the
+    error gives the spec's file and that field's line (its group's, where it is missing)."""
+    spec = tmp_path / "two.yaml"
+    group = """  - name: {name}
+    owner: o@example.com
+    business: b
+    alert_channel: "#c"
+    models: {{m-{name}: {{runtime: sim}}}}
+    resources: {{pool: p, memory_gb: 1}}
+"""
+    spec.write_text(
+        "pools:\n  - {name: p, count: 8, memory_gb: 16}\ngroups:\n"
+        + group.format(name="embed")
+        + "    slo: {latency_ms: 500}\n"
+        + group.format(name="chat")  # line 11, and no slo
+        + "    slo: {ttft_ms: 200}\n"  # line 17: a first token, on slots
+    )
+    r = sluice("simulate", "--spec", str(spec), "--trace", str(SLICE), "--group", "chat", "--json",
+               home=tmp_path)  # fmt: skip
+    assert r.returncode == 2, r.stdout
+    (issue,) = json.loads(r.stdout)["error"]["issues"]
+    assert (issue["file"], issue["line"], issue["field"]) == (str(spec), 17, "groups.chat.slo")
+    spec.write_text(spec.read_text().replace("    slo: {ttft_ms: 200}\n", ""))
+    r = sluice("simulate", "--spec", str(spec), "--trace", str(SLICE), "--group", "chat",
+               home=tmp_path)  # fmt: skip
+    assert r.returncode == 2
+    assert f"{spec}:11: groups.chat.slo: the group has no slo" in r.stderr, r.stderr
