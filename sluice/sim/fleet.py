@@ -280,6 +280,10 @@ class _Lane:
     """sleeping standby the gateway woke (reported, as `routed`, while promoted)"""
     waking: set[int] = field(default_factory=set)
     """the instances the gateway is waking (`GroupRuntime.waking`)"""
+    promotions: int = 0
+    """times the gateway put the warm standby in rotation (its `standby_promotions`)"""
+    gateway_wakes: int = 0
+    """sleeping standby the gateway woke (its `standby_wakes`; the controller's not)"""
     eps: dict[int, Endpoint] = field(default_factory=dict)
     """sleeping standby: the ready instances as `split_standby` reads them"""
     placed: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -772,6 +776,7 @@ def run_fleet(
         c = L.c
         for k in sleepers_to_wake(L.adm.queue_length, len(L.waking) * c, ((k, c) for k in asleep)):
             L.waking.add(k)
+            L.gateway_wakes += 1
             wake(L, k, now)
 
     def slept(k: int, now: float) -> None:
@@ -794,7 +799,8 @@ def run_fleet(
             return
         wake_up(L, k, now)
         L.woken.add(k)
-        if not L.promoted_until:
+        if not L.promoted_until:  # (`GroupRuntime.awake` promotes: counted as one)
+            L.promotions += 1
             L.promoted_until = now + STANDBY_HOLD_S
         rotate(L, now, placed=False)
 
@@ -804,6 +810,7 @@ def run_fleet(
         promoted = bool(L.promoted_until)
         L.promoted_until = now + STANDBY_HOLD_S
         if not promoted:
+            L.promotions += 1
             rotate(L, now, placed=False)
 
     def demote(L: _Lane, now: float) -> None:
@@ -1148,6 +1155,9 @@ def run_fleet(
         extra: dict[str, Any] = {"clipped_decisions": dict(sorted(L.clipped.items()))}
         if L.batch is not None:
             extra["preemptions"] = L.preempted
+        if L.warm or L.sleepers:  # the fast tier at work, as a live gateway counts it
+            extra["standby_promotions"] = L.promotions
+            extra["standby_wakes"] = L.gateway_wakes
         sim = SimResult(
             policy=p.name if (p := compiled.policies.get(L.g.name)) else "fixed",
             workload=L.work,

@@ -95,6 +95,14 @@ def test_a_burst_wakes_as_many_sleepers_at_once_as_its_waiting_requests_need(war
     assert res.initial_instances == 1 + warm + 2
     served = served_between(res, 62.5, 65.0)
     assert served >= 0.95 * (1 + warm + 2) * 8 * 2.5, served
+    # counted as a live gateway counts them (`sluice_gateway_standby_*_total`)
+    summary = res.summary()
+    assert summary["standby_wakes"] == 2 and summary["standby_promotions"] >= 1, summary
+    plain = sleepy(0)
+    assert (
+        "standby_wakes"
+        not in run(prepare(plain, trace_from_rows(flood)), make_policy(plain, "sluice")).summary()
+    )
 
 
 def test_the_woken_sleeper_is_promoted_into_the_count_as_warm_standby_is() -> None:
