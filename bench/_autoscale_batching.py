@@ -10,7 +10,7 @@ reference (`sluice.sim.causal`); on Azure code and flash-crowd also the Sluice p
 the fast tier, `warm_standby: 1` and `2` (ready at t = 0 beside the warm count, out of
 rotation until a request waits, their instance-seconds counted at full price), and
 `sleeping_standby: 1` and `2` with no warm standby (ready at t = 0 and put to sleep, woken
-by the gateway when requests wait and no warm standby is left: `sim.wake_s`, 3 s; their
+by the gateway, as many as its waiting requests need: `sim.wake_s`, 3 s; their
 asleep instance-seconds priced at `sluice.sim.result.sleeping_cost_ratio`, the host memory
 the offloaded weights hold over an H100's on-demand price: `priced_instance_seconds`).
 

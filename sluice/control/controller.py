@@ -651,8 +651,8 @@ class Controller:
             pins=self.pins.counts(now),
             floors=dict(self._rollouts.baseline_floors()),
             holds=dict(self._holds()),
-            asleep=self._asleep_now(spec),
-            fenced=self._fenced(),
+            asleep=(asleep := self._asleep_now(spec)),
+            fenced=self._fenced(asleep),
         )
         # 2. Decide: the one pure step the simulator runs too (`sluice.policy.kernel`):
         #    autoscalers, then quota (no instance starts without its units), then the plan.
@@ -778,12 +778,12 @@ class Controller:
         self._woken_by_gateways(spec)
         return self._sleepers.holding_nothing()
 
-    def _fenced(self) -> frozenset[str]:
-        """Sleepers left out of a snapshot every gateway serves: their units may be lent."""
+    def _fenced(self, asleep: frozenset[str]) -> frozenset[str]:
+        """Sleepers of `asleep` (`_asleep_now`) left out of a snapshot every gateway serves:
+        their units may be lent."""
         if not self._sleepers.fencing:
             return frozenset()
-        fenced = self._sleepers.fenced(self._oldest_served(self._routing.published[0]))
-        return fenced & self._sleepers.holding_nothing()
+        return self._sleepers.fenced(self._oldest_served(self._routing.published[0])) & asleep
 
     def _woken_by_gateways(self, spec: PlatformSpec) -> frozenset[str]:
         """The sleeping standby the gateways woke and route to (requests waited): awake now,

@@ -383,24 +383,19 @@ class GatewayState:
         """Requests wait beyond what the warm standby took in: wake as many sleeping standby
         at once as they need (`sleepers_to_wake`), oldest first, each its own call."""
         waking, refused = group.waking, group.wake_refused
-        wanted = sleepers_to_wake(
+        for ep in sleepers_to_wake(
             group.admission.queue_length,
             sum(waking.values()),
             [
-                (ep.instance_id, ep.max_concurrency)
+                (ep, ep.max_concurrency)
                 for ep in group.sleeping
                 if ep.instance_id not in waking and ep.instance_id not in refused
             ],
-        )
-        if not wanted:
-            return
-        loop = asyncio.get_running_loop()
-        for ep in group.sleeping:
-            if ep.instance_id in wanted:
-                waking[ep.instance_id] = ep.max_concurrency
-                task = loop.create_task(self._wake_one(group, ep))
-                self._wakes.add(task)
-                task.add_done_callback(self._wakes.discard)
+        ):
+            waking[ep.instance_id] = ep.max_concurrency
+            task = asyncio.get_running_loop().create_task(self._wake_one(group, ep))
+            self._wakes.add(task)
+            task.add_done_callback(self._wakes.discard)
 
     async def _wake_one(self, group: GroupRuntime, ep: Endpoint) -> None:
         """Wake one sleeping standby (its server's wake call, bounded by `WakeCall.timeout_s`)

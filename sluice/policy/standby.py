@@ -25,7 +25,7 @@ borrowed or unassigned units) keep their units: nobody would reclaim them for it
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -39,8 +39,8 @@ __all__ = [
     "split_standby",
 ]
 
-K = TypeVar("K", bound=Hashable)
-"""an instance's key: its id at a gateway, its index in the simulator"""
+K = TypeVar("K")
+"""an instance as the caller knows it: its endpoint at a gateway, its index in the simulator"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -237,7 +237,8 @@ class AutoscalingSpec(_Strict):
         default=0,
         ge=0,
         description="loaded and put to sleep (command servers with `sleep`, sim workers): "
-        "woken when requests wait and no warm standby is left",
+        "woken, as many at once as they need, when requests still wait once the warm "
+        "standby is in rotation",
     )
     interval_s: float = Field(default=1.0, gt=0, le=60, description="decision tick")
     lead_time_s: float | None = Field(

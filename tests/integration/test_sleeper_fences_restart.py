@@ -160,6 +160,33 @@ def wakeable(
     }
 
 
+async def applied(tmp_path: Path) -> tuple[ManualClock, Store, Servers]:
+    """A store in which a first controller applied `spec()` and then died (a restart, or a
+    standby's takeover, comes next)."""
+    clock = ManualClock(1_800_000_000.0)
+    store = Store.for_home(tmp_path)
+    servers = Servers()
+    ctl, _ = controller(store, Supervisor(), clock, servers)
+    await ctl.load_state()
+    await ctl.apply(spec(), "tester", "test")
+    await ctl.close()
+    return clock, store, servers
+
+
+def running_since(t0: float, ready: dict[str, float]) -> dict[str, InstanceStatus]:
+    """Ready instances for a new controller to adopt: id -> seconds after `t0` it was
+    ready (its group is the id's first word)."""
+    out = {}
+    for iid, after in ready.items():
+        g = spec().spec.group(iid.split("-")[0])
+        assert g is not None
+        t = t0 + after
+        out[iid] = InstanceStatus(
+            iid, g.name, g.template(), InstanceState.READY, t, ready_at=t, url="http://x:9"
+        )
+    return out
+
+
 def kinds(store: Store, instance: str) -> list[str]:
     return [e.kind for e in reversed(store.list_events(limit=500)) if e.instance == instance]
 
@@ -225,44 +252,12 @@ async def test_without_a_kept_fence_an_adopted_sleeper_is_not_counted_lent(
     tmp_path: Path,
 ) -> None:
     """Nothing kept (a store from before, or the fence lifted): nothing is restored."""
-    clock = ManualClock(1_800_000_000.0)
-    store = Store.for_home(tmp_path)
-    ctl, _ = controller(store, Supervisor(), clock, Servers())
-    await ctl.load_state()
-    await ctl.apply(spec(), "tester", "test")
-    await ctl.close()
-    ctl2, _ = controller(store, Supervisor(), clock, Servers())
+    clock, store, servers = await applied(tmp_path)
+    ctl2, _ = controller(store, Supervisor(), clock, servers)
     await ctl2.load_state()
     assert not ctl2.units_lent("chat-0") and not ctl2.asleep("chat-0")
     await ctl2.close()
     store.close()
-
-
-async def applied(tmp_path: Path) -> tuple[ManualClock, Store, Servers]:
-    """A store in which a first controller applied `spec()` and then died (a restart, or a
-    standby's takeover, comes next)."""
-    clock = ManualClock(1_800_000_000.0)
-    store = Store.for_home(tmp_path)
-    servers = Servers()
-    ctl, _ = controller(store, Supervisor(), clock, servers)
-    await ctl.load_state()
-    await ctl.apply(spec(), "tester", "test")
-    await ctl.close()
-    return clock, store, servers
-
-
-def running_since(t0: float, ready: dict[str, float]) -> dict[str, InstanceStatus]:
-    """Ready instances for a new controller to adopt: id -> seconds after `t0` it was
-    ready (its group is the id's first word)."""
-    out = {}
-    for iid, after in ready.items():
-        g = spec().spec.group(iid.split("-")[0])
-        assert g is not None
-        t = t0 + after
-        out[iid] = InstanceStatus(
-            iid, g.name, g.template(), InstanceState.READY, t, ready_at=t, url="http://x:9"
-        )
-    return out
 
 
 @pytest.mark.asyncio
