@@ -183,8 +183,10 @@ def test_more_instances_on_a_shared_backend_do_not_help_and_scaling_stops(
         held = detail["hold"]["count"]
         time.sleep(10)  # the autoscaler keeps deciding; it must not add past the hold
         explain = platform.cli("explain", "db", "--limit", "50")
+        text = platform.show("explain", "db")  # while the load (and so the hold) lasts
     finally:
         sender.join()
+        load.close()
     assert explain["no_gain_hold"]["count"] == held
     assert explain["followups"][0]["detail"]["verdict"] == "no_gain"
     assert any("no_gain" in d["detail"]["clipped_by"] for d in explain["decisions"]), [
@@ -192,7 +194,6 @@ def test_more_instances_on_a_shared_backend_do_not_help_and_scaling_stops(
         for d in explain["decisions"][:8]
     ]
     assert explain["desired"] <= held < 8
-    text = platform.show("explain", "db")
     assert "did it help?" in text and "scale-up held at" in text
 
 
