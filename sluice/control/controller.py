@@ -57,6 +57,7 @@ from sluice.policy.kernel import (
     count_in_force,
     due,
     handed_back,
+    serving_in_force,
     step,
 )
 from sluice.policy.tick import TickDecision, is_advisory, standby
@@ -183,6 +184,13 @@ class Controller:
         spec = self.group(group)
         pins = self.pins.counts(self._clock.now())
         return count_in_force(spec, self._memory.counts, self._overrides, pins)
+
+    def serving_replicas(self, group: str) -> int:
+        """Of `desired_replicas`, the instances that serve: a group with sleeping standby
+        keeps the rest asleep (`sluice.policy.kernel.serving_in_force`)."""
+        return serving_in_force(
+            self.group(group), self._memory, self._overrides, self.pins.counts(self._clock.now())
+        )
 
     def _set_scaled(self, group: str, count: int | None) -> None:
         """An autoscaled group's count set (None: dropped) outside a tick: on a restart, or
@@ -738,10 +746,11 @@ class Controller:
             self._failovers,
             self._supervisor.ready_endpoints(),
             self._rollouts.splits(spec),
-            self.desired_replicas,
+            self.serving_replicas,
             self._sleepers.asleep,
             self._woken_by_gateways(spec),
             self._sleepers.fencing,
+            self._memory.standby_at,
         )
         self._sleepers.published(self._routing.published[1])
         if placed:

@@ -49,13 +49,15 @@ class RoutingPublisher:
         asleep: Collection[str] = frozenset(),
         routed: Collection[str] = frozenset(),
         unwakeable: Collection[str] = frozenset(),
+        standby_at: Mapping[str, float] | None = None,
     ) -> dict[str, StandbySplit]:
         """Publish a snapshot if anything in it changed. `serving(group)`: how many of a
         standby group's ready instances serve; the others are its warm standby (for the
         gateways to put in when requests start to wait) and sleeping standby (`split_standby`:
         `asleep` are the instances known to sleep, `routed` those a gateway woke and routes
         to; `unwakeable` those no gateway may wake: left out of the published sleeping
-        standby). Returns the sleeping-standby groups' placements, for the controller to put to
+        standby; `standby_at`: each standby group's `standby_level`). Returns the
+        sleeping-standby groups' placements, for the controller to put to
         sleep and wake what they say.
         Raises `Fenced`, publishing nothing, once this controller may not lead."""
         fence = self._fence()
@@ -85,6 +87,7 @@ class RoutingPublisher:
             tuple(sorted((g, tuple(e)) for g, e in standby.items())),
             tuple(sorted((g, tuple(e)) for g, e in sleeping.items())),
             tuple(splits),
+            tuple(sorted((standby_at or {}).items())),
         )
         if key == self._key:
             return placed
@@ -97,6 +100,7 @@ class RoutingPublisher:
             canaries=splits,
             standby=standby,
             sleeping=sleeping,
+            standby_at=standby_at,
         )
         self._publish(dataclasses.replace(snapshot, epoch=epoch))
         self._key, self._epoch = key, epoch

@@ -363,6 +363,8 @@ class Exchange:
         if g is not None and g.candidates and g.admission.try_acquire():
             self.grp = g
             self._dispatch(g)
+            if g.standby_at is not None and g.over_level() > 0:
+                state.take_standby_in(g)
         else:
             self._admit_slow(choice, g)
         if choice.mirror is not None:

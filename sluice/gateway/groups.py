@@ -25,6 +25,7 @@ from sluice.policy.outlier import Ejection, OutlierDetector
 from sluice.policy.prefix import PrefixIndex, pick_prefix, prompt_blocks
 from sluice.policy.reachability import Reachability
 from sluice.policy.routing import STANDBY_HOLD_S, Endpoint, GroupTraffic, PrefixRouting
+from sluice.policy.standby import over_level
 
 if TYPE_CHECKING:
     from sluice.core.errors import SluiceError
@@ -101,6 +102,7 @@ class GroupRuntime:
         "sleeping_given",
         "slow_start_s",
         "standby",
+        "standby_at",
         "standby_given",
         "timeout_s",
         "traffic",
@@ -140,8 +142,12 @@ class GroupRuntime:
         """The snapshot's sleeping standby that this gateway has not woken."""
         self.woken: set[str] = set()
         """Sleeping standby this gateway woke (requests waited), reported while promoted."""
-        self.waking: dict[str, int] = {}
-        """Sleeping standby being woken (wake calls under way): instance -> its slots."""
+        self.waking: dict[str, float] = {}
+        """Sleeping standby being woken (wake calls under way): instance -> its slots (or
+        its standby level)."""
+        self.standby_at: float | None = None
+        """The snapshot's standby level (`GroupTraffic.standby_at`) while it lists standby
+        to take in, else None: what an admitted request checks (`over_level`)."""
         self.wake_refused: set[str] = set()
         """Sleeping standby that did not wake: passed over until the next snapshot."""
         self.promoted_until = 0.0
@@ -213,10 +219,12 @@ class GroupRuntime:
         self.prefix = traffic.prefix
         self.prefix_min_bytes = NO_PREFIX if traffic.prefix is None else traffic.prefix.block_bytes
         self.rotation, self.standby_given, self.sleeping_given = endpoints, standby, sleeping
+        self.standby_at = traffic.standby_at if standby or sleeping else None
         self.wake_refused.clear()
         self._place_standby()
-        if not self.standby:
+        if not self.standby:  # the count took it all in: the promotion is over
             self.promoted_until = 0.0
+            self.woken.clear()  # (one listed asleep again later is not this gateway's)
         self.endpoints = endpoints + self.standby if self.promoted_until else endpoints
         keep = {ep.instance_id for ep in endpoints + standby + sleeping}  # (kept for its turn)
         self.reach.forget(keep)
@@ -239,6 +247,14 @@ class GroupRuntime:
         woke = tuple(ep for ep in self.sleeping_given if ep.instance_id in self.woken)
         self.standby = self.standby_given + woke
         self.sleeping = tuple(ep for ep in self.sleeping_given if ep.instance_id not in self.woken)
+
+    def over_level(self) -> float:
+        """Requests beyond what its rotation serves within the SLO: positive, take the
+        standby in (`sluice.policy.standby.over_level`)."""
+        adm = self.admission
+        return over_level(
+            adm.in_use, adm.queue_length, self.traffic.standby_at, len(self.endpoints)
+        )
 
     def awake(self, instance_id: str, now: float) -> list[Waiter]:
         """The sleeping standby `instance_id` answered its wake: it joins the warm standby,
@@ -513,6 +529,7 @@ class GroupRuntime:
             "queued": stats.queued,
             "instances": len(self.endpoints),
             "standby": len(self.standby),
+            "standby_at": self.standby_at,
             "sleeping": len(self.sleeping),
             "woken": sorted(self.woken),
             "standby_promoted_s": round(max(0.0, self.promoted_until - now), 3)

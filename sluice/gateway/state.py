@@ -368,6 +368,13 @@ class GatewayState:
         those still waiting; make sure the queue timer runs (it also takes promoted standby
         out again, `GroupRuntime.demote`)."""
         self._waiting.add(group)
+        self.take_standby_in(group)
+
+    def take_standby_in(self, group: GroupRuntime) -> None:
+        """Requests wait, or more are in flight than the rotation serves within the SLO
+        (`GroupRuntime.over_level`): the group's warm standby, if any, joins the rotation
+        now, and sleeping standby is woken for what is still over; make sure the queue
+        timer runs (it also takes promoted standby out again, `GroupRuntime.demote`)."""
         if group.standby:
             now = time.monotonic()
             woken = group.promote(now)
@@ -380,19 +387,20 @@ class GatewayState:
             self._queue_timer = asyncio.get_running_loop().call_later(QUEUE_TICK_S, self._tick)
 
     def _wake_sleeping(self, group: GroupRuntime) -> None:
-        """Requests wait beyond what the warm standby took in: wake as many sleeping standby
-        at once as they need (`sleepers_to_wake`), oldest first, each its own call."""
-        waking, refused = group.waking, group.wake_refused
+        """Requests wait (or are in flight) beyond what the rotation and the warm standby
+        take: wake as many sleeping standby at once as they need (`sleepers_to_wake`, at
+        the group's standby level each where it has one), oldest first, each its own call."""
+        waking, refused, level = group.waking, group.wake_refused, group.traffic.standby_at
         for ep in sleepers_to_wake(
-            group.admission.queue_length,
+            group.over_level(),
             sum(waking.values()),
             [
-                (ep, ep.max_concurrency)
+                (ep, ep.max_concurrency if level is None else level)
                 for ep in group.sleeping
                 if ep.instance_id not in waking and ep.instance_id not in refused
             ],
         ):
-            waking[ep.instance_id] = ep.max_concurrency
+            waking[ep.instance_id] = ep.max_concurrency if level is None else level
             task = asyncio.get_running_loop().create_task(self._wake_one(group, ep))
             self._wakes.add(task)
             task.add_done_callback(self._wakes.discard)
@@ -413,7 +421,7 @@ class GatewayState:
         if why is not None:
             log.warning("%s: %s did not wake: %s", group.name, iid, why)
             group.wake_refused.add(iid)
-            if group.admission.queue_length and group.traffic.wake is not None:
+            if group.traffic.wake is not None and group.over_level() > 0:
                 self._wake_sleeping(group)
             return
         group.metrics.standby_wakes += 1

@@ -233,8 +233,9 @@ class GatewayBook:
 def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The data plane of several gateways as one (`GET /v1/dataplane`): per group, slots,
     in use and queued add up, `instances` is what the most up-to-date gateway routes to
-    (`standby` the warm standby it keeps out, `sleeping` its sleeping standby; `promoted` the
-    gateways that put theirs in because requests waited, `woken` the sleepers any woke),
+    (`standby` the warm standby it keeps out, `sleeping` its sleeping standby, `standby_at`
+    the in-flight level that takes them in; `promoted` the gateways that put theirs in
+    because requests waited or passed it, `woken` the sleepers any woke),
     unreachable and ejected instances are each gateway's, named;
     served and per-route counts add up, and so do the requests in flight per instance.
     `gateways[id]` is the snapshot version each one serves."""
@@ -252,6 +253,7 @@ def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                     "queued": {},
                     "instances": 0,
                     "standby": 0,
+                    "standby_at": None,
                     "sleeping": 0,
                     "woken": [],
                     "promoted": [],
@@ -266,6 +268,8 @@ def merge_status(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             into["instances"] = max(into["instances"], int(g.get("instances", 0)))
             into["standby"] = max(into["standby"], int(g.get("standby", 0)))
             into["sleeping"] = max(into["sleeping"], int(g.get("sleeping", 0)))
+            if g.get("standby_at") is not None:  # (one snapshot's: the same everywhere)
+                into["standby_at"] = g["standby_at"]
             into["woken"] = sorted(set(into["woken"]) | set(g.get("woken", ())))
             if g.get("standby_promoted_s") is not None:
                 into["promoted"].append(gw)

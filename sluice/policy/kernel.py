@@ -53,6 +53,7 @@ __all__ = [
     "due",
     "handed_back",
     "policy_key",
+    "serving_in_force",
     "step",
 ]
 
@@ -149,6 +150,11 @@ class Memory:
     meter: Meter = field(default_factory=Meter)
     """month-to-date spend and accelerator-hours, as of the last tick, holding its round"""
     crashes: CrashLoops = field(default_factory=CrashLoops)
+    awake: Mapping[str, int] = field(default_factory=dict)
+    """of the count of a group with sleeping standby, the instances that serve
+    (`TickDecision.awake`); the rest sleep. Absent: all serve"""
+    standby_at: Mapping[str, float] = field(default_factory=dict)
+    """each standby group's `standby_level`, as its last decision left it"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +174,16 @@ class World:
     holds: Mapping[str, NoGainHold] = field(default_factory=dict)
     asleep: frozenset[str] = frozenset()
     fenced: frozenset[str] = frozenset()
+
+
+def serving_in_force(
+    g: GroupSpec, memory: Memory, overrides: Mapping[str, int], pins: Mapping[str, int]
+) -> int:
+    """Of the count in force, the instances that serve: the rest of a group with sleeping
+    standby's count is held asleep (`Memory.awake`), unless a pin set the count."""
+    n = count_in_force(g, memory.counts, overrides, pins)
+    awake = memory.awake.get(g.name)
+    return n if awake is None or g.name in pins else min(n, awake)
 
 
 def count_in_force(
@@ -276,6 +292,7 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
             holds=world.holds,
             asleep=world.asleep,
             fenced=world.fenced,
+            awake=memory.awake,
         )
     )
     for name, due_at in next_at.items():  # one new value per group that was due
@@ -303,4 +320,13 @@ def step(memory: Memory, world: World, now: float) -> tuple[TickDecision, Memory
         advice=decision.allocation.advice.state,
         meter=meter.holding(alloc),
         crashes=crashes,
+        awake=decision.awake,
+        standby_at={  # a group that decided anew has its level, or none
+            **{
+                n: v
+                for n, v in memory.standby_at.items()
+                if n in compiled.keys and n not in decision.memories
+            },
+            **decision.standby_at,
+        },
     )

@@ -247,6 +247,10 @@ class GroupTraffic:
     max wait) while the first instance starts, instead of a 503."""
     wake: WakeCall | None = None
     """How a gateway wakes the group's sleeping standby (`autoscaling.sleeping_standby`)."""
+    standby_at: float | None = None
+    """Requests in flight per instance in rotation past which a gateway takes the group's
+    standby in before any waits (`sluice.policy.standby.standby_level`: a batching server's
+    capacity at the SLO); None: when requests wait."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,7 @@ def _prefix(p: PrefixRoutingSpec | None) -> PrefixRouting | None:
     return PrefixRouting(p.block_bytes, p.max_blocks, p.epsilon, p.index_blocks)
 
 
-def _traffic(g: GroupSpec) -> GroupTraffic:
+def _traffic(g: GroupSpec, standby_at: float | None = None) -> GroupTraffic:
     return GroupTraffic(
         max_queue=g.queue.max_length,
         max_wait_s=g.queue.max_wait_s,
@@ -100,6 +100,7 @@ def _traffic(g: GroupSpec) -> GroupTraffic:
         and g.autoscaling.min == 0
         and g.autoscaling.mode == "active",
         wake=_wake(g),
+        standby_at=standby_at,
     )
 
 
@@ -119,10 +120,12 @@ def build_routing_snapshot(
     canaries: Sequence[CanarySplit] = (),
     standby: Mapping[str, Sequence[Endpoint]] | None = None,
     sleeping: Mapping[str, Sequence[Endpoint]] | None = None,
+    standby_at: Mapping[str, float] | None = None,
 ) -> RoutingSnapshot:
     """`ready[group]`: the group's READY endpoints in rotation; `standby[group]`: its ready
-    warm standby, out of it; `sleeping[group]`: its asleep standby; `redirects[group] =
-    backup`: failovers in force; `version` numbers the snapshot."""
+    warm standby, out of it; `sleeping[group]`: its asleep standby; `standby_at[group]`: the
+    in-flight level that takes its standby in (`GroupTraffic.standby_at`); `redirects[group]
+    = backup`: failovers in force; `version` numbers the snapshot."""
     tenants: dict[str, TenantAccess] = {}
     for t in spec.tenants:
         access = tenant_access(t)
@@ -138,7 +141,7 @@ def build_routing_snapshot(
         group_models={g.name: frozenset(g.models) for g in spec.groups},
         all_models=frozenset(m for g in spec.groups for m in g.models),
         redirects=dict(redirects or {}),
-        traffic={g.name: _traffic(g) for g in spec.groups},
+        traffic={g.name: _traffic(g, (standby_at or {}).get(g.name)) for g in spec.groups},
         canaries={c.baseline: c for c in canaries},
         limits=spec.gateway.limits,
         standby={g: tuple(eps) for g, eps in (standby or {}).items() if eps},

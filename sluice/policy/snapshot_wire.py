@@ -45,6 +45,8 @@ class _Wire:
     """the publishing leader's lease epoch (absent from an older controller's: 0)"""
     standby: dict[str, tuple[Endpoint, ...]] = field(default_factory=dict)
     """warm standby out of rotation (absent from an older controller's: none)"""
+    sleeping: dict[str, tuple[Endpoint, ...]] = field(default_factory=dict)
+    """sleeping standby a gateway may wake (absent from an older controller's: none)"""
 
 
 _WIRE = TypeAdapter(_Wire)
@@ -65,6 +67,7 @@ def snapshot_to_json(snapshot: RoutingSnapshot) -> Any:
         limits=snapshot.limits,
         epoch=snapshot.epoch,
         standby=dict(snapshot.standby),
+        sleeping=dict(snapshot.sleeping),
     )
     return _WIRE.dump_python(wire, mode="json")
 
@@ -85,6 +88,7 @@ def snapshot_from_json(doc: Any) -> RoutingSnapshot:
         limits=wire.limits,
         epoch=wire.epoch,
         standby=wire.standby,
+        sleeping=wire.sleeping,
     )
 
 

@@ -4,7 +4,12 @@ The count in force serves; `autoscaling.warm_standby` more wait loaded and out o
 for a gateway to put in the moment requests wait; `autoscaling.sleeping_standby` more are
 loaded and then put to sleep (vLLM's sleep mode: accelerator memory freed, woken in
 seconds), for a gateway to wake when requests still wait once its warm standby is in
-rotation: as many at once as the waiting requests need (`sleepers_to_wake`).
+rotation: as many at once as the waiting requests need (`sleepers_to_wake`). A batching
+group's gateway does both before anything waits, once its requests in flight pass the
+capacity at the SLO per instance in rotation (`standby_level`, `over_level`). Of the count
+in force, a group with sleeping standby serves with what the last `sleep_held_after_s`
+asked for; the rest of what the scale-down stabilization holds takes sleeping places too
+(`Decision.awake`; the caller passes the smaller `serving`), and is woken the same way.
 
 Awake instances fill the serving and warm places first, oldest first, so that an instance a
 gateway woke is not put back to sleep while an older one is; asleep ones come last. An awake
@@ -25,7 +30,7 @@ borrowed or unassigned units) keep their units: nobody would reclaim them for it
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -34,9 +39,11 @@ from sluice.policy.routing import Endpoint
 __all__ = [
     "SleepingUnits",
     "StandbySplit",
+    "over_level",
     "sleepers_to_wake",
     "sleeping_units",
     "split_standby",
+    "standby_level",
 ]
 
 K = TypeVar("K")
@@ -92,21 +99,49 @@ def _age(e: Endpoint) -> tuple[float, str]:
     return e.ready_at, e.instance_id
 
 
-def sleepers_to_wake(waiting: int, waking_slots: int, sleepers: Iterable[tuple[K, int]]) -> list[K]:
+def sleepers_to_wake(
+    waiting: float, waking_slots: float, sleepers: Iterable[tuple[K, float]]
+) -> list[K]:
     """The sleeping standby a gateway wakes now, all at once: of `sleepers` (instance, its
-    slots; in the order to wake them, oldest first, none already waking), as many as it
-    takes for the slots of those waking (`waking_slots` already) to cover the `waiting`
-    requests. One wake at a time would serve a burst larger than one instance a wake time
-    later for every instance it needs; as the queue grows during a wake, the next request
-    that waits asks again."""
+    slots, or its `standby_level`; in the order to wake them, oldest first, none already
+    waking), as many as it takes for the slots of those waking (`waking_slots` already) to
+    cover the `waiting` requests (or those `over_level`). One wake at a time would serve a
+    burst larger than one instance a wake time later for every instance it needs; as the
+    queue grows during a wake, the next request that asks sees it again."""
     out: list[K] = []
     short = waiting - waking_slots
     for key, slots in sleepers:
         if short <= 0:
             break
         out.append(key)
-        short -= max(slots, 1)
+        short -= slots if slots > 0 else 1
     return out
+
+
+def standby_level(signals: Mapping[str, float], max_concurrency: int) -> float | None:
+    """The requests in flight per instance in rotation past which a gateway takes a group's
+    standby in, before any request waits: the concurrency its autoscaler sizes an instance
+    for (`slots_per_instance`: a batching server's capacity at the SLO times its service
+    time, `sluice.policy.autoscale.batching`), where that is under `max_concurrency`. A
+    batching server admits hundreds of requests and queues them inside, so the gateway's
+    own queue, the trigger of slot servers, forms too late or never. None: only waiting
+    requests take the standby in. At least 1: a request alone on an instance meets the SLO
+    wherever the instance has any capacity at it (a level under 1 would have every lone
+    request take the standby in). Two significant digits: the routing snapshot carries it,
+    and one republished for every tick's noise would cost each gateway a reload."""
+    level = signals.get("slots_per_instance")
+    if level is None or not 0 < level < max_concurrency:
+        return None
+    return max(1.0, float(f"{level:.2g}"))
+
+
+def over_level(in_flight: int, waiting: int, level: float | None, in_rotation: int) -> float:
+    """The requests beyond what the instances in rotation serve within the SLO: those
+    waiting, or where a `standby_level` is known, the in-flight ones past it too (what
+    `sleepers_to_wake` covers, at `level` per sleeper). Positive: take the standby in."""
+    if level is None:
+        return float(waiting)
+    return in_flight + waiting - level * in_rotation
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ from sluice.policy.quota import (
     allocate_advised,
 )
 from sluice.policy.quota.metering import TOTAL, Meter
-from sluice.policy.standby import SleepingUnits, sleeping_units
+from sluice.policy.standby import SleepingUnits, sleeping_units, standby_level
 from sluice.spec import GroupSpec, PlatformSpec
 
 __all__ = [
@@ -130,6 +130,9 @@ class TickInput:
     """instances known asleep (sleeping standby)"""
     fenced: frozenset[str] = frozenset()
     """asleep instances no gateway may wake any more: their units may be lent"""
+    awake: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """of the count of a group with sleeping standby, the instances that serve (the last
+    decision's `Decision.awake`); the rest sleep in sleeping places. Absent: all serve"""
 
 
 @fast_init
@@ -183,6 +186,11 @@ class TickDecision:
     unwoken: frozenset[str] = frozenset()
     """fenced sleepers the count needs awake whose units quota has not granted yet (a
     reclaim frees them): not woken until it does"""
+    awake: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """`TickInput.awake` after this tick's decisions: the next tick's"""
+    standby_at: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """each group with standby that decided: the in-flight requests per instance in
+    rotation past which a gateway takes its standby in (`standby_level`)"""
 
 
 def clipped(
@@ -220,13 +228,24 @@ def decide(inp: TickInput) -> TickDecision:
         d, memories[name] = policy.step(memory, load, now)
         if holds:
             d = _held(d, load, holds.get(name))
-        decisions[name] = _promoted(d, load) if load.standby_in_rotation > d.desired else d
+        promoted = load.standby_in_rotation > (d.desired if d.awake is None else d.awake)
+        decisions[name] = _promoted(d, load) if promoted else d
     standbys = index.standby
     wanted = {name: inp.counts.get(name, n) + standbys[name] for name, n in index.counts.items()}
+    awake = {name: n for name, n in inp.awake.items() if name in index.sleeping}
+    standby_at: dict[str, float] = {}
     for name, d in decisions.items():
         if name not in index.advising:
-            wanted[name] = max(d.desired, inp.floors.get(name, 0)) + index.standby[name]
-    sleeps = _sleeping(index, by_group, wanted, inp) if inp.asleep and index.sleeping else {}
+            floor = inp.floors.get(name, 0)
+            wanted[name] = max(d.desired, floor) + standbys[name]
+            awake.pop(name, None)
+            if d.awake is not None:
+                awake[name] = max(d.awake, floor)
+            if standbys[name]:
+                level = standby_level(d.signals, groups[name].max_concurrency)
+                if level is not None:
+                    standby_at[name] = level
+    sleeps = _sleeping(index, by_group, wanted, awake, inp) if inp.asleep and index.sleeping else {}
     claims: list[GroupClaim] = []
     uniform: dict[str, bool] = {}
     templates, meter = index.templates, inp.meter
@@ -309,6 +328,8 @@ def decide(inp: TickInput) -> TickDecision:
         memories=memories,
         fence=fence,
         unwoken=unwoken,
+        awake=awake,
+        standby_at=standby_at,
     )
 
 
@@ -333,9 +354,11 @@ def _sleeping(
     index: SpecIndex,
     by_group: Mapping[str, Sequence[InstanceStatus]],
     wanted: Mapping[str, int],
+    serve: Mapping[str, int],
     inp: TickInput,
 ) -> dict[str, SleepingUnits]:
-    """Each sleeping-standby group's sleepers in quota (`sleeping_units`)."""
+    """Each sleeping-standby group's sleepers in quota (`sleeping_units`); `serve`: where
+    fewer than its count serve (`TickInput.awake`)."""
     out: dict[str, SleepingUnits] = {}
     for name, terms in index.sleeping.items():
         asleep: list[tuple[float, str]] = []
@@ -349,6 +372,8 @@ def _sleeping(
         if asleep:
             q = index.groups[name].quota
             serving = wanted[name] - index.standby[name]
+            if name in serve:
+                serving = min(serving, serve[name])
             out[name] = sleeping_units(
                 asleep,
                 awake,
@@ -422,6 +447,8 @@ def _promoted(d: Decision, load: GroupLoad) -> Decision:
     those instances in, and the standby is launched anew (`decide` adds it to every
     active group's want). Never lowers the count; the autoscaler scales down as usual."""
     n = load.standby_in_rotation
+    if d.awake is not None and n > d.awake:  # what a gateway woke serves
+        d = dataclasses.replace(d, awake=n if n < d.desired else None)
     if n <= d.desired:
         return d
     return dataclasses.replace(

@@ -74,11 +74,13 @@ oldest ready instances, as many as its count in force (`rotate`).
 
 Sleeping standby (`autoscaling.sleeping_standby`) is placed by the live placement itself,
 `sluice.policy.standby.split_standby` (`place`, after every change of the ready instances
-and every tick): the count in force serves, then `warm_standby`, awake ones oldest first;
+and every tick): the count in force serves (what of it is awake, `Memory.awake`), then
+`warm_standby`, awake ones oldest first;
 an awake instance in a sleeping place that serves nothing is put to sleep and is asleep the
 model's `sim.sleep_s` later (1 s), out of the routing from the moment the sleep starts; an
 asleep one a serving or warm place needs is woken (`sim.wake_s`, 3 s). The gateway
-(`route`, as `GroupRuntime` and `GatewayState.watch_queue`): a request that waits promotes
+(`route`, as `GroupRuntime` and `GatewayState.watch_queue`): a request that waits, or one
+admitted past the group's standby level (`TickDecision.standby_at`), promotes
 the warm standby, and while requests still wait wakes as many asleep instances as they
 need, at once, oldest first (`sleepers_to_wake`); once awake each joins the warm standby,
 in rotation at once and held as a promoted one, so the `GroupLoad`'s `standby_in_rotation`
@@ -125,7 +127,7 @@ from sluice.policy.kernel import Memory, World, due, step
 from sluice.policy.plan import Drain, Launch
 from sluice.policy.quota import Allocation, Loan
 from sluice.policy.routing import PRIORITIES, STANDBY_HOLD_S, Endpoint
-from sluice.policy.standby import sleepers_to_wake, split_standby
+from sluice.policy.standby import over_level, sleepers_to_wake, split_standby
 from sluice.policy.tick import BURST, STABLE, TICK_S, is_advisory, spec_count, standby
 from sluice.sim.batching import BatchingInstance, BatchingParams
 from sluice.sim.codes import (
@@ -280,6 +282,11 @@ class _Lane:
     """sleeping standby the gateway woke (reported, as `routed`, while promoted)"""
     waking: set[int] = field(default_factory=set)
     """the instances the gateway is waking (`GroupRuntime.waking`)"""
+    standby_at: float | None = None
+    """the standby level the last tick published (`TickDecision.standby_at`): an admitted
+    request past it takes the standby in (`GroupRuntime.over_level`)"""
+    awake: int | None = None
+    """of the count in force, the instances that serve (`Memory.awake`); None: all"""
     promotions: int = 0
     """times the gateway put the warm standby in rotation (its `standby_promotions`)"""
     gateway_wakes: int = 0
@@ -434,6 +441,7 @@ def run_fleet(
     works = workloads_for(spec, workloads)
     lanes = [_Lane.of(gi, g, works[g.name]) for gi, g in enumerate(spec.groups)]
     sleepy = [L for L in lanes if L.sleepers]
+    fast = [L for L in lanes if L.warm]  # (warm or sleeping standby)
     for L in sleepy:
         L.ratio = sleep_params(L.g, spec.pool(L.g.resources.pool)).ratio
     by_name = {L.g.name: L for L in lanes}
@@ -700,7 +708,7 @@ def run_fleet(
         routed = frozenset(sids[k] for k in L.woken) if L.promoted_until else frozenset()
         split = split_standby(
             [eps[k] for k in ready],
-            L.count,
+            L.count if L.awake is None else min(L.count, L.awake),
             L.warm_n,
             L.sleepers,
             asleep=frozenset(sids[k] for k in naps),
@@ -731,8 +739,9 @@ def run_fleet(
         woken = L.woken
         standby = warm + [k for k in sleeping if k in woken] if woken else warm
         L.standby_n = len(standby)
-        if not standby:
+        if not standby:  # the count took it all in: the promotion is over
             L.promoted_until = 0.0
+            woken.clear()
         want = rot + standby if L.promoted_until else rot
         keep = set(want)
         buckets, c = L.buckets, L.c
@@ -766,15 +775,18 @@ def run_fleet(
         L.waking.discard(k)
 
     def wake_more(L: _Lane, now: float) -> None:
-        """Requests wait beyond what the warm standby took in: the gateway wakes as many
-        asleep instances at once as they need, oldest first (`GatewayState._wake_sleeping`)."""
+        """Requests wait (or are in flight) beyond what the rotation and the warm standby
+        take: the gateway wakes as many asleep instances at once as they need, oldest first
+        (`GatewayState._wake_sleeping`)."""
         naps = L.naps
         asleep = [k for k, nap in naps.items() if nap == _ASLEEP and sids[k] not in fence]
         if not asleep:
             return
         asleep.sort(key=lambda k: (status[k].ready_at or 0.0, sids[k]))
-        c = L.c
-        for k in sleepers_to_wake(L.adm.queue_length, len(L.waking) * c, ((k, c) for k in asleep)):
+        level = L.standby_at
+        c = L.c if level is None else level
+        over = over_level(L.adm.in_use, L.adm.queue_length, level, len(L.active))
+        for k in sleepers_to_wake(over, len(L.waking) * c, ((k, c) for k in asleep)):
             L.waking.add(k)
             L.gateway_wakes += 1
             wake(L, k, now)
@@ -975,6 +987,9 @@ def run_fleet(
         )
         d, after = step(memory, world, at)
         fence, unwoken = d.fence, d.unwoken
+        for L in fast:
+            L.standby_at = after.standby_at.get(L.g.name)
+            L.awake = after.awake.get(L.g.name)
         alloc = d.allocation.enforced
         keep(alloc, now)
         memory = after
@@ -1117,7 +1132,19 @@ def run_fleet(
         i += 1
         gi = grp[r]
         if tries[gi]():
-            starts[gi](lanes[gi], r, ta)
+            L = lanes[gi]
+            starts[gi](L, r, ta)
+            at = L.standby_at
+            if (
+                at is not None
+                and over_level(L.adm.in_use, L.adm.queue_length, at, len(L.active)) > 0
+            ):
+                if L.sleepers:  # `GatewayState.take_standby_in`
+                    if L.standby_n:
+                        promote(L, ta)
+                    wake_more(L, ta)
+                elif len(L.active) + len(L.spare) > L.count:
+                    promote(L, ta)
         else:
             if shared:
                 res, evicted = offers[gi](r, prio[r], ta, tenant_of[r], cost[r], weight[r])

@@ -240,6 +240,14 @@ class AutoscalingSpec(_Strict):
         "woken, as many at once as they need, when requests still wait once the warm "
         "standby is in rotation",
     )
+    sleep_held_after_s: float = Field(
+        default=60.0,
+        ge=0,
+        le=86_400,
+        description="a group with sleeping standby keeps asleep the capacity the scale-down "
+        "stabilization holds beyond what the last this-many seconds asked for (woken by the "
+        "gateways when a burst returns, as sleeping standby is); 0: all of it stays awake",
+    )
     interval_s: float = Field(default=1.0, gt=0, le=60, description="decision tick")
     lead_time_s: float | None = Field(
         default=None, ge=0, description="start-up time to plan for; None = measured"

@@ -80,7 +80,8 @@ class Load:
     """Non-streamed answers of PROMPT_WORDS-word prompts at RATE a second until stopped
     (60 s at most), each kept as its status code."""
 
-    def __init__(self, s: Sluice) -> None:
+    def __init__(self, s: Sluice, rate: float = RATE, words: int = PROMPT_WORDS) -> None:
+        self.rate, self.words = rate, words
         self.client = httpx.Client(base_url=s.endpoint, trust_env=False, timeout=30)
         self.pool = ThreadPoolExecutor(16)
         self.codes: list[int] = []
@@ -94,7 +95,7 @@ class Load:
             json={
                 "model": "m-llm",
                 "max_tokens": MAX_TOKENS,
-                "messages": [{"role": "user", "content": " ".join(["word"] * PROMPT_WORDS)}],
+                "messages": [{"role": "user", "content": " ".join(["word"] * self.words)}],
             },
         )
         self.codes.append(r.status_code)
@@ -102,8 +103,8 @@ class Load:
     def _run(self) -> None:
         start = time.monotonic()
         k = 0
-        while not self.stop.is_set() and k < 60 * RATE:
-            delay = start + k / RATE - time.monotonic()
+        while not self.stop.is_set() and k < 60 * self.rate:
+            delay = start + k / self.rate - time.monotonic()
             if delay > 0:
                 self.stop.wait(delay)
             self.pool.submit(self._one)
@@ -159,3 +160,54 @@ def test_a_stored_fit_sizes_a_live_group_on_its_capacity(tmp_path: Path) -> None
         ups = [x for x in sized(s) if x["desired"] > x["current"]]
         assert ups and all(x["winner"] for x in ups), ups
         assert max(x["desired"] for x in ups) >= 2
+
+
+def test_a_batching_groups_warm_standby_joins_once_in_flight_passes_its_capacity(
+    tmp_path: Path,
+) -> None:
+    """The fast tier of a batching group: the controller publishes the capacity at the SLO
+    per instance (as a concurrency: 100-word prompts, about 9 request/s x 0.25 s = 2.3 in
+    flight) in the routing snapshot, and the gateway puts the warm standby in rotation once
+    the requests in flight pass it, though its 8 slots would hold them all (no request
+    waits at the gateway: the queue trigger alone never fires here). 2 request/s first,
+    which one instance serves within the SLO, until the level is published; then 4 at
+    once."""
+    spec = SPEC.replace("max: 4}", "max: 4, warm_standby: 1}")
+    with (
+        running(tmp_path, spec, "llm ready", lambda s: len(s.ready("llm")) == 2) as s,
+        Api(s) as api,
+    ):
+        api.post(
+            "/v1/groups/llm/capacity",
+            {"kind": "loadtest", "mode": "live", "verdict": "fitted",
+             "report": {"group": "llm", "fit": {"params": FIT}}},
+        )  # fmt: skip
+
+        def metric(name: str) -> float:
+            text = httpx.get(
+                s.control_url + "/metrics", headers=s.control_headers(), timeout=10,
+                trust_env=False,
+            ).text  # fmt: skip
+            line = next(
+                (x for x in text.splitlines() if x.startswith(f'{name}{{group="llm"}}')), ""
+            )
+            return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+        with Load(s, rate=2.0, words=100) as load:
+
+            def level() -> float | None:
+                return api.get("/v1/dataplane")["groups"]["llm"]["standby_at"]  # type: ignore[no-any-return]
+
+            wait_until("the capacity published as the standby level", level, 50, 1.0)
+            assert 1.0 < (level() or 0) < 8, level()
+            with ThreadPoolExecutor(6) as burst:  # past the level on however many serve
+                for _ in range(6):
+                    burst.submit(load._one)
+            assert metric("sluice_gateway_standby_promotions_total") >= 1
+        assert load.codes and all(c == 200 for c in load.codes), load.codes
+        decisions = s.cli("explain", "llm", "--limit", "50")["decisions"]
+        assert any("promoted the warm standby" in d["reason"] for d in decisions), [
+            d["reason"] for d in decisions[:5]
+        ]
+        # nothing waited at the gateway: the level took the standby in, not a queue
+        assert metric("sluice_gateway_queue_wait_seconds_count") == 0

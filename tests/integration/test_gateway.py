@@ -15,7 +15,13 @@ import openai
 import pytest
 
 from sluice.gateway import Gateway
-from sluice.policy.routing import PrefixRouting, RouteRule, RoutingSnapshot, TenantAccess
+from sluice.policy.routing import (
+    GroupTraffic,
+    PrefixRouting,
+    RouteRule,
+    RoutingSnapshot,
+    TenantAccess,
+)
 from sluice.spec.models import GatewayLimits
 
 from .gateway_fakes import (
@@ -678,6 +684,33 @@ async def test_warm_standby_joins_at_once_when_requests_wait_and_leaves_after_it
         assert gw.traffic()["g1"].standby_in_rotation == 0
         for _ in range(3):  # out of rotation again: one at a time goes to the busy one
             assert (await chat(client)).headers["x-sluice-instance"] == "busy"
+
+
+@pytest.mark.asyncio
+async def test_a_batching_groups_standby_joins_past_its_level_before_anything_waits() -> None:
+    """A batching server admits many requests (8 slots here) and queues them inside, so the
+    gateway's own queue would form too late: past the group's standby level (1 request in
+    flight per instance in rotation: its capacity at the SLO), the warm standby joins at
+    once, and the next request goes to it; none waited at the gateway."""
+    busy, spare = FakeUpstream("busy", latency=0.5), FakeUpstream("spare", latency=0.5)
+    snap = lambda: snapshot(  # noqa: E731
+        1, {"g1": [busy]}, [RouteRule("r1", (("g1", 1),))], max_concurrency=8,
+        standby={"g1": [spare]}, traffic={"g1": GroupTraffic(standby_at=1.0)},
+    )  # fmt: skip
+    async with running(busy, spare, snapshot=snap) as (gw, client, log):
+        assert (await chat(client)).headers["x-sluice-instance"] == "busy"  # 1: at the level
+        assert gw.status()["groups"]["g1"]["instances"] == 1
+        first = asyncio.create_task(chat(client))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(chat(client))  # 2 in flight on 1 instance: past it
+        await asyncio.sleep(0.05)
+        assert gw.status()["groups"]["g1"]["instances"] == 2
+        third = await chat(client)
+        assert third.headers["x-sluice-instance"] == "spare"
+        assert {(await first).status_code, (await second).status_code} == {200}
+        assert all(ln["queue_ms"] < 50 for ln in log_lines(log))
+        value = metric_values(gw.metrics_text()[0].decode())
+        assert value("sluice_gateway_standby_promotions_total", group="g1") == 1
 
 
 @pytest.mark.asyncio

@@ -216,6 +216,20 @@ def test_a_woken_sleeper_is_warm_standby_in_rotation_until_its_hold_ends() -> No
     assert rt.endpoints == (serving,) and rt.traffic_sample(at=40.0).woken == ()
 
 
+def test_a_sleeper_woken_then_taken_into_the_count_is_not_routed_once_asleep_again() -> None:
+    """The count takes the woken sleeper in (the promotion ends: no standby left); later
+    the controller puts it to sleep again: the next promotion must not route to it."""
+    rt = GroupRuntime("chat", GroupMetrics())
+    serving, s = Endpoint("a", "h", 1, 1), Endpoint("s", "h", 2, 1)
+    rt.configure(GroupTraffic(), (serving,), now=0.0, sleeping=(s,))
+    rt.awake("s", now=1.0)
+    rt.configure(GroupTraffic(), (serving, s), now=2.0)  # in the count now
+    assert rt.endpoints == (serving, s) and not rt.promoted_until
+    rt.configure(GroupTraffic(), (serving,), now=100.0, sleeping=(s,))  # asleep again
+    rt.promote(now=101.0)
+    assert rt.endpoints == (serving,) and rt.sleeping == (s,)
+
+
 def test_a_groups_sample_adds_up_its_tenants_tokens() -> None:
     rt = GroupRuntime("chat", GroupMetrics())
     assert (rt.traffic_sample(0.0).prompt_tokens, rt.traffic_sample(0.0).completion_tokens) == (

@@ -122,6 +122,10 @@ class Decision:
     """guards that changed the count: 'cooldown', 'step', 'max', 'min', 'stable', ..."""
     unclipped: int | None = None
     """the count before guards; None when equal to `desired`"""
+    awake: int | None = None
+    """of `desired`, the instances that serve now; the rest is capacity the scale-down
+    stabilization holds for a burst's return, kept asleep by a group with sleeping standby
+    (`autoscaling.sleep_held_after_s`). None: all of them serve"""
 
 
 class ScalingPolicy(Protocol[M]):

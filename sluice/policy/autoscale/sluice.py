@@ -187,6 +187,9 @@ class SluiceMemory:
     """the scheduled floors' cached firings (`ScheduleFloors.floor_in`)"""
 
 
+_HELD_OTHERWISE = frozenset({"panic", "cooldown"})
+"""guards that keep a count the rolling max does not: none of it is held asleep (`_awake`)"""
+
 LengthSnapshot = tuple[float, int, int, int]
 """(t, requests, prompt tokens, output tokens): a `TokenLoad`'s cumulative token counts"""
 
@@ -254,6 +257,9 @@ class SluicePolicy:
         """the share of requests the steady need lets wait past their allowance"""
         self._waits = (self.slo.slowdown, self.slo.slack_s, self.slo.latency_ms)
         """the objective's terms `Objective.of` and `wait_allowance_s` take"""
+        self._held_after_s = spec.sleep_held_after_s if spec.sleeping_standby else 0.0
+        """a group with sleeping standby keeps asleep what the rolling max holds beyond what
+        this many seconds asked for (`_awake`); 0.0: all of it serves"""
         # the bounds a batching group's capacity is sized at: the SLO's TTFT / TPOT at its
         # target, else the TTFT / TPOT p95 targets at 0.95
         if self.slo.ttft_ms is not None or self.slo.tpot_ms is not None:
@@ -349,6 +355,9 @@ class SluicePolicy:
             notes.append(f"max {spec.max}")
         if cold:
             notes.append("cold start: scale from zero at once")
+        awake = None
+        if self._held_after_s and "stabilization" in clipped and not _HELD_OTHERWISE & set(clipped):
+            awake = self._awake(desired, floor, down_max, now, notes)
         ups, downs, last_up_at, last_out = self._commit(now, current, desired, m)
         fallback = f"{winner} -> {rec}" if winner else f"hold {rec}"
         opening = lead_sentence(top, signals, proposals, fallback)
@@ -360,6 +369,7 @@ class SluicePolicy:
             winner,
             tuple(clipped),  # clipped_by
             rec if rec != desired else None,  # unclipped
+            awake,
         )
         carried = (  # a `SluiceMemory`'s fields, by position, as declared
             traffic,
@@ -379,6 +389,25 @@ class SluicePolicy:
         return decision, SluiceMemory(*carried)
 
     # -- steps -----------------------------------------------------------------------------
+
+    def _awake(
+        self, desired: int, floor: int, down_max: RollingExtreme[int], now: float, notes: list[str]
+    ) -> int | None:
+        """Of `desired`, which the rolling max holds, the instances that serve: the most the
+        last `sleep_held_after_s` asked for (at least the floor, and one); the rest is kept
+        asleep, for the gateways to wake when the burst returns (`Decision.awake`). None:
+        all of them serve. (Only the rolling max's: a count that a cooldown, a step limit or
+        panic holds is one the burst may still need.)"""
+        recent = down_max.extreme_since(now - self._held_after_s)
+        if recent is None:
+            return None
+        awake = max(recent, floor, 1)
+        if awake >= desired:
+            return None
+        notes.append(
+            f"{desired - awake} held asleep: the last {self._held_after_s:g}s asked for {recent}"
+        )
+        return awake
 
     def _floor(self, now: float, schedule: Firings) -> tuple[int, str, Firings]:
         spec = self.spec

@@ -266,6 +266,15 @@ class RollingExtreme(Generic[N]):
         """The extreme over the window ending at the last `add` (raises when none was made)."""
         return self.items[0][1]
 
+    def extreme_since(self, cutoff: float) -> N | None:
+        """The extreme of the values recorded after `cutoff` (within the window); None when
+        none was. A kept value beats every later one and a dropped one was beaten by a later
+        one, so the first kept after `cutoff` is that extreme."""
+        for t, value in self.items:
+            if t > cutoff:
+                return value
+        return None
+
     def clear(self) -> RollingExtreme[N]:
         return RollingExtreme(self.window_s, self.largest)
 
