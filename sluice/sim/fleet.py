@@ -816,6 +816,17 @@ def run_fleet(
             L.promoted_until = now + STANDBY_HOLD_S
         rotate(L, now, placed=False)
 
+    def take_standby_in(L: _Lane, now: float) -> None:
+        """Requests wait, or are in flight past the standby level, in a group with standby:
+        its warm standby joins the rotation and sleepers are woken for what is still over
+        (`GatewayState.take_standby_in`)."""
+        if L.sleepers:
+            if L.standby_n:
+                promote(L, now)
+            wake_more(L, now)
+        elif len(L.active) + len(L.spare) > L.count:
+            promote(L, now)
+
     def promote(L: _Lane, now: float) -> None:
         """A request waits in a warm-standby group: the gateway puts the standby in rotation
         at once and holds it there (as `GroupRuntime.promote`)."""
@@ -1139,12 +1150,7 @@ def run_fleet(
                 at is not None
                 and over_level(L.adm.in_use, L.adm.queue_length, at, len(L.active)) > 0
             ):
-                if L.sleepers:  # `GatewayState.take_standby_in`
-                    if L.standby_n:
-                        promote(L, ta)
-                    wake_more(L, ta)
-                elif len(L.active) + len(L.spare) > L.count:
-                    promote(L, ta)
+                take_standby_in(L, ta)
         else:
             if shared:
                 res, evicted = offers[gi](r, prio[r], ta, tenant_of[r], cost[r], weight[r])
@@ -1155,12 +1161,8 @@ def run_fleet(
                 lanes[gi].shed += 1
             else:
                 L = lanes[gi]
-                if L.sleepers:  # `GatewayState.watch_queue`
-                    if L.standby_n:
-                        promote(L, ta)
-                    wake_more(L, ta)
-                elif L.warm and len(L.active) + len(L.spare) > L.count:
-                    promote(L, ta)
+                if L.warm:  # `GatewayState.watch_queue`
+                    take_standby_in(L, ta)
             if evicted is not None:
                 done[evicted] = REJECTED
 

@@ -27,6 +27,7 @@ import pytest
 from sluice.policy.autoscale.batching import ServerModel, batching_capacity
 from tests.e2e.conftest import Sluice, running
 from tests.faults.conftest import Api, wait_until
+from tests.integration.gateway_fakes import metric_values
 
 pytestmark = pytest.mark.serial  # it measures time: run alone (Makefile)
 
@@ -188,10 +189,7 @@ def test_a_batching_groups_warm_standby_joins_once_in_flight_passes_its_capacity
                 s.control_url + "/metrics", headers=s.control_headers(), timeout=10,
                 trust_env=False,
             ).text  # fmt: skip
-            line = next(
-                (x for x in text.splitlines() if x.startswith(f'{name}{{group="llm"}}')), ""
-            )
-            return float(line.rsplit(" ", 1)[1]) if line else 0.0
+            return metric_values(text)(name, group="llm")
 
         with Load(s, rate=2.0, words=100) as load:
 
