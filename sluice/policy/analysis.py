@@ -75,6 +75,19 @@ of the text on a sample of rows), so every other criterion is judged; one the an
 feed (a server that gives no usage) reads "too few ... to judge"."""
 
 
+TIMING: tuple[CriterionName, ...] = ("latency_p50", "latency_p95", "ttft_p95", "tpot_p50")
+REUSED_BASELINE_TIMING = (
+    "not comparable at this step: the baseline's answers are the step before's, and timing "
+    "drifts with the hour, the machine's other load and each instance's share of the traffic "
+    "(judged at the steps where both sides answered side by side)"
+)
+"""Why the 100% step judges no timing. With no baseline traffic left, its answers are compared
+with the baseline's of an earlier window, and a latency test between two windows measures
+whatever changed between them as readily as the version (Kayenta's advice: never compare a
+canary with a baseline that is not running alongside it). Errors, lengths, truncation and
+style are the version's own and stay judged."""
+
+
 def unobserved(base_from_gateway: bool, canary_from_gateway: bool) -> dict[str, str]:
     """The criteria the two sides' sample sources cannot judge, and why: none when both
     are Sluice's workers; `GATEWAY_UNSEEN` when either side's rows are the gateway's
@@ -372,13 +385,17 @@ def analyze(
     hold is over, so the last look may be taken; `prior`: earlier steps' evidence;
     `fast_alpha`: the fast path's level (default its share of `false_rollback_rate`);
     `baseline_reused`: the baseline's answers are an earlier step's (the 100% step), so
-    they add nothing new to the fast path's counts; `unobserved`: criteria the samples'
+    they add nothing new to the fast path's counts and its timing is not judged
+    (`REUSED_BASELINE_TIMING`); `unobserved`: criteria the samples'
     source cannot see (name -> why; see `unobserved()`), skipped with that reason."""
     step = step if step is not None else single_look(spec)
     if fast_alpha is None:
         fast_alpha = spec.false_rollback_rate * FAST_SHARE
     disabled: set[str] = set(spec.disable)
-    unseen: Mapping[str, str] = unobserved or {}
+    hidden = [n for n in CRITERIA if n in (unobserved or {}) and n not in disabled]
+    unseen: dict[str, str] = dict(unobserved or {})
+    if baseline_reused:
+        unseen.update({n: REUSED_BASELINE_TIMING for n in TIMING if n not in unseen})
     n_b, n_c = len(baseline), len(canary)
     eb, nb = (0, 0) if baseline_reused else _errors(baseline)
     ec, nc = _errors(canary)
@@ -411,7 +428,6 @@ def analyze(
     if gross is not None:
         crits = [gross if c.name == "error_rate" else c for c in crits]
     done = look or looks_done
-    hidden = [n for n in CRITERIA if n in unseen and n not in disabled]
     out = _overall(crits, n_b, n_c, step, look, done, alpha, gross is not None, tables, hidden)
     return replace(out, after=looks_done)
 

@@ -452,3 +452,21 @@ def test_cpu_per_request_is_compared_only_at_matching_per_instance_load() -> Non
     assert cpu.skip is None and cpu.act, cpu.text
     [cpu, _] = _resources(base, side(8.0, 2, per_request), SPEC)
     assert cpu.skip is None and not cpu.act
+
+
+def test_the_100_percent_step_judges_no_timing_against_an_earlier_windows_baseline() -> None:
+    """With the baseline's answers from the step before, a slower canary is no evidence (the
+    load and the machine changed between the windows); its errors and lengths still are."""
+    slow = [
+        replace(s, latency_s=s.latency_s * 1.6, tpot_s=(s.tpot_s or 0) * 1.5) for s in clean(seed=2)
+    ]
+    assert {"latency_p50", "tpot_p50"} <= failed(run(slow))  # side by side: caught
+    a = analyze(clean(seed=1), slow, use(), use(), SPEC, baseline_reused=True)
+    assert a.verdict == "pass", a.reason
+    for name in ("latency_p50", "latency_p95", "ttft_p95", "tpot_p50"):
+        crit = a.criterion(name)
+        assert crit is not None and crit.verdict == "skip" and "step before's" in crit.reason
+    assert "not observed by the samples' source" not in a.reason
+    cut = [replace(s, output_tokens=max(1, (s.output_tokens or 0) // 2)) for s in slow]
+    a = analyze(clean(seed=1), cut, use(), use(), SPEC, baseline_reused=True)
+    assert failed(a) == {"output_length"}, a.reason
