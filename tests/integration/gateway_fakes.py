@@ -72,6 +72,7 @@ class FakeUpstream:
         self.requests: list[tuple[str, str, dict[str, str], dict[str, Any]]] = []
         self.open_connections = 0
         self.accepted = 0
+        self.carried: list[int] = []  # requests read on each connection, in accept order
         self.port = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -105,6 +106,8 @@ class FakeUpstream:
         self._writers.add(writer)
         self.open_connections += 1
         self.accepted += 1
+        mine = len(self.carried)
+        self.carried.append(0)
         try:
             served = 0
             while True:
@@ -116,6 +119,7 @@ class FakeUpstream:
                 raw = await reader.readexactly(int(headers.get("content-length", "0")))
                 body = json.loads(raw) if raw else {}
                 self.requests.append((method, path, headers, body))
+                self.carried[mine] += 1
                 if self.mode == "abrupt" or (self.mode == "once" and served):
                     break
                 if self.mode == "hang":

@@ -543,9 +543,12 @@ async def test_clients_leaving_free_their_slots_and_upstream_connections_at_once
                 await asyncio.sleep(0.005)
         freed = time.perf_counter() - start
         assert gw.status()["groups"]["g1"]["queued"]["normal"] == 0
-        accepted, up.latency = up.accepted, 0.0
-        resp = await chat(client)  # on a fresh upstream connection: none went back to the pool
-        assert resp.status_code == 200 and up.accepted == accepted + 1
+        up.latency = 0.0
+        resp = await chat(client)
+        # no connection that carried an abandoned request went back to the pool: each one
+        # the upstream accepted carried one request at most (a connection still opening when
+        # its client left carried none, and is as good as a fresh one)
+        assert resp.status_code == 200 and max(up.carried) == 1, up.carried
         print(f"\n10 clients left (4 in flight, 6 queued): slots free after {freed * 1000:.1f} ms")
         assert freed < 1.0
         lines = log_lines(log)
