@@ -148,6 +148,7 @@ class Controller:
             lambda iid: iid in self._supervisor.adopted,
             self._wake.set,
             clock.now,
+            lambda iid: self._supervisor.devices_free_for(iid),
         )
         self._oldest_served = oldest_served
         self._lent: frozenset[str] = frozenset()
@@ -341,7 +342,7 @@ class Controller:
         await self._quota.load()
         fences = await asyncio.to_thread(self._store.get_state, FENCES_KEY)
         if fences:  # a previous controller's: lent units stay lent, their sleepers unwakeable
-            self._lent = self._sleepers.restore(fences)
+            self._lent = self._supervisor.lent = self._sleepers.restore(fences)
             self._fences_kept = fences_record(self._sleepers.fencing, self._lent)
         quota, advice = self._quota.memory
         self._memory = Memory(quota=quota, advice=advice, meter=self._quota.metered)
@@ -769,6 +770,7 @@ class Controller:
         """Keep which sleepers' units serve other groups now, with an event when that
         changes (`units-lent`, `units-back`)."""
         before, self._lent = self._lent, lent
+        self._supervisor.lent = lent  # their devices may take a borrower
         if lent == before:
             return
         group = {i.id: i.group for i in observed}

@@ -15,7 +15,9 @@ are not lent: it may be awake, holding its accelerator memory (`holding_nothing`
 A sleeper whose units the tick lends (`sluice.policy.standby.sleeping_units`) is fenced:
 left out of the gateways' wakeable standby, and counted fenced (its units free to lend)
 only once every gateway serves a snapshot that leaves it out. A fenced sleeper the count
-needs is woken only once quota grants its units back (`TickDecision.unwoken`).
+needs is woken only once quota grants its units back (`TickDecision.unwoken`) and, on a
+pool that pins devices, once nothing else holds its devices (the supervisor's word, as
+the tick's: a borrower placed there between the tick's look and now keeps it asleep).
 
 The fence outlives this controller: each tick keeps it in the store (`FENCES_KEY`: the
 sleepers fenced, and of them those whose units are lent) before it acts, and the next
@@ -69,15 +71,19 @@ class Sleepers:
         adopted: Callable[[str], bool],
         changed: Callable[[], None],
         now: Callable[[], float],
+        devices_free: Callable[[str], bool] = lambda _: True,
     ) -> None:
         """`inflight(instance)`: requests it serves now (raises when unknown); `adopted`:
         whether an instance ran before this controller (recovered on a start); `changed()`:
-        tell the loop to tick (an instance fell asleep or woke: the routing changes)."""
+        tell the loop to tick (an instance fell asleep or woke: the routing changes);
+        `devices_free(instance)`: nothing else holds its devices (a borrower placed there
+        while its units were lent is gone), so it may wake."""
         self._events = events
         self._inflight = inflight
         self._adopted = adopted
         self._changed = changed
         self._now = now
+        self._devices_free = devices_free
         self.asleep: set[str] = set()
         """instances known (or, adopted, assumed) to sleep: never routed before a wake"""
         self._doubtful: set[str] = set()
@@ -196,8 +202,9 @@ class Sleepers:
             unsure = tuple(e for e in split.sleeping if e.instance_id in self._doubtful)
             for ep in split.to_sleep + unsure:
                 self._start(ep, self._sleep(group, ep, sleep, g.drain_timeout_s))
-            for ep in split.to_wake:
-                if ep.instance_id not in self._unwoken:  # else its units are lent still
+            for ep in split.to_wake:  # not while its units are lent, or its devices held
+                iid = ep.instance_id
+                if iid not in self._unwoken and self._devices_free(iid):
                     self._start(ep, self._wake(group, ep, sleep))
 
     async def close(self) -> None:

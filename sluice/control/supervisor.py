@@ -47,7 +47,8 @@ from sluice.control.servers import (
 )
 from sluice.control.supervised import LaunchFailed, Supervised, Unhealthy
 from sluice.core import Clock, InstanceState, InstanceStatus, SluiceError
-from sluice.policy import DeviceHold, Endpoint, ProbeRecord, assign_devices, record_probe
+from sluice.policy import Endpoint, ProbeRecord, record_probe
+from sluice.policy.devices import DeviceHold, assign_devices, in_the_way, units_on_each
 from sluice.runtime import ExternalRuntime, InstanceHandle, LaunchRequest, Runtime
 from sluice.spec import GroupSpec, PoolSpec
 from sluice.spec.servers import EndpointSpec, usable_key
@@ -112,6 +113,9 @@ class InstanceSupervisor:
         self._events = events
         self._instances: dict[str, Supervised] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.lent: frozenset[str] = frozenset()
+        """sleeping standby whose units other groups may hold (the controller's, each tick):
+        they hold no device, and a borrower may be placed on theirs (`_place`)"""
         self._launching: set[str] = set()
         """instances whose process is being started (`detach` lets them finish)"""
         self._http: httpx.AsyncClient | None = http
@@ -239,9 +243,9 @@ class InstanceSupervisor:
                 pool = (pools or {}).get(spec.resources.pool)
                 if pool is not None and pool.devices and rec.devices:
                     inst.pool, inst.devices = pool, tuple(rec.devices.split(","))
-                    fractional = spec.resources.fractional
-                    inst.device_units = (
-                        spec.resources.accelerators if fractional else pool.units_per_device
+                    res = spec.resources
+                    inst.device_units = units_on_each(
+                        res.accelerators, pool.units_per_device, res.fractional
                     )
                 self._instances[inst.id] = inst
                 self.adopted.add(inst.id)
@@ -413,13 +417,12 @@ class InstanceSupervisor:
             return
         res = inst.spec.resources
         while True:
-            holds = [
-                DeviceHold(i.id, i.devices, i.device_units)
-                for i in self._instances.values()
-                if i.pool is not None and i.pool.name == pool.name and i.devices
-            ]
+            holds = self._device_holds(pool.name, inst.id)
+            lent = {d for i in self.lent if (s := self._instances.get(i)) for d in s.devices}
+            # a lent sleeper's devices last: it wakes sooner where nobody was placed
+            order = sorted(pool.devices, key=lambda d: d in lent)
             grant = assign_devices(
-                pool.devices, pool.units_per_device, holds, res.accelerators, res.fractional
+                order, pool.units_per_device, holds, res.accelerators, res.fractional
             )
             if grant.ok:
                 inst.devices, inst.device_units = grant.devices, grant.units
@@ -433,6 +436,25 @@ class InstanceSupervisor:
             if inst.reason != why:
                 self._set_state(inst, InstanceState.PENDING, why)
             await asyncio.sleep(PLACE_POLL_S)
+
+    def _device_holds(self, pool: str, but: str) -> list[DeviceHold]:
+        """What holds the devices of `pool`: every instance pinned there until its process
+        is gone, but `but` and the sleepers whose units are lent."""
+        return [
+            DeviceHold(i.id, i.devices, i.device_units)
+            for i in self._instances.values()
+            if i.pool is not None and i.pool.name == pool and i.devices
+            if i.id != but and i.id not in self.lent
+        ]
+
+    def devices_free_for(self, instance_id: str) -> bool:
+        """Whether a sleeper may wake where it lives: nothing else holds its devices (one
+        placed there while its units were lent must be gone first). True off pinned pools."""
+        inst = self._instances.get(instance_id)
+        if inst is None or inst.pool is None or not inst.devices:
+            return True
+        holds = self._device_holds(inst.pool.name, instance_id)
+        return not in_the_way(inst.devices, inst.device_units, inst.pool.units_per_device, holds)
 
     async def _wait_ready(
         self, inst: Supervised, deadline: float | None, warn: bool = True

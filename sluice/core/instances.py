@@ -50,6 +50,13 @@ class InstanceStatus:
     labels: dict[str, str] = field(default_factory=dict)
 
     @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices it is pinned to (a pool that lists `devices`; the supervisor's
+        `devices` label), none on a pool of virtual units."""
+        pinned = self.labels.get("devices")
+        return tuple(pinned.split(",")) if pinned else ()
+
+    @property
     def started_at(self) -> float:
         """When it was launched (the quota allocator drains the newest first)."""
         return self.created_at

@@ -9,7 +9,11 @@ some units on each device it was given. The rule that keeps instances apart:
         the fullest such device first (best fit keeps whole devices free for exclusive ones).
 
 So a device is shared only between fractional instances, and a device's held units never
-exceed `units_per_device` (pre: the holds passed in obey this). The quota allocator counts
+exceed `units_per_device` (pre: the holds passed in obey this).
+
+A sleeping standby whose units are lent (`sluice.policy.standby`) holds no device while it
+sleeps: a borrower may be placed on its devices (last, after every free one), and it wakes
+only where it lives, once nothing is `in_the_way` there. The quota allocator counts
 units, not devices, so free units may still be scattered (fragmentation): then the answer
 says so and the caller waits for a device to free up instead of oversubscribing one.
 """
@@ -19,7 +23,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["DeviceGrant", "DeviceHold", "assign_devices", "held_units"]
+__all__ = [
+    "DeviceGrant",
+    "DeviceHold",
+    "assign_devices",
+    "held_units",
+    "in_the_way",
+    "units_on_each",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +100,20 @@ def assign_devices(
 def _why(used: Mapping[str, int], per: int, wanted: str) -> str:
     busy = ", ".join(f"{d}: {n}/{per}" for d, n in used.items())
     return f"no {wanted} now (units held per device: {busy})"
+
+
+def units_on_each(units: int, units_per_device: int, fractional: bool) -> int:
+    """The units an instance needing `units` holds on each of its devices (as
+    `assign_devices` grants them)."""
+    return units if fractional and units < units_per_device else units_per_device
+
+
+def in_the_way(
+    devices: Sequence[str], units: int, units_per_device: int, holds: Sequence[DeviceHold]
+) -> tuple[str, ...]:
+    """The holds that keep an instance from taking `units` on each of exactly `devices` (a
+    sleeper waking where its process lives): none when every one of them has room, else
+    every hold on a device without room."""
+    used = held_units(devices, holds)
+    full = {d for d in devices if units_per_device - used[d] < units}
+    return tuple(h.instance_id for h in holds if full.intersection(h.devices))

@@ -22,7 +22,10 @@ A group's sleeping standby (`autoscaling.sleeping_standby`) leaves its claim onc
 may wake it (`TickInput.fenced`): its units are idle guarantee, lent like any other and
 reclaimed when the count needs it awake (`sluice.policy.standby.sleeping_units`); the tick
 says which sleepers to fence (`TickDecision.fence`) and which wait for their units before a
-wake (`unwoken`), and its grant's spend is a released sleeper's host memory.
+wake (`unwoken`), and its grant's spend is a released sleeper's host memory. On a pool that
+pins devices a sleeper wakes only where its process lives: its reclaim drains the borrower
+on its devices first, it waits (unwoken) until that one is gone, and where the instance on
+its devices is no borrower it is replaced by a fresh instance (`_wake_or_replace`).
 
 Every instance is also told its tier (S9): `stable` while it runs on the group's own
 guaranteed units, `burst` above them (borrowed or unassigned units). Scale-down, reclaim,
@@ -41,6 +44,7 @@ from sluice.core.frozen import fast_init
 from sluice.core.instances import ALIVE_STATES, InstanceState, InstanceStatus
 from sluice.policy.autoscale import Decision, GroupLoad, ScalingPolicy
 from sluice.policy.backoff import CrashBackoff
+from sluice.policy.devices import DeviceHold, in_the_way, units_on_each
 from sluice.policy.gain import NoGainHold
 from sluice.policy.plan import Action, Drain, GroupTarget, Launch, plan_group
 from sluice.policy.quota import (
@@ -246,6 +250,7 @@ def decide(inp: TickInput) -> TickDecision:
                 if level is not None:
                     standby_at[name] = level
     sleeps = _sleeping(index, by_group, wanted, awake, inp) if inp.asleep and index.sleeping else {}
+    blocked = _in_the_way(index, sleeps, inp.observed) if sleeps and index.device_share else {}
     claims: list[GroupClaim] = []
     uniform: dict[str, bool] = {}
     templates, meter = index.templates, inp.meter
@@ -257,6 +262,8 @@ def decide(inp: TickInput) -> TickDecision:
             kept = [i for i in mine if i.id not in s.released]
             claim, _ = _claim(g, templates[name], kept, wanted[name] - s.placed, meter)
             uniform[name] = False  # planned with its sleepers (below)
+            if first := frozenset(b for iid in s.to_wake for b in blocked.get(iid, ())):
+                claim = dataclasses.replace(claim, reclaim_first=first)
         else:
             claim, uniform[name] = _claim(g, templates[name], mine, wanted[name], meter)
         claims.append(claim)
@@ -264,15 +271,20 @@ def decide(inp: TickInput) -> TickDecision:
     alloc = advised.enforced
     woken: dict[str, int] = {}
     kept_asleep: dict[str, int] = {}
+    held_back: set[str] = set()
+    stranded: list[Drain] = []
     for c in claims if sleeps else ():  # a start granted wakes a released sleeper first
         s = sleeps.get(c.name)
         if s is not None:
             starts = max(0, alloc.grants[c.name].instances - len(c.running))
-            woken[c.name] = min(len(s.to_wake), starts)
-            kept_asleep[c.name] = len(s.released) - woken[c.name]
+            woken[c.name] = n = min(len(s.to_wake), starts)
+            kept_asleep[c.name] = len(s.released) - n
+            for iid in s.to_wake[:n] if blocked else ():
+                if iid in blocked:  # its devices are not free yet
+                    _wake_or_replace(c.name, iid, blocked[iid], alloc, inp, held_back, stranded)
     scaled, counts, preview = _settle(index, inp, decisions, claims, advised, kept_asleep)
-    actions: list[Action] = []
-    draining: dict[str, str] = {}
+    actions: list[Action] = list(stranded)
+    draining: dict[str, str] = {d.instance_id: d.reason for d in stranded}
     for r in alloc.reclaims:  # serving-aware: out of routing, drained, then released
         for iid in r.instance_ids:
             draining[iid] = r.reason
@@ -311,7 +323,9 @@ def decide(inp: TickInput) -> TickDecision:
             actions += plan_group(_target(g, index.templates[name], n, spare), mine)
     for name in by_group.keys() - index.groups.keys():  # groups gone from the spec
         actions += plan_group(GroupTarget(name, "", 0), by_group[name])
-    fence, unwoken, sleep_rate = _fences(index, sleeps, woken, claims, alloc) if sleeps else _NONE
+    fence, unwoken, sleep_rate = (
+        _fences(index, sleeps, woken, frozenset(held_back), claims, alloc) if sleeps else _NONE
+    )
     if sleep_rate:
         advised = dataclasses.replace(advised, enforced=_metered_asleep(alloc, sleep_rate))
     return TickDecision(
@@ -387,17 +401,76 @@ def _sleeping(
     return out
 
 
+def _in_the_way(
+    index: SpecIndex, sleeps: Mapping[str, SleepingUnits], observed: Sequence[InstanceStatus]
+) -> dict[str, tuple[str, ...]]:
+    """Of the released sleepers the count needs awake on pools that pin devices, those whose
+    devices other instances hold now (placed there while their units were lent), with
+    those instances (`sluice.policy.devices.in_the_way`). Every instance pinned there holds
+    its devices until it is gone, as the supervisor counts them, but the released
+    sleepers."""
+    shares = index.device_share
+    waking = {iid: name for name, s in sleeps.items() if name in shares for iid in s.to_wake}
+    if not waking:
+        return {}
+    released = frozenset().union(*(s.released for s in sleeps.values()))
+    holds: list[DeviceHold] = []
+    devices: dict[str, tuple[str, ...]] = {}
+    for i in observed:
+        pinned = i.devices
+        if not pinned or i.state is InstanceState.STOPPED:
+            continue
+        if i.id in waking:
+            devices[i.id] = pinned
+        elif i.id not in released:  # a group gone from the spec: its whole devices
+            each = shares[i.group][0] if i.group in shares else _WHOLE
+            holds.append(DeviceHold(i.id, pinned, each))
+    out: dict[str, tuple[str, ...]] = {}
+    for iid, pinned in devices.items():
+        each, per_device = shares[waking[iid]]
+        if there := in_the_way(pinned, each, per_device, holds):
+            out[iid] = there
+    return out
+
+
+_WHOLE = 1 << 30
+"""the units per device of an instance whose group left the spec: as if it filled them"""
+
+
+def _wake_or_replace(
+    group: str,
+    sleeper: str,
+    there: Sequence[str],
+    alloc: Allocation,
+    inp: TickInput,
+    held_back: set[str],
+    stranded: list[Drain],
+) -> None:
+    """A sleeper granted its units back whose devices `there` hold: it waits (fenced, not
+    woken) while one of them drains (a reclaim of the borrower on its devices,
+    `GroupClaim.reclaim_first`); where none will (an instance of a group within its
+    guarantee was placed there), it is drained and the planner starts a fresh instance on
+    the units the grant freed, rather than wait for ever."""
+    held_back.add(sleeper)
+    leaving = {iid for r in alloc.reclaims for iid in r.instance_ids}
+    leaving.update(i.id for i in inp.observed if i.state is InstanceState.DRAINING)
+    if not leaving.intersection(there):
+        why = f"its devices are held by {', '.join(there)}, which no reclaim frees"
+        stranded.append(Drain(group, sleeper, why + ": a fresh instance takes its place"))
+
+
 def _fences(
     index: SpecIndex,
     sleeps: Mapping[str, SleepingUnits],
     woken: Mapping[str, int],
+    held_back: frozenset[str],
     claims: Sequence[GroupClaim],
     alloc: Allocation,
 ) -> tuple[frozenset[str], frozenset[str], dict[str, float]]:
-    """(sleepers to fence, released sleepers left asleep for want of units, their host
-    memory's spend per hour per group). A group's lendable sleepers are fenced while
-    another group of its pool waits for units or it lends any; released ones stay fenced
-    while it lends."""
+    """(sleepers to fence, released sleepers left asleep for want of units or of their
+    devices (`held_back`), their host memory's spend per hour per group). A group's
+    lendable sleepers are fenced while another group of its pool waits for units or it
+    lends any; released ones stay fenced while it lends."""
     grants, refusals = alloc.grants, alloc.refusals
     short = {  # groups that wait for units, not for their own cap or budget
         c.pool
@@ -414,7 +487,7 @@ def _fences(
         lends = name in lenders
         if lends or index.groups[name].resources.pool in short:
             fence.update(s.lendable)
-        waiting = s.to_wake[woken[name] :]
+        waiting = [*s.to_wake[woken[name] :], *held_back.intersection(s.to_wake)]
         unwoken.update(waiting)
         fence.update(waiting)
         if lends:
@@ -524,6 +597,9 @@ class SpecIndex:
     """groups whose autoscaler only advises"""
     sleeping: Mapping[str, SleepTerms] = dataclasses.field(default_factory=dict)
     """groups whose sleeping standby may lend its units"""
+    device_share: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    """groups on pools that pin devices: (units an instance holds on each of its devices,
+    the pool's units per device)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,15 +614,16 @@ class SleepTerms:
 
 
 def _sleep_terms(spec: PlatformSpec) -> dict[str, SleepTerms]:
-    """Groups whose sleepers may lend their units: on a pool of virtual units (a pool that
-    pins devices would have to reclaim from the borrower on the sleeper's very device)."""
+    """Groups whose sleepers may lend their units. On a pool that pins devices the units
+    are the sleeper's own devices: the borrower placed there is reclaimed first and the
+    sleeper wakes once it is gone (`_in_the_way`)."""
     out: dict[str, SleepTerms] = {}
     for g in spec.groups:
         a, sleep = g.autoscaling, g.sleep
         pool = spec.pool(g.resources.pool)
         if a is None or is_advisory(g) or not a.sleeping_standby or sleep is None:
             continue
-        if pool is None or pool.devices:
+        if pool is None:
             continue
         rate = sleep.host_memory_gb * pool.host_memory_price_per_gb_hour
         out[g.name] = SleepTerms(a.warm_standby, g.resources.accelerators, rate)
@@ -567,7 +644,18 @@ def index_spec(spec: PlatformSpec) -> SpecIndex:
         advisory=frozenset(g.name for g in spec.groups if g.quota.mode == "advisory"),
         advising=frozenset(g.name for g in spec.groups if is_advisory(g)),
         sleeping=_sleep_terms(spec),
+        device_share=_device_shares(spec),
     )
+
+
+def _device_shares(spec: PlatformSpec) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for g in spec.groups:
+        pool, res = spec.pool(g.resources.pool), g.resources
+        if pool is not None and pool.devices:
+            each = units_on_each(res.accelerators, pool.units_per_device, res.fractional)
+            out[g.name] = (each, pool.units_per_device)
+    return out
 
 
 def _claim(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e.conftest import Sluice, running
 from tests.faults.conftest import Api, wait_until
@@ -205,15 +206,27 @@ tenants:""",
 )
 
 
-def test_a_sleepers_units_are_lent_and_reclaimed_when_a_burst_needs_it(tmp_path: Path) -> None:
+PINNED_SPEC = LENT_SPEC.replace(
+    "count: 3, memory_gb: 16}", "count: 3, memory_gb: 16, devices: [0, 1, 2]}"
+)
+
+
+@pytest.mark.parametrize("pool", ["units", "devices"])
+def test_a_sleepers_units_are_lent_and_reclaimed_when_a_burst_needs_it(
+    tmp_path: Path, pool: str
+) -> None:
     """Three units: chat keeps one serving and one sleeping on its guarantee of two; batch
     (no guarantee) wants two. Once the sleeper is fenced from the gateway (not wakeable),
     batch borrows its unit. A burst on chat then scales it up: the sleeper is needed, but
     its unit is lent, so it is not woken until batch's borrowed instance is reclaimed
-    (drained, stopped); then it wakes and serves. No request reaches a sleeping server."""
-    assert "guaranteed: 2" in LENT_SPEC and "name: batch" in LENT_SPEC
+    (drained, stopped); then it wakes and serves. No request reaches a sleeping server.
+    On a pool that pins devices the unit is the sleeper's own device: batch's borrower runs
+    on it, and the sleeper wakes there once that borrower has stopped."""
+    spec = PINNED_SPEC if pool == "devices" else LENT_SPEC
+    assert "guaranteed: 2" in spec and "name: batch" in spec
+    assert ("devices: [0, 1, 2]" in spec) is (pool == "devices")
     with (
-        running(tmp_path, LENT_SPEC, "chat's two", lambda s: len(s.ready("chat")) == 2, 120) as s,
+        running(tmp_path, spec, "chat's two", lambda s: len(s.ready("chat")) == 2, 120) as s,
         Api(s) as api,
     ):
         wait_until("the standby asleep", lambda: len(asleep(api)) == 1, 30)
@@ -228,6 +241,9 @@ def test_a_sleepers_units_are_lent_and_reclaimed_when_a_burst_needs_it(tmp_path:
         rows = {i["id"]: i for i in s.instances("chat")}
         assert rows[sleeper]["asleep"] and rows[sleeper]["units_lent"], rows
         borrowed = max(s.ready("batch"), key=lambda i: i["created_at"])["id"]
+        devices = {i["id"]: i["devices"] for i in s.instances()}
+        if pool == "devices":  # no device is free but the sleeper's: the borrower runs there
+            assert devices[borrowed] == devices[sleeper] != "", devices
 
         # a burst: 8 requests on one 1-slot instance (1 s each); chat scales up, the sleeper
         # waits for its unit (a reclaim of batch's newest), then wakes and serves
@@ -241,6 +257,12 @@ def test_a_sleepers_units_are_lent_and_reclaimed_when_a_burst_needs_it(tmp_path:
         woken = [e for e in events if e.get("instance") == sleeper and e["kind"] == "woken"]
         assert drained and woken, [(e["kind"], e["message"]) for e in events[-30:]]
         assert min(e["at"] for e in drained) <= min(e["at"] for e in woken)
+        if pool == "devices":  # woken where it sleeps, once the borrower there has stopped
+            stopped = [
+                e for e in events if e.get("instance") == borrowed and e["kind"] == "stopped"
+            ]
+            assert stopped and min(e["at"] for e in stopped) <= min(e["at"] for e in woken)
+            assert {i["id"]: i["devices"] for i in s.instances()}[sleeper] == devices[sleeper]
         kinds = [e["kind"] for e in events[::-1] if e.get("instance") == sleeper]
         assert kinds.index("units-lent") < kinds.index("units-back") < kinds.index("woken"), kinds
         assert borrowed not in {i["id"] for i in s.ready("batch")}

@@ -156,6 +156,42 @@ def test_an_instance_waits_for_a_device_instead_of_sharing_one(tmp_path: Path) -
     asyncio.run(run())
 
 
+def test_a_lent_sleepers_device_takes_a_borrower_last_and_its_wake_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """A sleeping standby whose units are lent (`lent`) holds no device: a launch takes a free
+    device first, then the sleeper's; the sleeper may wake only once that one is gone."""
+
+    async def run() -> None:
+        three = GROUP.replace(
+            "count: 2, memory_gb: 16, devices: [GPU-a, GPU-b]",
+            "count: 3, memory_gb: 16, devices: [GPU-a, GPU-b, GPU-c]",
+        )
+        spec = load_spec_text(three.format(model=command(), replicas=1, startup=20, drain=1)).spec
+        group, pool = spec.groups[0], spec.pools[0]
+        async with supervisor(tmp_path, inflight=dict) as (sup, _):
+
+            def devices(iid: str) -> str:
+                return next(s.labels.get("devices", "") for s in sup.statuses() if s.id == iid)
+
+            a, b = (sup.launch(group, group.template(), "test", pool) for _ in range(2))
+            await until("a, b ready", lambda: state(sup, a) is state(sup, b) is InstanceState.READY)
+            assert sorted([devices(a), devices(b)]) == ["GPU-a", "GPU-b"]
+            sup.lent = frozenset({a})  # asleep, its units lent
+            c = sup.launch(group, group.template(), "borrower", pool)
+            await until("c ready", lambda: state(sup, c) is InstanceState.READY)
+            assert devices(c) == "GPU-c"  # the free device first
+            assert sup.devices_free_for(a)
+            d = sup.launch(group, group.template(), "borrower", pool)
+            await until("d ready", lambda: state(sup, d) is InstanceState.READY)
+            assert devices(d) == devices(a)  # then the sleeper's, not a wait
+            assert not sup.devices_free_for(a) and sup.devices_free_for(b)
+            sup.remove(d, "reclaimed")
+            await until("a's device free", lambda: sup.devices_free_for(a), timeout=10)
+
+    asyncio.run(run())
+
+
 def test_without_a_gateway_count_a_drain_waits_out_its_timeout_and_says_why(
     tmp_path: Path,
 ) -> None:

@@ -98,6 +98,9 @@ class Supervisor:
     async def inflight(self, instance_id: str) -> int:
         return 0
 
+    def devices_free_for(self, instance_id: str) -> bool:
+        return True  # statuses pinned to no device
+
 
 class Servers:
     """The servers' sleep mode (vLLM's: POST /sleep, POST /wake_up, GET /is_sleeping), by

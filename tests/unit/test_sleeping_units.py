@@ -1,10 +1,13 @@
 """A sleeping standby's accelerator units in quota (issue 36): a sleeper on its group's
 lendable guarantee is fenced when another group of its pool waits for units, lent once
 fenced, woken only when quota grants its units back (a reclaim), and metered at its host
-memory meanwhile. Sleepers above the guarantee, or on a pool that pins devices, keep
-their units."""
+memory meanwhile. Sleepers above the guarantee keep their units. On a pool that pins
+devices the reclaim drains the borrower on the sleeper's own device, and a sleeper whose
+device no reclaim frees is replaced."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -158,14 +161,50 @@ def test_sleepers_above_the_guarantee_or_beyond_lendable_keep_their_units() -> N
         assert d.fence == frozenset() and d.held["chat"] == 2, quota
 
 
-def test_a_sleeper_on_a_pool_that_pins_devices_keeps_its_units() -> None:
-    text = SPEC.replace(
-        "price_per_hour: 2.0,", 'price_per_hour: 2.0, devices: ["0", "1", "2", "3"],'
-    )
+PINNED = SPEC.replace("price_per_hour: 2.0,", 'price_per_hour: 2.0, devices: ["0", "1", "2", "3"],')
+
+
+def on(
+    i: InstanceStatus, device: str, state: InstanceState = InstanceState.READY
+) -> InstanceStatus:
+    return replace(i, labels={"devices": device}, state=state)
+
+
+def test_a_sleeper_on_a_pool_that_pins_devices_lends_its_device_and_gets_that_one_back() -> None:
+    s = load_spec_text(PINNED.replace("QUOTA", "priority: 0")).spec
+    chat = [on(inst(s, "chat", 0), "0"), on(inst(s, "chat", 1, 10), "1")]
+    asleep = fenced = frozenset({"chat-1"})
+    d = tick(s, [*chat, on(inst(s, "batch", 0, 20), "2")], asleep=asleep, fenced=fenced)
+    assert d.held["chat"] == 1 and d.allocation.enforced.grants["batch"].instances == 3
+    # batch-0 was placed on the sleeper's device (the supervisor puts borrowers there last)
+    batch = [on(inst(s, "batch", 0, 20), "1"), on(inst(s, "batch", 1, 30), "2")]
+    batch += [on(inst(s, "batch", 2, 40), "3")]
+    d = tick(s, chat + batch, count=2, asleep=asleep, fenced=fenced)
+    assert d.unwoken == {"chat-1"} and d.claims[0].reclaim_first == {"batch-0"}
+    memory = d.allocation.enforced.state
+    later = tick(s, chat + batch, 2, asleep=asleep, fenced=fenced, quota=memory, now=T0 + 6)
+    drains = [a.instance_id for a in later.actions if isinstance(a, Drain)]
+    assert drains == ["batch-0"]  # the one on its device, not the newest borrower (batch-2)
+    assert later.unwoken == {"chat-1"} and "chat-1" in later.fence
+    memory = later.allocation.enforced.state
+    after = tick(s, chat + batch[1:], 2, asleep=asleep, fenced=fenced, quota=memory, now=T0 + 8)
+    assert after.unwoken == frozenset() and "chat-1" not in after.fence  # its device is free
+    assert not [a for a in after.actions if isinstance(a, (Launch, Drain))]
+
+
+def test_a_sleeper_whose_device_no_reclaim_frees_is_replaced_by_a_fresh_instance() -> None:
+    text = PINNED.replace("    replicas: 3", "    replicas: 2\n    quota: {guaranteed: 2}")
     s = load_spec_text(text.replace("QUOTA", "priority: 0")).spec
-    observed = [inst(s, "chat", 0), inst(s, "chat", 1, 10), inst(s, "batch", 0, 20)]
-    d = tick(s, observed, asleep=frozenset({"chat-1"}), fenced=frozenset({"chat-1"}))
-    assert d.held["chat"] == 2 and d.fence == frozenset()
+    chat = [on(inst(s, "chat", 0), "0"), on(inst(s, "chat", 1, 10), "1")]
+    # batch-1 runs on the sleeper's device within batch's own guarantee; device 3 is free
+    batch = [on(inst(s, "batch", 0, 20), "2"), on(inst(s, "batch", 1, 30), "1")]
+    asleep = fenced = frozenset({"chat-1"})
+    d = tick(s, chat + batch, count=2, asleep=asleep, fenced=fenced)
+    assert not d.allocation.enforced.reclaims  # nobody borrows: nothing to reclaim
+    drains = [a for a in d.actions if isinstance(a, Drain)]
+    assert [a.instance_id for a in drains] == ["chat-1"] and "batch-1" in drains[0].reason
+    assert [a.group for a in d.actions if isinstance(a, Launch)] == ["chat"]
+    assert "chat-1" in d.unwoken  # never woken onto a device another instance holds
 
 
 @given(

@@ -327,14 +327,23 @@ def _take(
     now: float,
     reason: str,
     pending: dict[str, PendingReclaim],
+    only: frozenset[str] | None = None,
 ) -> tuple[Reclaim | None, int]:
-    """Drain g's newest instances above its guarantee until `need` units are freed."""
+    """Drain g's newest instances above its guarantee until `need` units are freed; with
+    `only`, just those of them (`GroupClaim.reclaim_first`)."""
     excess = g.kept * g.u - g.eq
     if excess <= 0 or need <= 0:
         return None, 0
     n = min(math.ceil(min(excess, need) / g.u), g.kept)
-    # Keep the running list ordered so that the kept ones are the oldest.
-    ordered = sorted(g.running[: g.kept], key=lambda r: (r.started_at, r.id))
+    # Keep the running list ordered so that the kept ones are the oldest (`only`: the
+    # others), and the drained ones last.
+    if only is None:
+        ordered = sorted(g.running[: g.kept], key=lambda r: (r.started_at, r.id))
+    else:
+        ordered = sorted(g.running[: g.kept], key=lambda r: (r.id in only, r.started_at, r.id))
+        n = min(n, sum(r.id in only for r in ordered))
+        if n == 0:
+            return None, 0
     victims = ordered[len(ordered) - n :][::-1]
     g.running = ordered[: len(ordered) - n]
     g.kept -= n
@@ -496,6 +505,13 @@ def _reclaim(
             continue
         why = f"{g.c.name!r} wants {mine} units of its guarantee back (reclaim)"
         names = []
+        for v in victims if g.c.reclaim_first else ():  # those on its sleepers' devices
+            rec, freed = _take(v, mine, g.c.name, now, why, pending, g.c.reclaim_first)
+            if rec is not None:
+                out.append(rec)
+                names.append(v.c.name)
+                mine -= freed
+                need -= freed
         while mine > 0 and vi < len(victims):
             v = victims[vi]
             rec, freed = _take(v, mine, g.c.name, now, why, pending)

@@ -70,7 +70,9 @@ class GroupClaim:
     units; add up `Grant.spend_per_hour` x tick). `unit_hours_this_month`: month-to-date
     accelerator-hours (add up `Grant.units_held` x tick in hours), for the budget's
     `accelerator_hours_per_month`. `drain_timeout_s`: the group's drain timeout, which bounds
-    a reclaim. `purpose`: "inference" for every serving group.
+    a reclaim. `purpose`: "inference" for every serving group. `reclaim_first`: instances of
+    other groups its reclaim drains before any other (the borrowers placed on the devices of
+    its sleeping standby, which wakes only where it lives).
     """
 
     name: str
@@ -85,6 +87,7 @@ class GroupClaim:
     drain_timeout_s: float = 30.0
     purpose: Purpose = "inference"
     unit_hours_this_month: float = 0.0
+    reclaim_first: frozenset[str] = frozenset()
 
 
 @fast_init
