@@ -24,8 +24,7 @@ reclaimed when the count needs it awake (`sluice.policy.standby.sleeping_units`)
 says which sleepers to fence (`TickDecision.fence`) and which wait for their units before a
 wake (`unwoken`), and its grant's spend is a released sleeper's host memory. On a pool that
 pins devices a sleeper wakes only where its process lives: its reclaim drains the borrower
-on its devices first, it waits (unwoken) until that one is gone, and where the instance on
-its devices is no borrower it is replaced by a fresh instance (`_wake_or_replace`).
+on its devices first, and it waits (unwoken) until that one is gone (`_clear_the_way`).
 
 Every instance is also told its tier (S9): `stable` while it runs on the group's own
 guaranteed units, `burst` above them (borrowed or unassigned units). Scale-down, reclaim,
@@ -272,7 +271,7 @@ def decide(inp: TickInput) -> TickDecision:
     woken: dict[str, int] = {}
     kept_asleep: dict[str, int] = {}
     held_back: set[str] = set()
-    stranded: list[Drain] = []
+    evicted: list[Drain] = []
     for c in claims if sleeps else ():  # a start granted wakes a released sleeper first
         s = sleeps.get(c.name)
         if s is not None:
@@ -281,10 +280,10 @@ def decide(inp: TickInput) -> TickDecision:
             kept_asleep[c.name] = len(s.released) - n
             for iid in s.to_wake[:n] if blocked else ():
                 if iid in blocked:  # its devices are not free yet
-                    _wake_or_replace(c.name, iid, blocked[iid], alloc, inp, held_back, stranded)
+                    _clear_the_way(c.name, iid, blocked[iid], alloc, inp, held_back, evicted)
     scaled, counts, preview = _settle(index, inp, decisions, claims, advised, kept_asleep)
-    actions: list[Action] = list(stranded)
-    draining: dict[str, str] = {d.instance_id: d.reason for d in stranded}
+    actions: list[Action] = list(evicted)
+    draining: dict[str, str] = {d.instance_id: d.reason for d in evicted}
     for r in alloc.reclaims:  # serving-aware: out of routing, drained, then released
         for iid in r.instance_ids:
             draining[iid] = r.reason
@@ -302,6 +301,8 @@ def decide(inp: TickInput) -> TickDecision:
         by_group = _by_group(observed)
         for r in alloc.reclaims:  # walked again below: its instances now drain
             uniform.pop(r.borrower, None)
+        for d in evicted:
+            uniform.pop(d.group, None)
     grants = alloc.grants
     held: dict[str, int] = {}
     running: dict[str, int] = {}
@@ -437,26 +438,36 @@ _WHOLE = 1 << 30
 """the units per device of an instance whose group left the spec: as if it filled them"""
 
 
-def _wake_or_replace(
+def _clear_the_way(
     group: str,
     sleeper: str,
     there: Sequence[str],
     alloc: Allocation,
     inp: TickInput,
     held_back: set[str],
-    stranded: list[Drain],
+    evicted: list[Drain],
 ) -> None:
-    """A sleeper granted its units back whose devices `there` hold: it waits (fenced, not
-    woken) while one of them drains (a reclaim of the borrower on its devices,
-    `GroupClaim.reclaim_first`); where none will (an instance of a group within its
-    guarantee was placed there), it is drained and the planner starts a fresh instance on
-    the units the grant freed, rather than wait for ever."""
+    """A sleeper granted its units back whose devices the instances `there` hold: it stays
+    asleep (fenced, not woken) until they are gone. One of them leaving already (a reclaim
+    of the borrower on its devices, `GroupClaim.reclaim_first`) is waited for. Else, where
+    they are all borrowed instances of other groups (the grant came from units freed
+    elsewhere), they drain: a borrower's instance starts again on those units, cold, and the
+    guarantee's owner wakes in seconds. Else (an instance no reclaim may touch is there) the
+    sleeper itself drains and the planner starts a fresh instance on the units the grant
+    freed, rather than wait for ever."""
     held_back.add(sleeper)
     leaving = {iid for r in alloc.reclaims for iid in r.instance_ids}
     leaving.update(i.id for i in inp.observed if i.state is InstanceState.DRAINING)
-    if not leaving.intersection(there):
-        why = f"its devices are held by {', '.join(there)}, which no reclaim frees"
-        stranded.append(Drain(group, sleeper, why + ": a fresh instance takes its place"))
+    if leaving.intersection(there):
+        return
+    owner = {i.id: i.group for i in inp.observed if i.id in there}
+    borrowers = {x.borrower for x in alloc.loans} - {group}
+    if all(owner.get(iid) in borrowers for iid in there):
+        why = f"borrowed, on the devices of {group}'s sleeper {sleeper}, which its count needs"
+        evicted.extend(Drain(owner[iid], iid, why) for iid in there)
+        return
+    why = f"its devices are held by {', '.join(there)}, which no reclaim frees"
+    evicted.append(Drain(group, sleeper, why + ": a fresh instance takes its place"))
 
 
 def _fences(

@@ -192,6 +192,22 @@ def test_a_sleeper_on_a_pool_that_pins_devices_lends_its_device_and_gets_that_on
     assert not [a for a in after.actions if isinstance(a, (Launch, Drain))]
 
 
+def test_a_borrower_on_the_sleepers_device_drains_when_units_came_free_elsewhere() -> None:
+    s = load_spec_text(
+        PINNED.replace("QUOTA", "priority: 0").replace("replicas: 3", "replicas: 2")
+    ).spec
+    chat = [on(inst(s, "chat", 0), "0"), on(inst(s, "chat", 1, 10), "1")]
+    batch = [on(inst(s, "batch", 0, 20), "1"), on(inst(s, "batch", 1, 30), "2")]  # 3 is free
+    asleep = fenced = frozenset({"chat-1"})
+    d = tick(s, chat + batch, count=2, asleep=asleep, fenced=fenced)
+    assert not d.allocation.enforced.reclaims  # a unit is free: quota grants chat at once
+    drains = [a for a in d.actions if isinstance(a, Drain)]
+    assert [(a.group, a.instance_id) for a in drains] == [("batch", "batch-0")], drains
+    assert "chat-1" in drains[0].reason and "borrowed" in drains[0].reason
+    assert "chat-1" in d.unwoken and "chat-1" in d.fence  # until batch-0 is gone
+    assert not [a for a in d.actions if isinstance(a, Launch) and a.group == "chat"]
+
+
 def test_a_sleeper_whose_device_no_reclaim_frees_is_replaced_by_a_fresh_instance() -> None:
     text = PINNED.replace("    replicas: 3", "    replicas: 2\n    quota: {guaranteed: 2}")
     s = load_spec_text(text.replace("QUOTA", "priority: 0")).spec
