@@ -301,8 +301,8 @@ def decide(inp: TickInput) -> TickDecision:
         by_group = _by_group(observed)
         for r in alloc.reclaims:  # walked again below: its instances now drain
             uniform.pop(r.borrower, None)
-        for d in evicted:
-            uniform.pop(d.group, None)
+        for drain in evicted:
+            uniform.pop(drain.group, None)
     grants = alloc.grants
     held: dict[str, int] = {}
     running: dict[str, int] = {}
