@@ -246,7 +246,11 @@ class AutoscalingSpec(_Strict):
         le=86_400,
         description="a group with sleeping standby keeps asleep the capacity the scale-down "
         "stabilization holds beyond what the last this-many seconds asked for (woken by the "
-        "gateways when a burst returns, as sleeping standby is); 0: all of it stays awake",
+        "gateways when a burst returns, as sleeping standby is); 0: all of it stays awake. "
+        "Left unset, it holds only where its servers' wake (`sim.wake_s`, "
+        "`command.sleep.wake_s`) is at most half the first-token bound (`slo.ttft_ms`, else "
+        "`slo.latency_ms`, else the TTFT or latency p95 target): a slower wake serves a "
+        "returning burst late",
     )
     interval_s: float = Field(default=1.0, gt=0, le=60, description="decision tick")
     lead_time_s: float | None = Field(

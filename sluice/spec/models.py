@@ -337,7 +337,8 @@ class GroupSpec(_Strict):
         params = [p if p is not None else SimParams() for p in sims]
         host = sum(p.memory_gb if p.host_memory_gb is None else p.host_memory_gb for p in params)
         wake = max(p.wake_s for p in params)
-        return SleepSpec(host_memory_gb=host, wake_timeout_s=min(600.0, 2 * wake + 30.0))
+        timeout = min(600.0, 2 * wake + 30.0)
+        return SleepSpec(host_memory_gb=host, wake_timeout_s=timeout, wake_s=wake)
 
     def template(self) -> str:
         """Fingerprint of what an instance runs; a change rolls the group's instances."""

@@ -106,6 +106,15 @@ class SleepSpec(_Strict):
     wake_timeout_s: float = Field(
         default=30.0, gt=0, le=600, description="a wake that takes longer has failed"
     )
+    wake_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=600,
+        description="how long a wake takes, as measured on this server (the controller's "
+        "`woken` events say it; vLLM level 1: about a second for an 8B model on one GPU): "
+        "the held tier (`autoscaling.sleep_held_after_s`) keeps capacity asleep only where "
+        "it is well within the first-token bound; unset: unknown, none is held",
+    )
     host_memory_gb: float = Field(
         default=0.0, ge=0, description="host memory a sleeping instance holds (its cost)"
     )

@@ -13,12 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.policy.autoscale import GroupLoad, SluicePolicy, Stateful
+from sluice.policy.autoscale.factory import held_window
 from sluice.policy.autoscale.windows import RollingExtreme
 from sluice.policy.kernel import Memory, serving_in_force
 from sluice.policy.routing import Endpoint, GroupTraffic, RouteRule, RouteTable, RoutingSnapshot
 from sluice.policy.snapshot_wire import snapshot_from_json, snapshot_to_json
 from sluice.policy.standby import over_level, sleepers_to_wake, standby_level
 from sluice.sim import make_policy, prepare, run, trace_from_rows
+from sluice.spec import load_spec_text
 from sluice.spec.autoscaling import AutoscalingSpec
 from tests.unit.test_sim_sleeping import QUIET, sleepy
 
@@ -180,3 +182,40 @@ def test_the_simulator_sleeps_held_capacity_and_a_returning_burst_wakes_it() -> 
     assert h["standby_wakes"] > awake["standby_wakes"], (h, awake)
     assert h["priced_instance_seconds"] < 0.95 * awake["priced_instance_seconds"], (h, awake)
     assert h["slo_attainment"] >= awake["slo_attainment"] - 0.02, (h, awake)
+
+
+HELD_SPEC = """
+pools: [{name: gpu, count: 4, memory_gb: 16}]
+groups:
+  - name: chat
+    owner: o
+    business: b
+    alert_channel: c
+    models: {m: MODEL}
+    resources: {pool: gpu, memory_gb: 1}
+    slo: SLO
+    autoscaling: AUTO
+"""
+
+
+def held_window_of(model: str, slo: str, auto: str = "{max: 4, sleeping_standby: 1}") -> float:
+    text = HELD_SPEC.replace("MODEL", model).replace("SLO", slo).replace("AUTO", auto)
+    return held_window(load_spec_text(text).spec.groups[0])
+
+
+def test_the_held_tier_holds_only_where_a_wake_is_within_half_the_first_token_bound() -> None:
+    sim = "{runtime: sim, sim: {wake_s: WAKE}}"
+    ttft = "{ttft_ms: 2000, target: 0.99}"
+    assert held_window_of(sim.replace("WAKE", "1"), ttft) == 60.0  # 1 s <= 2 s / 2
+    assert held_window_of(sim.replace("WAKE", "3"), ttft) == 0.0  # a burst would be served late
+    assert held_window_of(sim.replace("WAKE", "3"), "{latency_ms: 8000}") == 60.0
+    assert held_window_of("{runtime: sim}", ttft) == 0.0  # the sim's default wake: 3 s
+    command = "{runtime: command, command: {argv: [s, '{port}'], sleep: SLEEP}}"
+    unknown = command.replace("SLEEP", "{host_memory_gb: 16}")
+    assert held_window_of(unknown, ttft) == 0.0  # a wake nobody measured holds nothing
+    measured = command.replace("SLEEP", "{host_memory_gb: 16, wake_s: 0.8}")
+    assert held_window_of(measured, ttft) == 60.0
+    # the operator's word, whatever the wake
+    auto = "{max: 4, sleeping_standby: 1, sleep_held_after_s: 90}"
+    assert held_window_of(unknown, ttft, auto) == 90.0
+    assert held_window_of(sim.replace("WAKE", "1"), ttft, "{max: 4}") == 0.0  # no sleepers

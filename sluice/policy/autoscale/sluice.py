@@ -209,7 +209,8 @@ class SluicePolicy:
     value, see `ScalingPolicy`). Reads every `GroupLoad` field except `draining`.
 
     `latency_target_ms` stands in when `spec.targets.latency_p95_ms` is unset (the factory
-    passes the group's `slo.latency_ms`). `now` and `load.at` in seconds.
+    passes the group's `slo.latency_ms`); `held_after_s` for `spec.sleep_held_after_s` (the
+    factory's `held_window`). `now` and `load.at` in seconds.
     """
 
     name = "sluice"
@@ -222,6 +223,7 @@ class SluicePolicy:
         slo: SloSpec | None = None,
         server: BatchingServer | None = None,
         server_from: str | None = None,
+        held_after_s: float | None = None,
     ) -> None:
         self.spec = spec
         self.server = server
@@ -257,7 +259,9 @@ class SluicePolicy:
         """the share of requests the steady need lets wait past their allowance"""
         self._waits = (self.slo.slowdown, self.slo.slack_s, self.slo.latency_ms)
         """the objective's terms `Objective.of` and `wait_allowance_s` take"""
-        self._held_after_s = spec.sleep_held_after_s if spec.sleeping_standby else 0.0
+        if held_after_s is None:
+            held_after_s = spec.sleep_held_after_s if spec.sleeping_standby else 0.0
+        self._held_after_s = held_after_s
         """a group with sleeping standby keeps asleep what the rolling max holds beyond what
         this many seconds asked for (`_awake`); 0.0: all of it serves"""
         # the bounds a batching group's capacity is sized at: the SLO's TTFT / TPOT at its
