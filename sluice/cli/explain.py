@@ -83,6 +83,14 @@ def summary(group: str, x: dict[str, Any]) -> list[str]:
             f"burst ({tiers['borrowed_units']} units above its guarantee, borrowed or "
             "unassigned); burst instances go first on scale-down, reclaim and budget cuts"
         )
+    held = x.get("held_tier")
+    if held and held["why"] != "no sleeping standby":
+        lines.append(
+            f"held tier: what the scale-down keeps beyond the last {held['after_s']:g}s' need "
+            f"sleeps ({held['why']})"
+            if held["after_s"]
+            else f"held tier off: all the count serves awake ({held['why']})"
+        )
     hold = x.get("no_gain_hold")
     if hold:
         lines.append(

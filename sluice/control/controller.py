@@ -47,6 +47,7 @@ from sluice.policy import (
     stranded_failovers,
 )
 from sluice.policy.autoscale import ScalingPolicy
+from sluice.policy.autoscale.factory import held_window
 from sluice.policy.gain import NoGainHold
 from sluice.policy.kernel import (
     Compiled,
@@ -320,6 +321,7 @@ class Controller:
             "quota": {"mode": spec.quota.mode, "advice": self._quota.advice_for(group)},
             "tiers": tier_counts(spec, self._supervisor.statuses(), self._tiers, self._quota.last),
             "no_gain_hold": hold.to_json() if (hold := self._holds().get(group)) else None,
+            "held_tier": dict(zip(("after_s", "why"), held_window(spec), strict=True)),
         }
 
     async def adopted(self) -> None:

@@ -200,7 +200,7 @@ groups:
 
 def held_window_of(model: str, slo: str, auto: str = "{max: 4, sleeping_standby: 1}") -> float:
     text = HELD_SPEC.replace("MODEL", model).replace("SLO", slo).replace("AUTO", auto)
-    return held_window(load_spec_text(text).spec.groups[0])
+    return held_window(load_spec_text(text).spec.groups[0])[0]
 
 
 def test_the_held_tier_holds_only_where_a_wake_is_within_half_the_first_token_bound() -> None:
@@ -219,3 +219,8 @@ def test_the_held_tier_holds_only_where_a_wake_is_within_half_the_first_token_bo
     auto = "{max: 4, sleeping_standby: 1, sleep_held_after_s: 90}"
     assert held_window_of(unknown, ttft, auto) == 90.0
     assert held_window_of(sim.replace("WAKE", "1"), ttft, "{max: 4}") == 0.0  # no sleepers
+    text = HELD_SPEC.replace("MODEL", sim.replace("WAKE", "3")).replace("SLO", ttft)
+    why = held_window(
+        load_spec_text(text.replace("AUTO", "{max: 4, sleeping_standby: 1}")).spec.groups[0]
+    )[1]
+    assert why == "a 3 s wake is over half the 2000 ms first-token bound"

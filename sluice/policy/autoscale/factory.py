@@ -97,41 +97,38 @@ def build_policy(
         slo=group.slo,
         server=server,
         server_from=server_from,
-        held_after_s=held_window(group),
+        held_after_s=held_window(group)[0],
     )
 
 
-def held_window(group: GroupSpec) -> float:
-    """The held tier's window (`autoscaling.sleep_held_after_s`): as the operator set it; left
-    unset, its default only where the group's servers wake within half its first-token
-    bound (`slo.ttft_ms`, else `slo.latency_ms`, else the TTFT or latency p95 target), else
-    0 (none held). Measured on the batching bench (Azure code, 2 s TTFT): a 1 s wake keeps
-    the SLO at 0.993 for 0.7x the cost; a 3 s wake leaves a returning burst's requests
-    queued on the awake servers (0.979 with two sleepers), where the level trigger alone
-    keeps 0.994-0.9997."""
+def held_window(group: GroupSpec) -> tuple[float, str]:
+    """The held tier's window (`autoscaling.sleep_held_after_s`) and why: as the operator set
+    it; left unset, its default only where the group's servers wake within half its
+    first-token bound (`slo.ttft_ms`, else `slo.latency_ms`, else the TTFT or latency p95
+    target), else 0 (none held). Measured on the batching bench (Azure code, 2 s TTFT): a
+    1 s wake keeps the SLO at 0.993 for 0.7x the cost; a 3 s wake leaves a returning
+    burst's requests queued on the awake servers (0.979 with two sleepers)."""
     spec = group.autoscaling
     if spec is None or not spec.sleeping_standby:
-        return 0.0
+        return 0.0, "no sleeping standby"
     if "sleep_held_after_s" in spec.model_fields_set:
-        return spec.sleep_held_after_s
+        return spec.sleep_held_after_s, "autoscaling.sleep_held_after_s as set"
     sleep, slo, targets = group.sleep, group.slo, spec.targets
     wake = sleep.wake_s if sleep is not None else None
-    bound_ms = next(
-        (
-            ms
-            for ms in (
-                slo.ttft_ms if slo is not None else None,
-                slo.latency_ms if slo is not None else None,
-                targets.ttft_p95_ms,
-                targets.latency_p95_ms,
-            )
-            if ms is not None
-        ),
-        None,
+    if wake is None:
+        return 0.0, "the servers' wake time is unknown (command.sleep.wake_s, as measured)"
+    bounds = (
+        slo.ttft_ms if slo is not None else None,
+        slo.latency_ms if slo is not None else None,
+        targets.ttft_p95_ms,
+        targets.latency_p95_ms,
     )
-    if wake is None or bound_ms is None or wake > bound_ms / 2000.0:
-        return 0.0
-    return spec.sleep_held_after_s
+    bound_ms = next((ms for ms in bounds if ms is not None), None)
+    if bound_ms is None:
+        return 0.0, "no first-token bound to weigh the wake against (slo.ttft_ms, latency_ms)"
+    if wake > bound_ms / 2000.0:
+        return 0.0, f"a {wake:g} s wake is over half the {bound_ms:g} ms first-token bound"
+    return spec.sleep_held_after_s, f"a {wake:g} s wake is within half the {bound_ms:g} ms bound"
 
 
 def declared_server(group: GroupSpec) -> ServerModel | None:
