@@ -48,7 +48,7 @@ from sluice.control.servers import (
 from sluice.control.supervised import LaunchFailed, Supervised, Unhealthy
 from sluice.core import Clock, InstanceState, InstanceStatus, SluiceError
 from sluice.policy import Endpoint, ProbeRecord, record_probe
-from sluice.policy.devices import DeviceHold, assign_devices, in_the_way, units_on_each
+from sluice.policy.devices import DeviceHold, may_wake, place_beside_lent, units_on_each
 from sluice.runtime import ExternalRuntime, InstanceHandle, LaunchRequest, Runtime
 from sluice.spec import GroupSpec, PoolSpec
 from sluice.spec.servers import EndpointSpec, usable_key
@@ -418,11 +418,13 @@ class InstanceSupervisor:
         res = inst.spec.resources
         while True:
             holds = self._device_holds(pool.name, inst.id)
-            lent = {d for i in self.lent if (s := self._instances.get(i)) for d in s.devices}
-            # a lent sleeper's devices last: it wakes sooner where nobody was placed
-            order = sorted(pool.devices, key=lambda d: d in lent)
-            grant = assign_devices(
-                order, pool.units_per_device, holds, res.accelerators, res.fractional
+            grant = place_beside_lent(
+                pool.devices,
+                pool.units_per_device,
+                holds,
+                res.accelerators,
+                res.fractional,
+                self.lent,
             )
             if grant.ok:
                 inst.devices, inst.device_units = grant.devices, grant.units
@@ -438,13 +440,13 @@ class InstanceSupervisor:
             await asyncio.sleep(PLACE_POLL_S)
 
     def _device_holds(self, pool: str, but: str) -> list[DeviceHold]:
-        """What holds the devices of `pool`: every instance pinned there until its process
-        is gone, but `but` and the sleepers whose units are lent."""
+        """The devices of `pool` that instances other than `but` hold: every instance
+        pinned there until its process is gone (the lent sleepers' too: the caller leaves
+        them out)."""
         return [
             DeviceHold(i.id, i.devices, i.device_units)
             for i in self._instances.values()
-            if i.pool is not None and i.pool.name == pool and i.devices
-            if i.id != but and i.id not in self.lent
+            if i.pool is not None and i.pool.name == pool and i.devices and i.id != but
         ]
 
     def devices_free_for(self, instance_id: str) -> bool:
@@ -453,8 +455,9 @@ class InstanceSupervisor:
         inst = self._instances.get(instance_id)
         if inst is None or inst.pool is None or not inst.devices:
             return True
+        me = DeviceHold(inst.id, inst.devices, inst.device_units)
         holds = self._device_holds(inst.pool.name, instance_id)
-        return not in_the_way(inst.devices, inst.device_units, inst.pool.units_per_device, holds)
+        return may_wake(me, inst.pool.units_per_device, holds, self.lent)
 
     async def _wait_ready(
         self, inst: Supervised, deadline: float | None, warn: bool = True

@@ -20,7 +20,7 @@ says so and the caller waits for a device to free up instead of oversubscribing 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -29,6 +29,8 @@ __all__ = [
     "assign_devices",
     "held_units",
     "in_the_way",
+    "may_wake",
+    "place_beside_lent",
     "units_on_each",
 ]
 
@@ -117,3 +119,34 @@ def in_the_way(
     used = held_units(devices, holds)
     full = {d for d in devices if units_per_device - used[d] < units}
     return tuple(h.instance_id for h in holds if full.intersection(h.devices))
+
+
+def place_beside_lent(
+    devices: Sequence[str],
+    units_per_device: int,
+    holds: Sequence[DeviceHold],
+    units: int,
+    fractional: bool,
+    lent: Collection[str],
+) -> DeviceGrant:
+    """Devices for a new instance as the supervisor (and the simulator) place it:
+    `assign_devices` where the sleepers whose units are lent (`lent`, instance ids) hold
+    nothing, and with their devices taken last, so that a sleeper wakes sooner where
+    nobody was placed."""
+    if not lent:
+        return assign_devices(devices, units_per_device, holds, units, fractional)
+    theirs = {d for h in holds if h.instance_id in lent for d in h.devices}
+    order = sorted(devices, key=lambda d: d in theirs)
+    holding = [h for h in holds if h.instance_id not in lent]
+    return assign_devices(order, units_per_device, holding, units, fractional)
+
+
+def may_wake(
+    sleeper: DeviceHold, units_per_device: int, holds: Sequence[DeviceHold], lent: Collection[str]
+) -> bool:
+    """Whether a sleeper may wake where it lives: no other instance but the lent sleepers
+    holds its devices beyond their room (`in_the_way`)."""
+    others = [
+        h for h in holds if h.instance_id != sleeper.instance_id and h.instance_id not in lent
+    ]
+    return not in_the_way(sleeper.devices, sleeper.units, units_per_device, others)

@@ -97,6 +97,12 @@ tick (`World.fenced`: the one gateway has the fence at once), so quota lends its
 the count needs is woken once quota grants them back (`TickDecision.unwoken`: after the
 reclaim's grace and the borrower's drain).
 
+On a pool that pins `devices` each launch takes devices as the supervisor gives them
+(`place_beside_lent`: a lent sleeper's devices last) and starts once it has them, pending
+until then; a sleeper wakes only once no other instance holds its devices
+(`devices_free`), and the kernel's device-aware reclaim (`GroupClaim.reclaim_first`) reads
+the `devices` label as it does live.
+
 A rollout is simulated by its floor only (`FleetOptions.rollouts`: from the second it
 starts to the second it ends, its baseline keeps at least the count in force when it
 started, as `RolloutRunner.start` floors it; no canary, split or analysis). Not
@@ -123,6 +129,7 @@ import numpy.typing as npt
 from sluice.core.instances import InstanceState, InstanceStatus
 from sluice.policy.admission import COMPLETION_WEIGHT, PROMPT_WEIGHT, GroupAdmission, Offer
 from sluice.policy.autoscale import GroupLoad, ScalingPolicy, TokenLoad
+from sluice.policy.devices import DeviceHold, may_wake, place_beside_lent
 from sluice.policy.kernel import Memory, World, due, step
 from sluice.policy.plan import Drain, Launch
 from sluice.policy.quota import Allocation, Loan
@@ -517,6 +524,11 @@ def run_fleet(
     done: list[float] = [PENDING] * n
     awaiting: dict[int, ReclaimRecord] = {}  # instance -> the reclaim its stop releases
     engines: list[BatchingInstance | None] = []  # batching instances' servers
+    pinned = {p.name: p for p in spec.pools if p.devices}  # pools that pin devices
+    holding: dict[int, DeviceHold] = {}  # instance -> its devices, until it stops
+    seating: list[tuple[int, float]] = []  # launched, waiting for devices: (k, start-up s)
+    lent_now: frozenset[str] = frozenset()
+    """sleepers whose units the last tick lent (the controller's `_lent`): they hold no device"""
     ev_at: list[float] = []  # when each server's live heap entry is due (inf: none)
     for L in lanes:
         L.engines = engines
@@ -543,9 +555,54 @@ def run_fleet(
         delay = 0.0 if ready_now else L.work.model.startup_s
         if slow_prob > 0 and not ready_now and rng.random() < slow_prob:
             delay *= slow_factor
-        push(heap, (now + delay, _READY, k))
+        if L.g.resources.pool in pinned:  # it starts once it has its devices
+            status[k] = live[k] = dataclasses.replace(status[k], state=InstanceState.PENDING)
+            seating.append((k, delay))
+            seat(now)
+        else:
+            push(heap, (now + delay, _READY, k))
         if crash_rate > 0:
             push(heap, (now + rng.expovariate(crash_rate), _CRASH, k))
+
+    def seat(now: float) -> None:
+        """Launched instances of pools that pin devices take them as the supervisor gives
+        them (`InstanceSupervisor._place`: `place_beside_lent`), in launch order; one that
+        finds none waits, pending, until an instance leaves or a sleeper's units are lent.
+        Its start-up runs from then."""
+        waiting = []
+        for k, delay in seating:
+            if state[k] != STARTING:
+                continue  # stopped while it waited
+            res = lane_of[k].g.resources
+            pool = pinned[res.pool]
+            held = [h for j, h in holding.items() if j != k]
+            grant = place_beside_lent(
+                pool.devices or [],
+                pool.units_per_device,
+                held,
+                res.accelerators,
+                res.fractional,
+                lent_now,
+            )
+            if not grant.ok:
+                waiting.append((k, delay))
+                continue
+            holding[k] = DeviceHold(sids[k], grant.devices, grant.units)
+            labels = {"devices": ",".join(grant.devices)}
+            status[k] = live[k] = dataclasses.replace(
+                status[k], state=InstanceState.STARTING, labels=labels
+            )
+            push(heap, (now + delay, _READY, k))
+        seating[:] = waiting
+
+    def devices_free(k: int) -> bool:
+        """As `InstanceSupervisor.devices_free_for`: a sleeper wakes where it lives, once no
+        other instance holds its devices."""
+        me = holding.get(k)
+        if me is None:
+            return True
+        pool = pinned[lane_of[k].g.resources.pool]
+        return may_wake(me, pool.units_per_device, list(holding.values()), lent_now)
 
     def start(L: _Lane, r: int, now: float) -> None:
         buckets = L.buckets
@@ -638,6 +695,8 @@ def run_fleet(
         rec = awaiting.pop(k, None)
         if rec is not None:
             rec.released(now)
+        if holding.pop(k, None) is not None and seating:
+            seat(now)  # its devices are free
 
     def take_out(k: int, now: float) -> None:
         """A ready instance leaves (drain, removal or crash): out of rotation, or out of
@@ -726,7 +785,7 @@ def run_fleet(
                 push(heap, (now + L.sleep_s, _SLEPT, k))
         for e in split.to_wake:
             k = index[e.instance_id]
-            if naps.get(k) == _ASLEEP and e.instance_id not in unwoken:
+            if naps.get(k) == _ASLEEP and e.instance_id not in unwoken and devices_free(k):
                 wake(L, k, now)
         route(L)
 
@@ -958,7 +1017,7 @@ def run_fleet(
 
     def tick(now: float, arrived: int) -> bool:
         """One controller tick at `now`; True when the run is over."""
-        nonlocal memory, loans, tiers, last_tick, ticks, fence, unwoken
+        nonlocal memory, loans, tiers, last_tick, ticks, fence, unwoken, lent_now
         at = epoch + now
         dt = now - last_tick
         last_tick = now
@@ -997,6 +1056,7 @@ def run_fleet(
             compiled, observed, loads, floors=floors, asleep=asleep, fenced=fence & asleep
         )
         d, after = step(memory, world, at)
+        lent_now = world.fenced & d.fence  # as the controller's `_lending`
         fence, unwoken = d.fence, d.unwoken
         for L in fast:
             L.standby_at = after.standby_at.get(L.g.name)
@@ -1045,6 +1105,8 @@ def run_fleet(
                 L.stops.append({**stop_row, "reason": a.reason})
             if state[k] < STOPPED:
                 (drain if isinstance(a, Drain) else remove)(k, now)
+        if seating:  # a sleeper's units lent since: its devices may seat a launch
+            seat(now)
         for L in lanes:
             if L.sleepers:  # the controller re-places them every tick (`_publish_routing`)
                 rotate(L, now)

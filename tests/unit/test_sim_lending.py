@@ -8,7 +8,12 @@ start-up."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+import sluice.sim.fleet
+from sluice.core import InstanceState, InstanceStatus
+from sluice.policy.kernel import Memory, World
+from sluice.policy.tick import TickDecision
 from sluice.sim import InstanceModel, prepare
 from sluice.sim.fleet import TICK_S, FleetResult, run_fleet
 from sluice.spec import PlatformSpec, load_spec_text
@@ -63,8 +68,10 @@ def batch_rate(t: np.ndarray) -> np.ndarray:
     return np.full_like(t, 6.0)  # two instances: its guarantee holds one
 
 
-def lending_run(sleeping: int, lendable: int = 2) -> FleetResult:
+def lending_run(sleeping: int, lendable: int = 2, devices: bool = False) -> FleetResult:
     text = SPEC.replace("SLEEPING", f"sleeping_standby: {sleeping}")
+    if devices:
+        text = text.replace("count: 3,", "count: 3, devices: [0, 1, 2],")
     spec: PlatformSpec = load_spec_text(text.replace("lendable: 2", f"lendable: {lendable}")).spec
     traces = {"chat": arrivals(chat_rate, 320.0, 1), "batch": arrivals(batch_rate, 320.0, 2)}
     works = {}
@@ -102,3 +109,43 @@ def test_a_sleepers_units_are_lent_and_reclaimed_for_its_groups_burst() -> None:
     assert row(kept, "batch")["slo_attainment"] + 0.3 < batch["slo_attainment"]
     # asleep while lent: priced at host memory, not at the accelerator
     assert chat["sleeping_instance_seconds"] > 100
+
+
+def test_on_a_pool_that_pins_devices_a_lent_sleepers_gpu_holds_one_awake_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same run on GPUs the pool pins: batch's borrower is placed on the sleeper's GPU
+    (the only one left), and at no tick does a GPU hold two instances unless one is a
+    sleeper whose units are lent; the sleeper wakes once the borrower has left it, and the
+    outcome is the one on virtual units."""
+    seen: list[World] = []
+    real = sluice.sim.fleet.step
+
+    def spy(memory: Memory, world: World, at: float) -> tuple[TickDecision, Memory]:
+        seen.append(world)
+        return real(memory, world, at)
+
+    monkeypatch.setattr(sluice.sim.fleet, "step", spy)
+    pinned = lending_run(1, devices=True)
+    shared_with_sleeper = 0
+    for world in seen:
+        on: dict[str, list[InstanceStatus]] = {}
+        for i in world.observed:
+            if i.state is InstanceState.PENDING:
+                assert not i.devices  # waiting for one
+            elif i.state is not InstanceState.FAILED:
+                assert i.devices, i
+                for d in i.devices:
+                    on.setdefault(d, []).append(i)
+        for d, there in on.items():
+            awake = [i for i in there if i.id not in world.fenced]
+            assert len(awake) <= 1 and len(there) <= 2, (d, there)
+            shared_with_sleeper += len(there) == 2
+    assert shared_with_sleeper > 0  # batch ran on the lent sleeper's GPU
+    virtual = lending_run(1)
+    for name in ("chat", "batch"):
+        assert row(pinned, name)["slo_attainment"] == pytest.approx(
+            row(virtual, name)["slo_attainment"], abs=0.02
+        )
+    [reclaim] = [r for r in pinned.reclaims if r.lender == "chat"]
+    assert reclaim.borrower == "batch" and reclaim.released_at is not None
