@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.policy import DeviceHold, assign_devices
-from sluice.policy.devices import held_units
+from sluice.policy.devices import held_units, may_wake, place_beside_lent
 
 GPUS = ("0", "1", "2", "3")
 
@@ -104,3 +104,39 @@ def test_no_device_is_oversubscribed_and_exclusive_ones_are_never_shared(
             holders = [(h, frac) for h, frac in holds.values() if d in h.devices]
             if any(not frac for _, frac in holders):
                 assert len(holders) == 1
+
+
+def test_a_lent_sleepers_device_is_taken_last_and_it_wakes_once_that_one_is_gone() -> None:
+    holds = [DeviceHold("chat-0", ("0",), 1), DeviceHold("sleeper", ("1",), 1)]
+    lent = {"sleeper"}
+    # device 2 is free: taken first; then the sleeper's, not a wait
+    first = place_beside_lent(GPUS[:3], 1, holds, 1, False, lent)
+    assert first.devices == ("2",)
+    holds.append(DeviceHold("batch-0", first.devices, 1))
+    second = place_beside_lent(GPUS[:3], 1, holds, 1, False, lent)
+    assert second.devices == ("1",)
+    assert not place_beside_lent(GPUS[:3], 1, holds, 1, False, set()).ok  # not lent: it holds
+    holds.append(DeviceHold("batch-1", second.devices, 1))
+    me = holds[1]
+    assert not may_wake(me, 1, holds, lent)  # batch-1 sits on its device
+    assert may_wake(me, 1, [h for h in holds if h.instance_id != "batch-1"], lent)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.booleans()), max_size=6),
+    st.integers(1, 2),
+)
+def test_placement_beside_lent_sleepers_never_overfills_a_device_that_others_hold(
+    placed: list[tuple[int, bool]], units: int
+) -> None:
+    """Whatever is lent, a new instance lands only where the instances that hold their
+    devices (all but the lent sleepers) leave room."""
+    holds = [DeviceHold(f"i{n}", (GPUS[d],), 2) for n, (d, _) in enumerate(placed)]
+    lent = {f"i{n}" for n, (_, is_lent) in enumerate(placed) if is_lent}
+    grant = place_beside_lent(GPUS, 2, holds, units, True, lent)
+    holding = [h for h in holds if h.instance_id not in lent]
+    if grant.ok:
+        used = held_units(GPUS, holding)
+        assert all(used[d] + grant.units <= 2 for d in grant.devices)
+    else:
+        assert all(held_units(GPUS, holding)[d] + units > 2 for d in GPUS)
