@@ -213,7 +213,8 @@ class _MetricsServer:
     async def stop(self) -> None:
         self._server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError, SystemExit):
-            await asyncio.wait_for(self._task, 5)
+            async with asyncio.timeout(5):
+                await self._task
 
 
 def _metrics_server(gateway: Gateway, host: str, port: int) -> _MetricsServer:

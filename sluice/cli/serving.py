@@ -111,7 +111,8 @@ async def keep_serving(
                 outage = _note_outage(name, unavailable, outage)
                 wait = min(STORE_RETRY_S[1], STORE_RETRY_S[0] * 2 ** (outage.failures - 1))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await stopping.wait()
                 if stopping.is_set():
                     return
                 attempt += 1
@@ -132,7 +133,8 @@ async def keep_serving(
         restarts.append(now)
         log.warning("restarting %s in %g s", name, delay)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), delay)
+            async with asyncio.timeout(delay):
+                await stopping.wait()
         if stopping.is_set():
             return
         delay = min(RESTART_DELAY_S[1], delay * 2)

@@ -277,7 +277,8 @@ class DrillScheduler:
         )
         limit = d.duration_s + SLACK_S
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout=limit)
+            async with asyncio.timeout(limit):
+                out, err = await proc.communicate()
         except (TimeoutError, asyncio.CancelledError) as exc:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

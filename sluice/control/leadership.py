@@ -166,8 +166,7 @@ class Leadership:
         lease = self.lease
         away = False
         while True:
-            # a refused write ends the wait at once (asyncio.timeout, not wait_for: on 3.11
-            # wait_for can swallow a cancel that lands as the wake-up does)
+            # a refused write ends the wait at once
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.timing.retry_period_s):
                     await self._deposed.wait()
@@ -177,10 +176,8 @@ class Leadership:
                 return
             started = self._monotonic()
             try:
-                kept = await asyncio.wait_for(
-                    asyncio.to_thread(self._renew_or_retake, lease, self._wall()),
-                    timeout=self.timing.renew_deadline_s,
-                )
+                async with asyncio.timeout(self.timing.renew_deadline_s):
+                    kept = await asyncio.to_thread(self._renew_or_retake, lease, self._wall())
             except Exception as exc:  # the database does not answer: retry
                 if self._health is not None:
                     self._health.saw(exc, self._wall())

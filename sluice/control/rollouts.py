@@ -422,15 +422,13 @@ class RolloutRunner:
                 raise TimeoutError("no ready instance on both sides within 10 minutes")
             suite_path = Path(run.spec.compare.suite)
             data = await asyncio.to_thread(suite_path.read_bytes)
-            report = await asyncio.wait_for(
-                run_suite(
+            async with asyncio.timeout(run.spec.compare.timeout_s):
+                report = await run_suite(
                     parse_suite(data, str(suite_path), "compare.suite"),
                     Target(f"group:{run.spec.baseline}", base, run.spec.baseline),
                     Target(f"group:{run.spec.canary}", canary, run.spec.canary),
                     CompareOptions(),
-                ),
-                run.spec.compare.timeout_s,
-            )
+                )
         except Exception as exc:  # archived as the compare result; never stops the rollout
             log.warning("rollout %s: compare failed: %s", run.spec.name, exc)
             report = {"error": f"{type(exc).__name__}: {exc}"}

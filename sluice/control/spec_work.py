@@ -48,7 +48,8 @@ async def offload(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     pool = _the_pool()
     future = pool.submit(fn, *args, **kwargs)
     try:
-        return await asyncio.wait_for(asyncio.wrap_future(future), SPEC_WORK_S)
+        async with asyncio.timeout(SPEC_WORK_S):
+            return await asyncio.wrap_future(future)
     except TimeoutError:
         _discard(pool)
         why = f"checking this spec took longer than {SPEC_WORK_S:g} s: make it smaller"

@@ -671,7 +671,8 @@ class InstanceSupervisor:
                         break
                     self._retry_now.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._retry_now.wait(), retry)
+                        async with asyncio.timeout(retry):
+                            await self._retry_now.wait()
                     retry = min(WRITE_RETRY_MAX_S, retry * 2)
 
     def _spawn(self, inst: Supervised, coro: Any) -> None:

@@ -190,7 +190,8 @@ class Gateway:
             conn.shutdown()
         if self._conns:
             try:
-                await asyncio.wait_for(self._drained.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._drained.wait()
             except TimeoutError:
                 for conn in list(self._conns):
                     conn.terminate()

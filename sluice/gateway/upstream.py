@@ -435,12 +435,10 @@ class UpstreamPool:
             task.cancel()
 
     async def _open(self, host: UpstreamHost) -> UpstreamConnection:
-        _, conn = await asyncio.wait_for(
-            asyncio.get_running_loop().create_connection(
+        async with asyncio.timeout(self._connect_timeout):
+            _, conn = await asyncio.get_running_loop().create_connection(
                 lambda: UpstreamConnection(self, host), host.host, host.port
-            ),
-            self._connect_timeout,
-        )
+            )
         return conn
 
     def _opened(self, task: asyncio.Task[UpstreamConnection], done: ConnectCallback) -> None:

@@ -48,7 +48,8 @@ def rendered(cmd: CommandLaunch, host: str, port: int) -> tuple[list[str], dict[
 
 async def _answers(host: str, port: int) -> bool:
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), _CONNECT_TIMEOUT_S)
+        async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+            _, writer = await asyncio.open_connection(host, port)
     except (OSError, TimeoutError):
         return False
     writer.close()

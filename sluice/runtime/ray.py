@@ -183,9 +183,8 @@ class RayRuntime:
         ).remote(self._node_dir)
         try:
             try:
-                node_id, ip = await asyncio.wait_for(
-                    _awaited(actor.where.remote()), self._place_timeout_s
-                )
+                async with asyncio.timeout(self._place_timeout_s):
+                    node_id, ip = await _awaited(actor.where.remote())
             except TimeoutError:
                 wants = ", ".join(f"{k}={v:g}" for k, v in resources.items())
                 raise SluiceError(
@@ -230,9 +229,8 @@ class RayRuntime:
             return self.exit_code(handle)
         code: int | None
         try:
-            code = await asyncio.wait_for(
-                _awaited(actor.stop.remote(grace_s)), grace_s + CALL_TIMEOUT_S
-            )
+            async with asyncio.timeout(grace_s + CALL_TIMEOUT_S):
+                code = await _awaited(actor.stop.remote(grace_s))
         except (TimeoutError, self._ray.exceptions.RayError):
             code = self.exit_code(handle)
         finally:

@@ -360,7 +360,8 @@ async def _read_each_second(
                 )
             )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=max(0.0, at + 1.0 - time.time()))
+            async with asyncio.timeout(max(0.0, at + 1.0 - time.time())):
+                await stop.wait()
 
 
 def _samples(

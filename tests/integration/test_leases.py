@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -169,6 +170,52 @@ def test_a_database_outage_pauses_the_leader_without_deposing_it(
         assert leader.may_act() and not keeping.done()
         assert leader.lease is not None and leader.lease.epoch == 2  # retaken, unheld
         keeping.cancel()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("steps", range(6))
+def test_a_stop_that_lands_as_a_renewal_completes_ends_the_keeping(
+    database: Database, monkeypatch: pytest.MonkeyPatch, steps: int
+) -> None:
+    """`sluice up` cancels `keep` on its way out. A cancel that lands while the renewal's
+    answer is on its way back to `keep` must end `keep` (3.11's `asyncio.wait_for`, once
+    its inner task was done, returned the answer and swallowed the cancel: `keep` renewed
+    on, and the process never exited). The cancel comes `steps` turns of the loop after the
+    renewal's thread returned, so one of them lands in that window."""
+    store = database.open()
+    timing = LeaseTiming(lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=0.01)
+    leader = Leadership(store, timing, "a", wall=_Clock(), monotonic=_Clock())
+    real_renew = store.renew_lease
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def renew(*args: object, **kw: object) -> bool:
+        entered.set()
+        release.wait(5)
+        try:
+            return real_renew(*args, **kw)  # type: ignore[arg-type]
+        finally:
+            returned.set()
+
+    monkeypatch.setattr(store, "renew_lease", renew)
+
+    async def scenario() -> None:
+        await leader.acquire(lambda _: None)
+        keeping = asyncio.create_task(leader.keep())
+        while not entered.is_set():
+            await asyncio.sleep(0.005)
+        release.set()
+        assert returned.wait(5)
+        time.sleep(0.05)  # the loop held: the thread's answer is queued, not yet taken
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        keeping.cancel()
+        done, _ = await asyncio.wait([keeping], timeout=2)
+        assert done, "keep() went on renewing after it was cancelled"
+        assert keeping.cancelled()
 
     try:
         asyncio.run(scenario())
