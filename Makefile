@@ -9,10 +9,16 @@ ifndef SEED
 SEED := $(shell $(PY) -c 'import random; print(random.randrange(10**9))')
 endif
 
-.PHONY: install test lint typecheck imports unit integration e2e
+.PHONY: install native test lint typecheck imports unit integration e2e
 
 install:
 	$(PY) -m pip install -q -e '.[embedding,dev,ray]'
+
+# The decision kernel compiled with mypyc (setup.py), installed apart in build/native:
+# `python bench/decide.py --tree build/native` times it. Needs a C compiler.
+native:
+	rm -rf build/native
+	SLUICE_COMPILE=1 $(PY) -m pip install -q --no-deps --no-build-isolation --target build/native .
 
 lint:
 	$(PY) -m ruff check sluice tests bench

@@ -2,7 +2,7 @@
 for 1,000 groups and 10,000 instances over 10 pools.
 
     python bench/decide.py [--json] [--groups 1000] [--per-group 10] [--pools 10] [--ticks 100]
-                           [--digest]
+                           [--digest] [--tree build/native]
 
 Half the groups autoscale (the spec's default policy, due every tick at the default 1 s
 interval, with a short memory for scale-downs: 15 s) on the load a gateway reports:
@@ -21,6 +21,10 @@ Prints the median and the max over `--ticks` ticks, and the target: both <= 50 m
 and every next memory, serialized field by field (`canonical`), so an optimization shows
 that it changed no decision, floats to the last bit: the digests must stay the same.
 Serializing costs seconds, outside the timer.
+
+`--tree build/native` times the kernel compiled with mypyc (`make native`, setup.py: the
+modules `[tool.sluice] compiled` of pyproject.toml names); its digests must be the pure
+Python's (tests/integration/test_compiled_kernel.py).
 """
 
 from __future__ import annotations
@@ -42,14 +46,27 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
+
+def _tree() -> Path:
+    """`--tree DIR`: the `sluice` under DIR is timed (read here, before the imports below),
+    e.g. `make native`'s compiled build in build/native."""
+    if "--tree" in sys.argv[1:-1]:
+        return Path(sys.argv[sys.argv.index("--tree") + 1]).resolve()
+    return ROOT
+
+
+sys.path.insert(0, str(_tree()))
+
+import sluice.policy.kernel  # noqa: E402
 from sluice.core import InstanceState, InstanceStatus, collector  # noqa: E402
 from sluice.policy.autoscale import GroupLoad  # noqa: E402
 from sluice.policy.kernel import Memory, World, compile_spec, step  # noqa: E402
 from sluice.policy.plan import Action, Drain, Launch, Remove  # noqa: E402
 from sluice.spec import PlatformSpec, load_spec_text  # noqa: E402
 
+COMPILED = not sluice.policy.kernel.__file__.endswith(".py")  # type: ignore[union-attr]
+"""whether the kernel timed is `make native`'s (a mypyc extension module)"""
 T0 = 1_795_996_800.0
 TARGET_MS = 50.0
 
@@ -208,6 +225,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "target_ms": TARGET_MS,
         "meets_target": median_ms <= TARGET_MS and max_ms <= TARGET_MS,
         "actions_per_tick": round(actions / args.ticks, 1),
+        "compiled": COMPILED,
+        "tree": str(_tree()),
     }
     if args.digest:
         out["decisions_sha256"] = decisions.hexdigest()
@@ -229,6 +248,12 @@ def main() -> None:
     )
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
+        "--tree",
+        type=Path,
+        default=ROOT,
+        help="time the sluice under this directory (make native: build/native, compiled)",
+    )
+    ap.add_argument(
         "--digest",
         action="store_true",
         help="print sha256 digests of every tick's decision and memory (to check that a change "
@@ -245,6 +270,7 @@ def main() -> None:
         f"over {result['ticks']} ticks (target <= {TARGET_MS:g} ms: "
         f"{'met' if result['meets_target'] else 'NOT met'}); "
         f"{result['actions_per_tick']} actions per tick"
+        f"{' (compiled kernel)' if COMPILED else ''}"
     )
     if args.digest:
         print(f"decisions sha256 {result['decisions_sha256']}")

@@ -45,7 +45,10 @@ def fast_init(cls: type[T]) -> type[T]:
     args: list[str] = []
     lines: list[str] = []
     for f in fields:
-        names[f"_set_{f.name}"] = cls.__dict__[f.name].__set__  # the slot's descriptor
+        # the slot's descriptor, in the class that declares the field (a subclass's own
+        # __slots__ hold only its new fields)
+        owner = next(c for c in cls.__mro__ if f.name in c.__dict__)
+        names[f"_set_{f.name}"] = owner.__dict__[f.name].__set__
         value = f.name
         if f.default is not dataclasses.MISSING:
             names[f"_default_{f.name}"] = f.default

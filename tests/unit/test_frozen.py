@@ -29,6 +29,25 @@ class _Plain:
     c: dict[str, int] = field(default_factory=dict)
 
 
+@fast_init
+@dataclass(frozen=True, slots=True)
+class _Sub(_Value):
+    """A subclass: its own slots hold only `d`; `a`, `b` and `c` are set through the
+    parent's."""
+
+    d: float = 0.5
+
+
+def test_a_subclass_sets_its_parents_fields_too() -> None:
+    v = _Sub(1, "y", {"k": 1}, 2.5)
+    assert (v.a, v.b, v.c, v.d) == (1, "y", {"k": 1}, 2.5)
+    assert _Sub(1) == _Sub(1, "x", {}, 0.5) and _Sub(1) != _Value(1)
+    assert pickle.loads(pickle.dumps(v)) == v
+    assert dataclasses.replace(v, d=3.0).d == 3.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.a = 2  # type: ignore[misc]
+
+
 def test_builds_the_same_value_as_the_dataclass_init() -> None:
     for args, kwargs in [((1,), {}), ((1, "y"), {}), ((1,), {"c": {"k": 2}}), ((), {"a": 3})]:
         fast, plain = _Value(*args, **kwargs), _Plain(*args, **kwargs)

@@ -194,6 +194,7 @@ LengthSnapshot = tuple[float, int, int, int]
 """(t, requests, prompt tokens, output tokens): a `TokenLoad`'s cumulative token counts"""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TokenMemory(SluiceMemory):
     """A `SluiceMemory` with snapshots of the token counts, for a group sized on its
@@ -510,7 +511,7 @@ class SluicePolicy:
         rate, span, burst_rate = traffic.rates()
         measured = traffic.service()
         service, service_cv2 = measured if measured is not None else (None, 1.0)
-        slots: float = load.slots_per_instance
+        slots = float(load.slots_per_instance)
         sizing = None
         cap = self._capacity(lengths) if service is not None else None
         if cap is not None and service is not None:

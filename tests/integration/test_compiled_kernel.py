@@ -1,0 +1,93 @@
+"""The decision kernel compiled with mypyc (setup.py's `SLUICE_COMPILE=1` build, `make
+native`) decides exactly as the pure Python does: every module pyproject.toml names is an
+extension module in the build; bench/decide.py's digests of every tick's decision and
+memory are the same from both (the slot model: autoscalers, quota, loans, plan); and
+`sluice simulate --json` on the batching reference (token loads, the batching capacity,
+`TokenMemory`) prints the same document from both."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SLICE = ROOT / "examples" / "traces" / "azure_code_first600.norm.csv"
+
+
+def _python(path: Path, *args: str, timeout: float = 600) -> str:
+    """`python -P ARGS` with `sluice` imported from `path` only (-P: not from the cwd)."""
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    r = subprocess.run(
+        [sys.executable, "-P", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The compiled build, installed apart (its sources copied first: the build writes its
+    C files and objects beside them, never into this checkout)."""
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        if os.environ.get("CI"):
+            pytest.fail("no C compiler: .ci/run installs gcc")
+        pytest.skip("no C compiler for the mypyc build")
+    base = tmp_path_factory.mktemp("compiled")
+    src, target = base / "src", base / "native"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "sluice", src / "sluice", ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    r = subprocess.run(
+        [*pip, "--target", str(target), str(src)],
+        env={**os.environ, "SLUICE_COMPILE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return target
+
+
+def test_every_named_module_is_compiled(native: Path) -> None:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        named = tomllib.load(f)["tool"]["sluice"]["compiled"]
+    modules = [p.removesuffix(".py").replace("/", ".") for p in named]
+    probe = "import importlib, json, sys; "
+    probe += "print(json.dumps([importlib.import_module(m).__file__ for m in sys.argv[1:]]))"
+    files = json.loads(_python(native, "-c", probe, *modules))
+    for module, file in zip(modules, files, strict=True):
+        assert file.startswith(str(native)) and file.endswith(".so"), (module, file)
+
+
+def test_the_compiled_kernel_decides_as_the_pure_python(native: Path) -> None:
+    args = ("bench/decide.py", "--json", "--digest", "--groups", "120", "--pools", "4")
+    run = (*args, "--per-group", "6", "--ticks", "10", "--warmup", "80")
+    pure = json.loads(_python(ROOT, *run))
+    compiled = json.loads(_python(native, *run, "--tree", str(native)))
+    assert (pure["compiled"], compiled["compiled"]) == (False, True)
+    assert pure["actions_per_tick"] > 0  # groups scaled: launches and drains were planned
+    for key in ("decisions_sha256", "memories_sha256", "instances_at_end"):
+        assert compiled[key] == pure[key], key
+
+
+def test_the_compiled_simulator_prints_the_same_batching_run(native: Path) -> None:
+    spec = ROOT / "examples" / "reference-sim-batching.yaml"
+    run = ("-m", "sluice", "simulate", "--spec", str(spec), "--trace", str(SLICE), "--json")
+    pure = json.loads(_python(ROOT, *run))
+    compiled = json.loads(_python(native, *run))
+    assert pure["scale_events"] > 0 and pure["instance_model"]["instances"]["kind"] == "batching"
+    assert compiled == pure
