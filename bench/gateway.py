@@ -1,6 +1,7 @@
 """Gateway benchmark: Sluice vs nginx as a reverse proxy, side by side, on one core each.
 
     python bench/gateway.py [--json] [--rounds 3] [--duration 5] [--connections 64]
+                            [--tree build/native]
                             [--workers N]
 
 Starts on 127.0.0.1, pinned with `taskset`:
@@ -690,9 +691,20 @@ def bench(args: argparse.Namespace, procs: Procs, tmp: Path) -> dict[str, Any]:
         latency_loadgen="bench/_openloop.py",
         nginx_version=nginx_version(nginx),
         python_version=platform.python_version(),
+        gateway_compiled=gateway_compiled(),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
     return result
+
+
+def gateway_compiled() -> bool:
+    """Whether the gateway processes run `make native`'s build (`--tree`): their request
+    path compiled with mypyc."""
+    probe = "import sluice.gateway.exchange as m; print(m.__file__)"
+    out = subprocess.run(  # -P: not the cwd, as the servers (scripts in bench/) import
+        [sys.executable, "-P", "-c", probe], capture_output=True, text=True, check=True
+    )
+    return not out.stdout.strip().endswith(".py")
 
 
 def proxies(
@@ -963,6 +975,7 @@ def print_table(r: dict[str, Any]) -> None:
         ("  routes.lookup", f"{r['route_lookup_us']:.3f} us"),
         ("  snapshot.resolve", f"{r['route_resolve_us']:.3f} us"),
         ("nginx / python", f"{r['nginx_version']} / {r['python_version']}"),
+        ("gateway build", "compiled (make native)" if r["gateway_compiled"] else "pure Python"),
         ("other processes' CPU, worst run", f"{r['foreign_cpu_pct_max']}% of a core"),
     ]
     width = max(len(k) for k, _ in rows) + 2
@@ -997,7 +1010,15 @@ def main() -> None:
     ap.add_argument(
         "--workers", type=int, default=1, help="also measure 1..N gateway processes on one port"
     )
+    ap.add_argument(
+        "--tree",
+        type=Path,
+        default=None,
+        help="run the gateway from the sluice under this directory (make native: build/native)",
+    )
     args = ap.parse_args()
+    if args.tree is not None:  # the gateway processes import sluice from there
+        os.environ["PYTHONPATH"] = str(args.tree.resolve())
 
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")

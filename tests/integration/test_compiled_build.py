@@ -1,9 +1,10 @@
-"""The decision kernel compiled with mypyc (setup.py's `SLUICE_COMPILE=1` build, `make
-native`) decides exactly as the pure Python does: every module pyproject.toml names is an
-extension module in the build; bench/decide.py's digests of every tick's decision and
-memory are the same from both (the slot model: autoscalers, quota, loans, plan); and
-`sluice simulate --json` on the batching reference (token loads, the batching capacity,
-`TokenMemory`) prints the same document from both."""
+"""The build compiled with mypyc (setup.py's `SLUICE_COMPILE=1` build, `make native`: the
+decision kernel and the gateway's request path) behaves as the pure Python does: every
+module pyproject.toml names is an extension module in the build; bench/decide.py's digests
+of every tick's decision and memory are the same from both (the slot model: autoscalers,
+quota, loans, plan); `sluice simulate --json` on the batching reference (token loads, the
+batching capacity, `TokenMemory`) prints the same document from both; and the gateway's
+own tests pass on the compiled gateway."""
 
 from __future__ import annotations
 
@@ -91,3 +92,22 @@ def test_the_compiled_simulator_prints_the_same_batching_run(native: Path) -> No
     compiled = json.loads(_python(native, *run))
     assert pure["scale_events"] > 0 and pure["instance_model"]["instances"]["kind"] == "batching"
     assert compiled == pure
+
+
+def test_the_gateway_tests_pass_on_the_compiled_gateway(native: Path) -> None:
+    """The gateway's integration tests, run by pytest in a process whose `sluice` is the
+    build's: its compiled modules are imported first (so every test gets them), and
+    `--import-mode=append` keeps the checkout behind them on the path."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        named = tomllib.load(f)["tool"]["sluice"]["compiled"]
+    gateway = [p.removesuffix(".py").replace("/", ".") for p in named if "/gateway/" in p]
+    run = (
+        "import importlib, sys, pytest\n"
+        "for name in sys.argv[1:]:\n"
+        "    assert importlib.import_module(name).__file__.endswith('.so'), name\n"
+        "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-p', 'no:randomly',\n"
+        "    '-p', 'no:benchmark', '--import-mode=append',\n"
+        "    'tests/integration/test_gateway.py', 'tests/integration/test_gateway_limits.py']))\n"
+    )
+    out = _python(native, "-c", run, *gateway, timeout=900)
+    assert " passed" in out and "failed" not in out, out[-3000:]
