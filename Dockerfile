@@ -9,14 +9,25 @@
 # Python as pyproject.toml asks (requires-python), pinned to a patch release.
 ARG PYTHON_VERSION=3.11.14
 
+# The wheel is the compiled build (setup.py; pyproject.toml's [tool.sluice] compiled: the
+# decision kernel and the gateway's request path, compiled with mypyc, the same decisions as
+# the pure Python, bench/README.md): gcc and mypy (which brings mypyc) in this stage only.
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+ARG MYPY_VERSION=2.4.1
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY sluice ./sluice
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+RUN python -m pip install --no-cache-dir "mypy==${MYPY_VERSION}" "setuptools>=69" \
+    && SLUICE_COMPILE=1 python -m pip wheel --no-cache-dir --no-deps --no-build-isolation \
+        --wheel-dir /wheels .
 
 FROM python:${PYTHON_VERSION}-slim-bookworm
-# SLUICE_VERSION: pyproject.toml's version (the wheel's name has it: another fails the build).
+# SLUICE_VERSION: pyproject.toml's version (the wheel's name has it: another fails the build;
+# the rest of the name is the Python and platform it was compiled for).
 # RAY_VERSION: deploy/kuberay.yaml's rayVersion; every node and every driver runs the same.
 ARG SLUICE_VERSION=0.1.0
 ARG RAY_VERSION=2.60.0
@@ -37,8 +48,9 @@ RUN useradd --uid 10001 --user-group --create-home --home-dir /home/sluice sluic
 # the workers need for KubeRay's probes.
 COPY --from=build /wheels /wheels
 # hadolint ignore=DL3013,SC2086
-RUN pip install --no-cache-dir \
-        "/wheels/sluice_serve-${SLUICE_VERSION}-py3-none-any.whl[ray]" \
+RUN wheel="$(echo /wheels/sluice_serve-${SLUICE_VERSION}-*.whl)" \
+    && pip install --no-cache-dir \
+        "${wheel}[ray]" \
         "ray[default,client]==${RAY_VERSION}" \
         ${EXTRA_PACKAGES} \
     && rm -rf /wheels

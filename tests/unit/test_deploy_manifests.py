@@ -18,6 +18,7 @@ it is a failure (`.ci/run` installs the dev extra).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -170,15 +171,33 @@ def dockerfile() -> tuple[dict[str, str], list[str], list[str]]:
 
 
 def expand(text: str, args: dict[str, str]) -> str:
-    return re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], text)
+    """`text` with the Dockerfile's ARGs filled in (a shell variable of the RUN stays)."""
+    return re.sub(r"\$\{(\w+)\}", lambda m: args.get(m[1], m[0]), text)
+
+
+def final_install() -> str:
+    """The final stage's RUN that pip-installs the package from the build stage's wheel."""
+    _, _, runs = dockerfile()
+    [run] = [r for r in runs if "pip install" in r and "/wheels/" in r]
+    return run
 
 
 def installed_by_pip() -> list[str]:
     """The requirements of the RUN that pip-installs the package, as pip gets them."""
-    args, _, runs = dockerfile()
-    [run] = [r for r in runs if "pip install" in r]
-    words = run.split("pip install", 1)[1].split("&&")[0].split()
+    args, _, _ = dockerfile()
+    words = final_install().split("pip install", 1)[1].split("&&")[0].split()
     return [expand(w.strip('"'), args) for w in words if not w.startswith("-")]
+
+
+def image_wheel() -> tuple[str, list[str]]:
+    """(the file name pattern of the wheel the final stage installs, its extras): the RUN
+    names the wheel `wheel="$(echo /wheels/NAME-VERSION-*.whl)"` (the rest of a compiled
+    wheel's name is its Python and platform) and installs `"${wheel}[EXTRAS]"`."""
+    args, _, _ = dockerfile()
+    found = re.search(r'wheel="\$\(echo (/wheels/\S+\.whl)\)"', final_install())
+    assert found, final_install()
+    [req] = [r for r in installed_by_pip() if r.startswith("${wheel}[")]
+    return expand(found[1], args), req.removeprefix("${wheel}[").removesuffix("]").split(",")
 
 
 def test_the_dockerfile_lints_clean() -> None:
@@ -206,13 +225,15 @@ def test_the_image_installs_the_package_by_its_real_name_on_the_supported_python
     ] * 2
     # the wheel the build stage made, by the distribution's name and version, its extras
     requirements = installed_by_pip()
-    [wheel] = [r for r in requirements if ".whl" in r]
-    match = re.fullmatch(r"/wheels/([A-Za-z0-9_]+)-([^-]+)-py3-none-any\.whl\[([\w,]+)\]", wheel)
-    assert match, wheel
+    pattern, extras = image_wheel()
+    match = re.fullmatch(r"/wheels/([A-Za-z0-9_]+)-([^-*]+)-\*\.whl", pattern)
+    assert match, pattern
     assert canonicalize_name(match[1]) == canonicalize_name(project["name"]) == "sluice-serve"
     assert match[2] == project["version"]
-    extras = match[3].split(",")
     assert extras == ["ray"] and set(extras) <= set(project["optional-dependencies"])
+    # the build stage's mypy (mypyc compiles the wheel) is one the dev extra admits
+    [mypy] = [Requirement(r) for r in project["optional-dependencies"]["dev"] if "mypy" in r]
+    assert mypy.name == "mypy" and mypy.specifier.contains(args["MYPY_VERSION"])
     # Ray: the cluster's version, which the `ray` extra admits, with the dashboard
     [ray] = [Requirement(r) for r in requirements if r.startswith("ray[")]
     [ray_extra] = [Requirement(r) for r in project["optional-dependencies"]["ray"]]
@@ -234,16 +255,21 @@ def test_the_image_installs_the_package_by_its_real_name_on_the_supported_python
 
 
 PIP_WHEEL = (sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q")
-"""The build stage's `pip wheel` (--no-build-isolation: the setuptools installed here)."""
+"""The build stage's `pip wheel` (--no-build-isolation: the setuptools and mypy installed
+here)."""
 
 
 def test_the_build_step_makes_the_wheel_the_image_installs(tmp_path: Path) -> None:
-    """The build stage's `pip wheel .` on what it copies (pyproject.toml, README.md,
-    sluice/) makes the very file the final stage installs, with its `ray` extra and the
+    """The build stage's `SLUICE_COMPILE=1 pip wheel .` on what it copies (pyproject.toml,
+    setup.py, README.md, sluice/) makes the file the final stage installs: compiled (an
+    extension module for every module pyproject.toml names), with its `ray` extra and the
     files the package needs at run time (migrations, console templates)."""
+    if shutil.which("cc") is None:
+        tool_missing("no C compiler for the compiled wheel (.ci/run installs gcc)")
+    assert "SLUICE_COMPILE=1" in " ".join(dockerfile()[2])
     context = tmp_path / "context"
     context.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, context / name)
     shutil.copytree(
         ROOT / "sluice", context / "sluice", ignore=shutil.ignore_patterns("__pycache__")
@@ -253,12 +279,12 @@ def test_the_build_step_makes_the_wheel_the_image_installs(tmp_path: Path) -> No
         [*PIP_WHEEL, "--wheel-dir", str(wheels), str(context)],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=1200,
+        env={**os.environ, "SLUICE_COMPILE": "1"},
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    [wheel] = [r for r in installed_by_pip() if ".whl" in r]
-    path = wheels / Path(wheel.split("[")[0]).name
-    assert path.is_file(), sorted(p.name for p in wheels.iterdir())
+    pattern, _ = image_wheel()
+    [path] = [p for p in wheels.iterdir() if fnmatch.fnmatch(p.name, Path(pattern).name)]
     with zipfile.ZipFile(path) as whl:
         names = whl.namelist()
         [metadata] = [n for n in names if n.endswith(".dist-info/METADATA")]
@@ -266,6 +292,9 @@ def test_the_build_step_makes_the_wheel_the_image_installs(tmp_path: Path) -> No
     assert "Name: sluice-serve" in meta and "Provides-Extra: ray" in meta
     assert any(n.startswith("sluice/store/migrations/versions/") for n in names)
     assert any(n.startswith("sluice/control/console/templates/") for n in names)
+    for module in PYPROJECT["tool"]["sluice"]["compiled"]:
+        stem = module.removesuffix(".py")
+        assert any(n.startswith(stem + ".") and n.endswith(".so") for n in names), module
 
 
 # -- the manifests and the code ---------------------------------------------------------
