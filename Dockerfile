@@ -11,7 +11,10 @@ ARG PYTHON_VERSION=3.11.14
 
 # The wheel is the compiled build (setup.py; pyproject.toml's [tool.sluice] compiled: the
 # decision kernel and the gateway's request path, compiled with mypyc, the same decisions as
-# the pure Python, bench/README.md): gcc and mypy (which brings mypyc) in this stage only.
+# the pure Python, bench/README.md): gcc, mypy (which brings mypyc), the package's
+# dependencies and its `compile` extra (type stubs) in this stage only: mypyc type-checks
+# the modules strictly, as `make typecheck` does (without pydantic's types a model class is
+# Any, and the build fails).
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
 ARG MYPY_VERSION=2.4.1
 # hadolint ignore=DL3008
@@ -21,7 +24,8 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY sluice ./sluice
-RUN python -m pip install --no-cache-dir "mypy==${MYPY_VERSION}" "setuptools>=69" \
+# hadolint ignore=DL3013
+RUN python -m pip install --no-cache-dir "mypy==${MYPY_VERSION}" "setuptools>=69" ".[compile]" \
     && SLUICE_COMPILE=1 python -m pip wheel --no-cache-dir --no-deps --no-build-isolation \
         --wheel-dir /wheels .
 

@@ -231,9 +231,16 @@ def test_the_image_installs_the_package_by_its_real_name_on_the_supported_python
     assert canonicalize_name(match[1]) == canonicalize_name(project["name"]) == "sluice-serve"
     assert match[2] == project["version"]
     assert extras == ["ray"] and set(extras) <= set(project["optional-dependencies"])
-    # the build stage's mypy (mypyc compiles the wheel) is one the dev extra admits
-    [mypy] = [Requirement(r) for r in project["optional-dependencies"]["dev"] if "mypy" in r]
-    assert mypy.name == "mypy" and mypy.specifier.contains(args["MYPY_VERSION"])
+    # the build stage's mypy (mypyc compiles the wheel) is one the compile and dev extras
+    # admit, and it installs the compile extra (the stubs mypyc's strict check needs)
+    for extra in ("compile", "dev"):
+        deps = project["optional-dependencies"][extra]
+        [mypy] = [Requirement(r) for r in deps if r.startswith("mypy")]
+        assert mypy.name == "mypy" and mypy.specifier.contains(args["MYPY_VERSION"]), extra
+    assert set(project["optional-dependencies"]["compile"]) <= set(
+        project["optional-dependencies"]["dev"]
+    )
+    assert any('".[compile]"' in run and "SLUICE_COMPILE=1" in run for run in dockerfile()[2])
     # Ray: the cluster's version, which the `ray` extra admits, with the dashboard
     [ray] = [Requirement(r) for r in requirements if r.startswith("ray[")]
     [ray_extra] = [Requirement(r) for r in project["optional-dependencies"]["ray"]]
