@@ -1,11 +1,14 @@
-"""The compiled build of the decision kernel (pyproject.toml holds everything else).
+"""The compiled build: the decision kernel and the gateway's request path (pyproject.toml
+holds everything else).
 
-`SLUICE_COMPILE=1 pip install --no-build-isolation .` (mypy, which brings mypyc, and a C
-compiler installed) compiles the modules `[tool.sluice] compiled` names with mypyc: the
-autoscaler, the tick, quota and the kernel, ~1.5x faster a tick with the same decisions
-(bench/decide.py, `make native`). Without the variable the package is pure Python, as an
-editable install for development always is (a compiled module beside its source would
-shadow every edit of it).
+`SLUICE_COMPILE=1 pip install --no-build-isolation .` compiles the modules
+`[tool.sluice] compiled` names with mypyc: the autoscaler, the tick, quota and the kernel
+(~0.7x the time of a tick), and the gateway's request path (~0.8x the CPU of a request),
+deciding exactly as the pure Python does (bench/decide.py, bench/gateway.py, `make
+native`). It needs a C compiler, and the package's dependencies and its `compile` extra
+installed first: mypyc type-checks strictly. Without the variable the package is pure
+Python, as an editable install for development always is (a compiled module beside its
+source would shadow every edit of it).
 """
 
 from __future__ import annotations
