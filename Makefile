@@ -14,8 +14,9 @@ endif
 install:
 	$(PY) -m pip install -q -e '.[embedding,dev,ray]'
 
-# The decision kernel compiled with mypyc (setup.py), installed apart in build/native:
-# `python bench/decide.py --tree build/native` times it. Needs a C compiler.
+# The decision kernel and the gateway's request path compiled with mypyc (setup.py),
+# installed apart in build/native: `python bench/decide.py --tree build/native` and
+# `python bench/gateway.py --tree build/native` time it. Needs a C compiler.
 native:
 	rm -rf build/native
 	SLUICE_COMPILE=1 $(PY) -m pip install -q --no-deps --no-build-isolation --target build/native .

@@ -24,7 +24,7 @@ Serializing costs seconds, outside the timer.
 
 `--tree build/native` times the kernel compiled with mypyc (`make native`, setup.py: the
 modules `[tool.sluice] compiled` of pyproject.toml names); its digests must be the pure
-Python's (tests/integration/test_compiled_kernel.py).
+Python's (tests/integration/test_compiled_build.py).
 """
 
 from __future__ import annotations
