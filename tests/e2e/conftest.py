@@ -47,6 +47,9 @@ class Sluice:
     """`controller`: no gateway in the process (`endpoint` stays empty)"""
     extra_args: list[str] = field(default_factory=list)
     """More options for the command (say `--health-port N`)"""
+    _clients: list[openai.OpenAI] = field(default_factory=list)
+    """Every client handed out, closed when the platform stops: one left to the garbage
+    collector warns of its unclosed keep-alive socket in whichever test collects it"""
 
     def env(self) -> dict[str, str]:
         """The CLI's environment: it finds the admin token `sluice up` wrote in the home."""
@@ -134,6 +137,9 @@ class Sluice:
         self._close()
 
     def _close(self) -> None:
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
         if self.proc is not None and self.proc.stdout is not None:
             if self._pump is not None:
                 self._pump.join(10)
@@ -195,7 +201,11 @@ class Sluice:
 
     def client(self, key: str = "sk-e2e-f78ed04e82bcf081") -> openai.OpenAI:
         # max_retries=0: a lost request must show up as an error, not be retried away
-        return openai.OpenAI(base_url=self.endpoint + "/v1", api_key=key, max_retries=0, timeout=30)
+        client = openai.OpenAI(
+            base_url=self.endpoint + "/v1", api_key=key, max_retries=0, timeout=30
+        )
+        self._clients.append(client)
+        return client
 
 
 class Stream:

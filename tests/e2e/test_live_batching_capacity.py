@@ -116,8 +116,13 @@ class Load:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Stop sending, wait for what was sent, and close every connection: a client left
+        to the garbage collector warns of its keep-alive sockets in whichever later test
+        collects it (the serial tier runs every module in one process)."""
         self.stop.set()
         self.thread.join()
+        self.pool.shutdown()
+        self.client.close()
         self.pool.shutdown()
         self.client.close()
 
