@@ -1,22 +1,24 @@
-"""The build compiled with mypyc (setup.py's `SLUICE_COMPILE=1` build, `make native`: the
-decision kernel and the gateway's request path) behaves as the pure Python does: every
-module pyproject.toml names is an extension module in the build; bench/decide.py's digests
-of every tick's decision and memory are the same from both (the slot model: autoscalers,
-quota, loans, plan); `sluice simulate --json` on the batching reference (token loads, the
-batching capacity, `TokenMemory`) prints the same document from both; and the gateway's
-own tests pass on the compiled gateway."""
+"""The build compiled with mypyc (setup.py's `SLUICE_COMPILE=1` build, as the image's
+wheel and `make native` make it: the decision kernel and the gateway's request path)
+behaves as the pure Python does: every module pyproject.toml names is an extension module
+in the build; bench/decide.py's digests of every tick's decision and memory are the same
+from both (the slot model: autoscalers, quota, loans, plan); `sluice simulate --json` on
+the batching reference (token loads, the batching capacity, `TokenMemory`) prints the same
+document from both; and the gateway's own tests pass on the compiled gateway."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.compiled_wheel import compiled_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 SLICE = ROOT / "examples" / "traces" / "azure_code_first600.norm.csv"
@@ -39,27 +41,11 @@ def _python(path: Path, *args: str, timeout: float = 600) -> str:
 
 @pytest.fixture(scope="module")
 def native(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The compiled build, installed apart (its sources copied first: the build writes its
-    C files and objects beside them, never into this checkout)."""
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        if os.environ.get("CI"):
-            pytest.fail("no C compiler: .ci/run installs gcc")
-        pytest.skip("no C compiler for the mypyc build")
-    base = tmp_path_factory.mktemp("compiled")
-    src, target = base / "src", base / "native"
-    src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "sluice", src / "sluice", ignore=shutil.ignore_patterns("__pycache__"))
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
-    r = subprocess.run(
-        [*pip, "--target", str(target), str(src)],
-        env={**os.environ, "SLUICE_COMPILE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    """The image's compiled wheel (tests/compiled_wheel.py), unpacked apart: a tree whose
+    `sluice` is the very build the image installs."""
+    target = tmp_path_factory.mktemp("native")
+    with zipfile.ZipFile(compiled_wheel(tmp_path_factory)) as whl:
+        whl.extractall(target)
     return target
 
 
