@@ -16,9 +16,11 @@ install:
 
 # The decision kernel and the gateway's request path compiled with mypyc (setup.py),
 # installed apart in build/native: `python bench/decide.py --tree build/native` and
-# `python bench/gateway.py --tree build/native` time it. Needs a C compiler.
+# `python bench/gateway.py --tree build/native` time it. Needs a C compiler. The build's
+# own leftovers go first: setuptools would reuse an extension module left in build/lib.*
+# by an earlier build, even of a module no longer in the list.
 native:
-	rm -rf build/native
+	rm -rf build/native build/lib.* build/temp.* build/bdist.*
 	SLUICE_COMPILE=1 $(PY) -m pip install -q --no-deps --no-build-isolation --target build/native .
 
 lint:

@@ -3,6 +3,7 @@
     python bench/_gateway_inproc.py                      # this checkout
     python bench/_gateway_inproc.py --tree /tmp/gw-old   # another checkout's `sluice`
     python bench/_gateway_inproc.py --profile            # cProfile: calls per request, top
+    python bench/_gateway_inproc.py --fake-clock         # deterministic, for callgrind
 
 Drives a real `ClientProtocol` (httptools request parser, `Exchange`, tenant and route choice,
 admission, instance pick, the request to the instance) and a real `UpstreamConnection`
@@ -21,6 +22,7 @@ measures under wrk (no system calls here), for A/B of changes to the request pat
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -163,6 +165,24 @@ async def setup() -> tuple[Callable[[int], float], Callable[[], None]]:
     return run, close
 
 
+def fake_clocks(step: float = 0.5e-6) -> None:
+    """Make the clocks the request path reads deterministic: each read of
+    `time.perf_counter`, `time.monotonic` or `time.time` advances all of them by `step`
+    seconds. For counting instructions (`valgrind --tool=callgrind`, with PYTHONHASHSEED
+    set): the memos keyed by time (the access log's millisecond) then hit alike in every
+    run, however slowly the run goes. Call it before `setup()` imports the gateway."""
+    reads = itertools.count(1)
+
+    def now() -> float:
+        return 1_000.0 + next(reads) * step
+
+    def wall() -> float:
+        return 1_800_000_000.0 + next(reads) * step
+
+    time.perf_counter = time.monotonic = now
+    time.time = wall
+
+
 async def _bench(args: argparse.Namespace) -> None:
     run, close = await setup()
     if args.profile:
@@ -197,7 +217,14 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="cProfile one run instead")
     p.add_argument("--top", type=int, default=25, help="functions shown with --profile")
     p.add_argument("--json", action="store_true", help="also one JSON line")
+    p.add_argument(
+        "--fake-clock",
+        action="store_true",
+        help="deterministic clocks, for instruction counts (see fake_clocks)",
+    )
     args = p.parse_args()
+    if args.fake_clock:
+        fake_clocks()
     sys.path.insert(0, str(args.tree))
     sys.path.insert(1, str(ROOT / "bench"))
     import uvloop

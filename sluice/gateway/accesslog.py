@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from json.encoder import encode_basestring_ascii as _quote
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Final, TextIO
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -39,16 +39,16 @@ __all__ = ["FLUSH_INTERVAL_S", "REPEAT_LOG_S", "AccessLog"]
 
 log = logging.getLogger(__name__)
 
-FLUSH_INTERVAL_S = 0.1
-REPEAT_LOG_S = 60.0
+FLUSH_INTERVAL_S: Final = 0.1
+REPEAT_LOG_S: Final = 60.0
 """While writes keep failing, one log line a minute at most (with the count of lines lost)."""
 
-_HEAD = '"method":%s,"path":%s,"status":%d,"latency_ms":'
-_WHERE = (
+_HEAD: Final = '"method":%s,"path":%s,"status":%d,"latency_ms":'
+_WHERE: Final = (
     ',"tenant":%s,"model":%s,"priority":%s,"route":%s,"group":%s,"instance":%s,"via":%s,'
     '"mirror":%s,"retried":%s,"error":%s,"bytes_out":'
 )
-_MEMO_MAX = 4096  # entries; cleared when full (values may be caller-chosen garbage)
+_MEMO_MAX: Final = 4096  # entries; cleared when full (values may be caller-chosen garbage)
 
 _Fixed = tuple[
     bytes, bytes, int, str | None, str | None, str | None, str | None, str | None,

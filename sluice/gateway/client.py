@@ -38,7 +38,7 @@ import termios
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import cast
+from typing import Final, cast
 
 import httptools
 
@@ -52,11 +52,19 @@ __all__ = ["LINGER_S", "ClientProtocol"]
 
 log = logging.getLogger("sluice.gateway")
 
-LINGER_S = 2.0
+LINGER_S: Final = 2.0
 """How long to keep draining a client's upload after refusing it (see `_linger`)."""
 
-_HOP, _CONNECTION, _AUTH, _REQUEST_ID, _LENGTH, _EXPECT, _PRIORITY = range(7)
-_REQUEST_HEADERS = {
+# Header kinds and reading states are Final literals: the compiled gateway inlines them
+# (a plain module name is a dict lookup at each use there).
+_HOP: Final = 0
+_CONNECTION: Final = 1
+_AUTH: Final = 2
+_REQUEST_ID: Final = 3
+_LENGTH: Final = 4
+_EXPECT: Final = 5
+_PRIORITY: Final = 6
+_REQUEST_HEADERS: Final = {
     **dict.fromkeys(HOP_BY_HOP, _HOP),
     b"connection": _CONNECTION,
     b"host": _HOP,
@@ -67,10 +75,12 @@ _REQUEST_HEADERS = {
     b"x-sluice-priority": _PRIORITY,
 }
 """Request headers that need more than forwarding, by lower-cased name."""
-_FORWARD = -1
-_IDLE, _HEAD, _BODY = range(3)
+_FORWARD: Final = -1
+_IDLE: Final = 0
+_HEAD: Final = 1
+_BODY: Final = 2
 """What a connection is reading: nothing (between requests), a head, a body."""
-_header_kinds: dict[bytes, int] = {}
+_header_kinds: Final[dict[bytes, int]] = {}
 """The kind of a request header by its name exactly as sent (clients repeat a few spellings),
 so most headers cost one dict hit."""
 

@@ -21,7 +21,7 @@ import asyncio
 import json.scanner
 import math
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import orjson
 
@@ -49,10 +49,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Client", "Exchange", "deeper_than", "parse_json"]
 
-_CHUNKED = b"transfer-encoding: chunked\r\n"
-ANSWER_HEAD = 256 * 1024
+_CHUNKED: Final = b"transfer-encoding: chunked\r\n"
+ANSWER_HEAD: Final = 256 * 1024
 """Answer bytes copied whole for canary analysis (text, and a JSON answer's usage)..."""
-ANSWER_TAIL = 16 * 1024
+ANSWER_TAIL: Final = 16 * 1024
 """...and the last ones kept past that (a long stream's usage and finish reason)."""
 _new_record = tuple.__new__
 # The C scanner when available. typeshed wants a `make_scanner` as context; a decoder is one.

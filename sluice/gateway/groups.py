@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from random import Random
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from sluice.gateway.metrics import DURATION_BUCKETS_S, GroupMetrics
 from sluice.policy.admission import GroupAdmission
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["GroupRuntime", "Waiter", "header_value"]
 
 _NO_EJECTIONS: dict[str, Ejection] = {}
-NO_PREFIX = 1 << 62
+NO_PREFIX: Final = 1 << 62
 """`prefix_min_bytes` of a group without prefix-cache-aware choice: no body is that long."""
 
 

@@ -16,7 +16,7 @@ import math
 import random
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from sluice.gateway.accesslog import AccessLog
 from sluice.gateway.errors import QueueTimeout
@@ -52,12 +52,12 @@ log = logging.getLogger(__name__)
 
 __all__ = ["EMPTY_SNAPSHOT", "QUEUE_TICK_S", "GatewayState"]
 
-_MEMO_MAX = 8192  # entries per memo; past that it is cleared (keys may be random garbage)
-_BEARER = b"bearer "
-_SERVED_MAX = 4096  # instances remembered in `served` before the ones gone are forgotten
-_UNKNOWN = TenantAccess("")  # a memo miss (None in the memo means: no such key)
-_GROUP_HEADER = b"x-sluice-group"  # an operator's named group (see `RouteRequest.group`)
-QUEUE_TICK_S = 0.05
+_MEMO_MAX: Final = 8192  # entries per memo; past that it is cleared (keys may be random garbage)
+_BEARER: Final = b"bearer "
+_SERVED_MAX: Final = 4096  # instances remembered in `served` before the ones gone are forgotten
+_UNKNOWN: Final = TenantAccess("")  # a memo miss (None in the memo means: no such key)
+_GROUP_HEADER: Final = b"x-sluice-group"  # an operator's named group (see `RouteRequest.group`)
+QUEUE_TICK_S: Final = 0.05
 """How often queued requests are checked for `max_wait_s` while any wait (one timer)."""
 
 EMPTY_SNAPSHOT = RoutingSnapshot(

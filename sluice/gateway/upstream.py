@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 import httptools
 
@@ -40,10 +40,14 @@ class ResponseSink(Protocol):
         """The connection broke or timed out; `received` says whether any response byte came."""
 
 
-_RESPONSE_HEADERS = HOP_BY_HOP | REVEALING | {b"content-length", b"x-request-id"}
+_RESPONSE_HEADERS: Final = HOP_BY_HOP | REVEALING | {b"content-length", b"x-request-id"}
 """Response headers that are not simply forwarded, by lower-cased name."""
-_FORWARD, _DROP, _LENGTH, _TRANSFER_ENCODING = range(4)
-_header_kinds: dict[bytes, int] = {}
+# (Final literals: the compiled gateway inlines them; see client.py)
+_FORWARD: Final = 0
+_DROP: Final = 1
+_LENGTH: Final = 2
+_TRANSFER_ENCODING: Final = 3
+_header_kinds: Final[dict[bytes, int]] = {}
 """What to do with a response header, by its name exactly as sent: instances send the same
 few names every time, so one dict hit replaces lower-casing and matching."""
 

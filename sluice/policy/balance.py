@@ -17,6 +17,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Container, Mapping, Sequence
 from random import Random
+from typing import Final
 
 from sluice.policy.routing import Endpoint
 
@@ -29,10 +30,10 @@ __all__ = [
     "slow_start_weight",
 ]
 
-MIN_SLOW_START_WEIGHT = 0.1
-HOLD_BACK = 0.25
+MIN_SLOW_START_WEIGHT: Final = 0.1
+HOLD_BACK: Final = 0.25
 """Share of `slow_start_s` one failed request takes back from a ramping instance."""
-MAX_HELD = 5.0
+MAX_HELD: Final = 5.0
 """At most this many `slow_start_s` are taken back from one instance: an instance still
 failing or lagging then is outlier ejection's and the health probes' to judge, and the group
 leaves slow start (whose balancing reads the clock on every pick)."""
@@ -156,7 +157,7 @@ def pick_endpoint(
     )
 
 
-_M64 = (1 << 64) - 1
+_M64: Final = (1 << 64) - 1
 
 
 def _mix64(x: int) -> int:

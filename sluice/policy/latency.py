@@ -43,27 +43,28 @@ from __future__ import annotations
 import math
 from collections.abc import Container
 from math import log
+from typing import Final
 
 __all__ = ["FLOOR_S", "LAG_RATIO", "PERSIST", "RAMP_MIN_REQUESTS", "LatencyOutliers", "Z"]
 
-Z = 4.0
+Z: Final = 4.0
 """Standard errors each excess must clear under the null (A/A): a one-sided normal tail of
 3e-5 per check; a verdict also needs both tests and PERSIST checks in a row."""
-PERSIST = 5
-FLOOR_S = 0.001
-NULL_SPAN = 10.0
+PERSIST: Final = 5
+FLOOR_S: Final = 0.001
+NULL_SPAN: Final = 10.0
 """The null's numbers (spread, share of long requests) are properties of the request mix, not
 of the moment: each instance averages them over this many times as many requests as its mean,
 so that their own noise decides nothing (the variance of the last 20 requests is off by a
 third as often as not, and 0 for a while in a mix with a rare long class). They come from
 the peers only: the instance under test would inflate both."""
-LAG_RATIO = 1.5
+LAG_RATIO: Final = 1.5
 """A ramping instance this much slower than its peers (and significantly so) stops gaining
 share: "in line with its group's" (S3) is stricter than "bad enough to eject"."""
-RAMP_MIN_REQUESTS = 5
+RAMP_MIN_REQUESTS: Final = 5
 """A ramping instance gets few requests, so its lag is judged after this many (the variance
 factor of a mean of 5 is 1/5: only a large, consistent lag clears `Z`)."""
-_LOG_FLOOR = math.log(FLOOR_S)
+_LOG_FLOOR: Final = math.log(FLOOR_S)
 _N, _MEAN, _W, _OVER, _STRIKES, _SPREAD, _SHARE = range(7)
 
 

@@ -275,10 +275,15 @@ def in_flight(outcomes: list[Outcome], at: float) -> int:
 
 
 def p99(outcomes: list[Outcome]) -> float:
+    return quantile(outcomes, 0.99)
+
+
+def quantile(outcomes: list[Outcome], q: float) -> float:
+    """The latency below which a fraction `q` of `outcomes` lie (nan for none)."""
     lat = sorted(o.latency for o in outcomes)
     if not lat:
         return float("nan")
-    return lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+    return lat[min(len(lat) - 1, int(q * len(lat)))]
 
 
 def report(

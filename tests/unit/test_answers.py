@@ -125,7 +125,7 @@ def _usage_by_pattern(last: bytes) -> tuple[int, int] | None:
 _PIECES = st.sampled_from(
     [b'"usage"', b":", b"{", b'"prompt_tokens":', b'"completion_tokens":', b",", b"}", b" ",
      b"\n", b"0", b"7", b"42", b"\xd9\xa3", b"-1", b"1_0", b"+", b'"total_tokens":16', b"null",
-     b"x" * 700, b'"usage":{"prompt_tokens":', b',"completion_tokens":']
+     b"x" * 700, b'"usage":{"prompt_tokens":', b',"completion_tokens":', b"9" * 17]
 )  # fmt: skip
 
 
