@@ -189,6 +189,13 @@ def installed_by_pip() -> list[str]:
     return [expand(w.strip('"'), args) for w in words if not w.startswith("-")]
 
 
+def copied_sources() -> list[str]:
+    """What the Dockerfile copies from the build context (its `COPY`s not `--from` a
+    stage), path by path."""
+    copied = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), re.M)
+    return " ".join(copied).split()
+
+
 def image_wheel() -> tuple[str, list[str]]:
     """(the file name pattern of the wheel the final stage installs, its extras): the RUN
     names the wheel `wheel="$(echo /wheels/NAME-VERSION-*.whl)"` (the rest of a compiled
@@ -256,8 +263,7 @@ def test_the_image_installs_the_package_by_its_real_name_on_the_supported_python
     # the build context holds what the build stage copies, and nothing else
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert ignore[next(i for i, ln in enumerate(ignore) if not ln.startswith("#"))] == "*"
-    copied = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), re.M)
-    for source in " ".join(copied).split():
+    for source in copied_sources():
         assert f"!{source.rstrip('/')}/" in ignore or f"!{source}" in ignore, source
 
 
@@ -274,8 +280,7 @@ def test_the_build_step_makes_the_wheel_the_image_installs(
     wheel_flags = build.split("pip wheel", 1)[1].split()
     assert "SLUICE_COMPILE=1 python -m pip wheel" in build
     assert {f for f in PIP_WHEEL[4:] if f.startswith("--")} <= set(wheel_flags), build
-    copied = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), re.M)
-    assert sorted(" ".join(copied).split()) == sorted(CONTEXT)
+    assert sorted(copied_sources()) == sorted(CONTEXT)
     path = compiled_wheel(tmp_path_factory)
     pattern, _ = image_wheel()
     assert fnmatch.fnmatch(path.name, Path(pattern).name), (path.name, pattern)
