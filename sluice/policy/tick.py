@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from sluice.core.frozen import fast_init
 from sluice.core.instances import ALIVE_STATES, InstanceState, InstanceStatus
@@ -76,7 +76,7 @@ __all__ = [
     "standby",
 ]
 
-TICK_S = 1.0
+TICK_S: Final = 1.0
 """The longest pause between two reconcile ticks (the live loop ticks sooner when an
 instance changes state; the fleet simulator ticks every `TICK_S` of virtual time)."""
 STABLE, BURST = "stable", "burst"
@@ -348,7 +348,7 @@ def decide(inp: TickInput) -> TickDecision:
     )
 
 
-_OWN_LIMITS = ("budget", "limit ", "borrow_limit ")
+_OWN_LIMITS: Final = ("budget", "limit ", "borrow_limit ")
 """how a refusal for a group's own cap or budget begins (`sluice.policy.quota.allocate`):
 lending it units would not help it"""
 _NONE: tuple[frozenset[str], frozenset[str], Mapping[str, float]] = (frozenset(), frozenset(), {})
@@ -434,7 +434,7 @@ def _in_the_way(
     return out
 
 
-_WHOLE = 1 << 30
+_WHOLE: Final = 1 << 30
 """the units per device of an instance whose group left the spec: as if it filled them"""
 
 

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sluice.policy.autoscale import Decision, GroupLoad, SluiceMemory, SluicePolicy, Stateful
+from sluice.policy.autoscale.sluice import _rounded
 from sluice.spec.autoscaling import AutoscalingSpec
 
 SLOTS = 4
@@ -591,3 +592,25 @@ def test_a_new_group_is_not_shrunk_before_its_stabilization_window_saw_load() ->
     assert all(w.tick(0).desired == 4 for _ in range(55))
     w.run(10, 0)
     assert w.tick(0).desired < 4
+
+
+_TIES = st.builds(
+    lambda n, d: ((n + 0.5) / 10**d, d), st.integers(-(10**9), 10**9), st.sampled_from((1, 3, 4))
+)
+"""values whose product x * 10 ** digits lies at, or within float error of, a half"""
+
+
+@settings(max_examples=3000)
+@given(st.one_of(st.tuples(st.floats(), st.sampled_from((1, 3, 4))), _TIES))
+@example((0.0005, 3))  # above the tie in binary: the builtin rounds it up, x * 1000 is 0.5
+@example((0.0625, 3))  # an exact tie: half-even
+@example((-0.0004, 3))  # -0.0
+@example((-0.0, 1))
+@example((2.675, 3))
+@example((1e15, 1))  # beyond the exact range: the builtin's
+def test_signals_round_bit_for_bit_as_the_builtin(case: tuple[float, int]) -> None:
+    """The policy rounds its signals with `_rounded`, ~1 % of the builtin's cost: it must
+    give the builtin's float to the last bit (the sign of zero, NaN and infinities too),
+    or the decision digests of bench/decide.py would move."""
+    x, digits = case
+    assert repr(_rounded(x, digits)) == repr(round(x, digits))

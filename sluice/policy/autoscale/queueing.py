@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Final
 
 # the Cython entry of scipy.special.pdtr: the same C function on the same doubles (the
 # ufunc's loop for (int, float) is dd->d), without the ufunc's per-call dispatch (~1 us)
@@ -56,15 +57,15 @@ from sluice.core.frozen import fast_init
 
 __all__ = ["Objective", "burst_slots", "erlang_c", "steady_slots", "wait_allowance_s"]
 
-_LOAD_STEP = 0.01
+_LOAD_STEP: Final = 0.01
 """offered load is rounded up to 1 % (log scale) before sizing, so the cached solver sees
 few distinct inputs; rounding up keeps the answer on the safe side"""
-_LOG_STEP = math.log1p(_LOAD_STEP)
-_MAX_SLOTS = 1_000_000
-_STEPS = 20
+_LOG_STEP: Final = math.log1p(_LOAD_STEP)
+_MAX_SLOTS: Final = 1_000_000
+_STEPS: Final = 20
 """objective terms are rounded to 1/20 (of a service time, of a squared CV)"""
 _MIN_CV2, _MAX_CV2 = 0.02, 20.0
-_RECURSE_UP_TO = 24
+_RECURSE_UP_TO: Final = 24
 """below this many slots the recursion is cheaper than the closed form's special function"""
 
 

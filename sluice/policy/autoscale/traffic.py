@@ -13,6 +13,7 @@ import math
 import struct
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
+from typing import Final
 
 from sluice.core.frozen import fast_init
 from sluice.policy.autoscale.base import GroupLoad
@@ -21,18 +22,18 @@ from sluice.spec.autoscaling import AutoscalingSpec
 
 __all__ = ["MIN_COMPLETIONS", "TrafficConfig", "TrafficWindows"]
 
-MIN_COMPLETIONS = 40
+MIN_COMPLETIONS: Final = 40
 """the service time needs completions: with fewer in its window it is unknown (the model's
 needs stay silent, the observed demand speaks). A mean of 40 heavy-tailed service times is
 within ~20 %; with 1-5 the first long request inflates it 2-3x"""
-_CHANGE_SIGMAS = 3.0
+_CHANGE_SIGMAS: Final = 3.0
 """a short-window rate this many standard errors off the long one is a change, not noise"""
-_SERVICE_MAX_S = 3600.0
+_SERVICE_MAX_S: Final = 3600.0
 """the service-time window never reaches further back than this"""
-_EPS = 1e-9
-_T = struct.Struct("d")
-_N = struct.Struct("q")
-_SVC = struct.Struct("ddqd")
+_EPS: Final = 1e-9
+_T: Final = struct.Struct("d")
+_N: Final = struct.Struct("q")
+_SVC: Final = struct.Struct("ddqd")
 """a service sample: t, busy (or served) seconds, completions, served squares"""
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from sluice.core.frozen import fast_init
 
@@ -27,13 +27,13 @@ N = TypeVar("N", int, float)
 
 __all__ = ["RollingExtreme", "SlidingMean", "SlidingMeanPair", "Trend", "pairs"]
 
-_RESUM_EVERY = 4096
+_RESUM_EVERY: Final = 4096
 """evictions between exact re-sums of running float sums (drift stays ~1e-12)"""
 
 
-_PAIR = struct.Struct("dd")
+_PAIR: Final = struct.Struct("dd")
 """a (t, value) sample, packed as two native doubles"""
-_PAIR_SIZE = _PAIR.size
+_PAIR_SIZE: Final = _PAIR.size
 
 
 def pairs(packed: bytes) -> list[tuple[float, float]]:
@@ -136,9 +136,9 @@ class SlidingMean:
         return SlidingMean(self.window_s, b"", 0.0, self.evictions)
 
 
-_TRIPLE = struct.Struct("ddd")
+_TRIPLE: Final = struct.Struct("ddd")
 """a (t, a, b) sample of two series taken together, packed as three native doubles"""
-_TRIPLE_SIZE = _TRIPLE.size
+_TRIPLE_SIZE: Final = _TRIPLE.size
 
 
 @fast_init
@@ -279,7 +279,7 @@ class RollingExtreme(Generic[N]):
         return RollingExtreme(self.window_s, self.largest)
 
 
-_ZERO_SUMS = (0.0, 0.0, 0.0, 0.0, 0.0)
+_ZERO_SUMS = (0.0, 0.0, 0.0, 0.0, 0.0)  # not Final: mypyc leaves a Final tuple of floats unset
 
 
 @fast_init

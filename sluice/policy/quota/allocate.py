@@ -43,6 +43,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
+from typing import Final
 
 from sluice.policy.quota.budget import BudgetCap, budget_caps
 from sluice.policy.quota.loans import Holding, attribute_loans
@@ -62,7 +63,7 @@ from sluice.spec.quota import BudgetSpec
 
 __all__ = ["allocate"]
 
-_EPS = 1e-9
+_EPS: Final = 1e-9
 
 
 class _Group:
@@ -284,7 +285,7 @@ def _order(g: _Group) -> tuple[bool, int, str]:
     return g.order
 
 
-_ORDER = attrgetter("order")
+_ORDER: Final = attrgetter("order")
 """`_order`, without a Python call per group (a sort key for 1,000 groups a round)"""
 
 

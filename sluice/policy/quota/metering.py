@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from sluice.core.frozen import fast_init
 from sluice.policy.quota.model import Allocation
 
 __all__ = ["TOTAL", "Meter"]
 
-TOTAL = ""
+TOTAL: Final = ""
 """The key of the all-groups total in `Meter.spent` and `Meter.unit_hours`."""
 
 
