@@ -75,6 +75,19 @@ def asleep(api: Api) -> list[str]:
     return out
 
 
+def gateway_knows_the_sleeper(api: Api) -> dict[str, Any]:
+    """The gateway's view of chat once it counts one sleeper. The worker says it sleeps as
+    soon as its sleep call returns; the controller marks it asleep then, and the gateway
+    learns it with the next snapshot: a read right after `asleep` can come before that
+    (CI, 2026-12-06: instances 1, sleeping 0). Out of rotation it already was."""
+    wait_until(
+        "the gateway counts the sleeper",
+        lambda: api.get("/v1/dataplane")["groups"]["chat"]["sleeping"] == 1,
+        10,
+    )
+    return dict(api.get("/v1/dataplane")["groups"]["chat"])
+
+
 def ids(api: Api) -> list[str]:
     return [i["id"] for i in api.ready("chat")]
 
@@ -109,7 +122,7 @@ def test_a_burst_wakes_the_sleeping_standby_and_a_new_one_goes_to_sleep(tmp_path
         assert "held tier off: all the count serves awake (the servers' wake time is unknown" in (
             s.show("explain", "chat")
         )
-        plane = api.get("/v1/dataplane")["groups"]["chat"]
+        plane = gateway_knows_the_sleeper(api)
         assert (plane["instances"], plane["standby"], plane["sleeping"]) == (1, 0, 1), plane
 
         # a burst of three on one 1-slot instance: two wait, the gateway wakes the sleeper
@@ -375,7 +388,7 @@ def test_a_sim_group_keeps_sleeping_standby_from_its_spec_and_a_burst_wakes_it(
     ):
         wait_until("the standby asleep", lambda: len(asleep(api)) == 1, 20)
         (sleeper,) = asleep(api)
-        plane = api.get("/v1/dataplane")["groups"]["chat"]
+        plane = gateway_knows_the_sleeper(api)
         assert (plane["instances"], plane["sleeping"]) == (1, 1), plane
         with ThreadPoolExecutor(3) as pool:
             answers = list(pool.map(lambda _: ask(s), range(3)))
