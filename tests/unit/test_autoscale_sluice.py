@@ -609,7 +609,7 @@ _TIES = st.builds(
 @example((2.675, 3))
 @example((1e15, 1))  # beyond the exact range: the builtin's
 def test_signals_round_bit_for_bit_as_the_builtin(case: tuple[float, int]) -> None:
-    """The policy rounds its signals with `_rounded`, ~1 % of the builtin's cost: it must
+    """The policy rounds its signals with `_rounded`, a fifth of the builtin's cost: it must
     give the builtin's float to the last bit (the sign of zero, NaN and infinities too),
     or the decision digests of bench/decide.py would move."""
     x, digits = case
